@@ -1,0 +1,13 @@
+"""Automatic activation-checkpoint placement for PyTorch models.
+
+Example:
+    >>> from planner import plan
+    >>> p = plan(model, sample, budget_gb=80)
+    >>> print(p)
+    >>> m = p.module()
+"""
+from planner.api import Checkpoint, Plan, plan
+from planner.trace import TraceError
+from solvers import InfeasibleBudget
+
+__all__ = ["Checkpoint", "InfeasibleBudget", "Plan", "TraceError", "plan"]

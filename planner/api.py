@@ -1,0 +1,218 @@
+"""`plan()`: trace, measure, solve and rewrite; and the `Plan` it returns."""
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from planner.graph import build_problem, compute_nodes
+from planner.memory import preserved_state
+from planner.profile import GraphProfile, profile
+from planner.rewrite import CheckpointedModule, build_module
+from planner.trace import Traced, split_sample, trace
+from solvers import Problem, Solution, format_bytes, held_after_forward, peak_bytes, solve
+
+logger = logging.getLogger(__name__)
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One recomputed region: consecutive fx nodes run under one checkpoint call."""
+
+    nodes: tuple[str, ...]
+    recompute_ms: float
+    freed_bytes: int  # activation bytes no longer held at the end of forward
+
+
+def check_gb(name: str, value: Any, allow_zero: bool = False) -> float:
+    """Validate a size in GiB given by the user; raise ValueError naming the argument.
+
+    Example:
+        >>> check_gb("budget_gb", 4)
+        4.0
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number of GiB, not {value!r}")
+    value = float(value)
+    if math.isnan(value) or math.isinf(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = "zero or more" if allow_zero else "more than zero"
+        raise ValueError(f"{name} must be a finite number of GiB {bound}, not {value!r}")
+    return value
+
+
+class Plan:
+    """A checkpointing plan for one model and input shape.
+
+    Example:
+        >>> p = plan(model, sample, budget_gb=2.0)
+        >>> print(p)
+        >>> m = p.module()
+    """
+
+    def __init__(self, model: nn.Module, traced: Traced, problem: Problem, summary: GraphProfile,
+                 solution: Solution, budget_bytes: int, reserved_bytes: int, requested_solver: str):
+        self._model = model
+        self.requested_solver = requested_solver
+        self._traced = traced
+        self._module: CheckpointedModule | None = None
+        self.problem = problem
+        self.profile = summary
+        self.budget_bytes = budget_bytes
+        self.reserved_bytes = reserved_bytes
+        self.solution = solution
+        names = [node.name for node in problem.nodes]
+        self.checkpoints = tuple(
+            Checkpoint(
+                nodes=tuple(names[i] for i in region),
+                recompute_ms=problem.recompute_ms((region,)),
+                freed_bytes=held_after_forward(problem) - held_after_forward(problem, (region,)),
+            )
+            for region in solution.regions
+        )
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """Simulated peak of one forward+backward with the plan (static memory included)."""
+        return self.solution.peak_bytes
+
+    @property
+    def baseline_peak_bytes(self) -> int:
+        """Simulated peak of one forward+backward without any checkpointing."""
+        return peak_bytes(self.problem)
+
+    @property
+    def recompute_ms(self) -> float:
+        """Forward time added to every training step by recomputation."""
+        return self.solution.recompute_ms
+
+    @property
+    def forward_ms(self) -> float:
+        return sum(node.compute_ms for node in self.problem.nodes)
+
+    @property
+    def solver(self) -> str:
+        return self.solution.solver
+
+    @property
+    def leaves(self) -> tuple[str, ...]:
+        """Submodules kept whole because tracing them failed."""
+        return self._traced.leaves
+
+    def replan(self, budget_gb: float | None = None, solver: str | None = None,
+               reserved_gb: float | None = None) -> "Plan":
+        """Solve again for another budget or solver, reusing the measurements.
+
+        Example:
+            >>> tighter = p.replan(budget_gb=1.0)
+        """
+        budget_bytes = int(check_gb("budget_gb", budget_gb) * GIB) if budget_gb is not None else self.budget_bytes
+        reserved_bytes = (int(check_gb("reserved_gb", reserved_gb, allow_zero=True) * GIB)
+                          if reserved_gb is not None else self.reserved_bytes)
+        problem = replace(self.problem, static_bytes=self.problem.static_bytes - self.reserved_bytes + reserved_bytes)
+        solution = solve(problem, budget_bytes, method=solver or self.requested_solver)
+        return Plan(self._model, self._traced, problem, self.profile, solution, budget_bytes,
+                    reserved_bytes, solver or self.requested_solver)
+
+    def module(self) -> CheckpointedModule:
+        """The rewritten module: same parameters, outputs and gradients as the original.
+
+        Built once; later calls return the same module.
+        """
+        if self._module is None:
+            self._module = build_module(self._traced, [list(c.nodes) for c in self.checkpoints], self._model)
+        return self._module
+
+    def __repr__(self) -> str:
+        return (f"Plan(solver={self.solver!r}, regions={len(self.checkpoints)}, "
+                f"predicted_peak_bytes={self.predicted_peak_bytes}, recompute_ms={self.recompute_ms:.3f})")
+
+    def __str__(self) -> str:
+        s = self.solution
+        leaves = ", ".join(self.leaves) or "none"
+        overhead = 100 * self.recompute_ms / self.forward_ms if self.forward_ms else 0.0
+        lines = [
+            f"Checkpoint plan for {type(self._model).__name__} "
+            f"(solver {s.solver}, {s.status.value}, solved in {s.solve_seconds:.2f} s)",
+            f"  graph             {len(self.problem)} nodes via {self._traced.frontend}; "
+            f"kept whole after tracing failed: {leaves}",
+            f"  budget            {format_bytes(self.budget_bytes)}"
+            + (f" (of which reserved {format_bytes(self.reserved_bytes)})" if self.reserved_bytes else ""),
+            f"  static memory     {format_bytes(self.problem.static_bytes)} "
+            f"(parameters, gradients, buffers, inputs, reserve)",
+            f"  peak, no plan     {format_bytes(self.baseline_peak_bytes)}",
+            f"  peak, this plan   {format_bytes(self.predicted_peak_bytes)} (predicted)",
+            f"  recompute         {self.recompute_ms:.2f} ms per step "
+            f"(+{overhead:.0f}% of the {self.forward_ms:.2f} ms forward, {self.profile.timing})",
+            f"  regions           {len(self.checkpoints)}",
+        ]
+        if self.checkpoints:
+            lines.append(f"    {'#':>3}  {'first node':<24} {'last node':<24} {'nodes':>5} "
+                         f"{'recompute':>12} {'freed':>11}")
+            for index, c in enumerate(self.checkpoints):
+                lines.append(f"    {index:>3}  {c.nodes[0]:<24} {c.nodes[-1]:<24} {len(c.nodes):>5} "
+                             f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}")
+        return "\n".join(lines)
+
+
+def _sample_device(sample: Any) -> torch.device:
+    args, kwargs = split_sample(sample)
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.device
+    raise TypeError("the sample holds no tensor: pass the model's input tensors as the sample")
+
+
+def plan(
+    model: nn.Module,
+    sample: Any,
+    budget_gb: float = 80.0,
+    solver: str = "auto",
+    reserved_gb: float = 0.0,
+    leaves: tuple[str, ...] = (),
+    repeats: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> Plan:
+    """Choose which parts of `model` to recompute so one training step fits `budget_gb`.
+
+    The budget is in GiB (2**30 bytes) and bounds the peak of one forward+backward pass:
+    parameters + their gradients + buffers + inputs + activations, plus `reserved_gb` that you
+    set aside for anything else (optimizer state, say). `sample` is a Tensor, a tuple of
+    positional arguments or a dict of keyword arguments for `model.forward`, on the device the
+    model trains on. The model is traced, measured on the sample, and left as it was.
+
+    Example:
+        >>> from planner import plan
+        >>> from planner.examples import gpt
+        >>> model, tokens = gpt()
+        >>> p = plan(model, tokens, budget_gb=0.2, solver="sqrt")
+        >>> m = p.module()  # train m instead of model
+    """
+    budget = check_gb("budget_gb", budget_gb)
+    reserved = check_gb("reserved_gb", reserved_gb, allow_zero=True)
+    budget_bytes, reserved_bytes = int(budget * GIB), int(reserved * GIB)
+    if not model.training:
+        warnings.warn("the model is in eval mode; the plan is for training, where dropout and "
+                      "BatchNorm behave differently: call model.train() first", stacklevel=2)
+    device = _sample_device(sample)
+    say = progress or (lambda message: logger.info(message))
+
+    say("tracing")
+    traced = trace(model, sample, leaves)
+    args, kwargs = split_sample(sample)
+    inputs = traced.graph_inputs(args, kwargs)
+    with preserved_state(model, [device]):
+        summary = profile(traced.gm, inputs, repeats=repeats, progress=say)
+    problem = build_problem(traced.gm, summary, reserved_bytes)
+    say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
+    started = time.perf_counter()
+    solution = solve(problem, budget_bytes, method=solver)
+    logger.info("solved in %.2f s", time.perf_counter() - started)
+    return Plan(model, traced, problem, summary, solution, budget_bytes, reserved_bytes, solver)

@@ -1,0 +1,222 @@
+"""Measure every compute node of a traced graph: time, output bytes, saved-for-backward bytes.
+
+`ProfileInterpreter` runs the graph node by node with autograd on, as training would, and
+writes one `NodeProfile` per node into `node.meta["planner.profile"]`. Saved tensors are seen
+through `torch.autograd.graph.saved_tensors_hooks` and deduplicated by storage; every storage
+is attributed to the node that created it, so views and in-place results point to their owner.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten
+
+from planner.memory import LiveBytesTracker, storage_bytes
+
+logger = logging.getLogger(__name__)
+
+META_KEY = "planner.profile"
+COMPUTE_OPS = ("call_function", "call_method", "call_module")
+
+
+@dataclass
+class NodeProfile:
+    """What one fx node costs. Node references are fx node names of the owning nodes."""
+
+    forward_ms: float = 0.0
+    output_bytes: int = 0
+    grad_bytes: int = 0
+    saved_bytes: int = 0
+    transient_bytes: int = 0
+    param_grad_bytes: int = 0
+    uses: tuple[str, ...] = ()
+    saves: tuple[str, ...] = ()
+    mutates: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GraphProfile:
+    """Whole-graph figures next to the per-node records in `node.meta`."""
+
+    parameter_bytes: int
+    gradient_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    device: torch.device
+    timing: str  # how forward times were measured
+
+    @property
+    def static_bytes(self) -> int:
+        return self.parameter_bytes + self.gradient_bytes + self.buffer_bytes + self.input_bytes
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor) and v.layout == torch.strided]
+
+
+def _key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+class ProfileInterpreter(fx.Interpreter):
+    """One pass that records sizes, saved tensors and aliasing for every compute node.
+
+    Example:
+        >>> ProfileInterpreter(gm).run(*inputs)
+        >>> gm.graph.nodes[1].meta["planner.profile"].saved_bytes
+    """
+
+    def __init__(self, gm: fx.GraphModule, static_keys: set[int]):
+        # Keep every value alive so storage addresses stay unique for the whole pass.
+        super().__init__(gm, garbage_collect_values=False)
+        self.static_keys = static_keys
+        self.owner: dict[int, str] = {}  # storage address -> name of the node that created it
+        self.tracker = LiveBytesTracker()
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op not in COMPUTE_OPS:
+            return super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        inputs = _tensors((args, kwargs))
+        versions = [t._version for t in inputs]
+        saved: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            if tensor.layout == torch.strided:
+                saved[_key(tensor)] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        self.tracker.reset_peak()
+        live_before = self.tracker.live_bytes
+        try:
+            with self.tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                result = getattr(self, n.op)(n.target, args, kwargs)
+        except Exception as error:
+            raise RuntimeError(f"profiling node {n.name!r} ({n.format_node()}) failed: {error}") from error
+        live_after = self.tracker.live_bytes
+
+        record = NodeProfile()
+        for tensor in _tensors(result):
+            key = _key(tensor)
+            if key not in self.owner and key not in self.static_keys and key != 0:
+                self.owner[key] = n.name
+                record.output_bytes += tensor.untyped_storage().nbytes()
+                if tensor.requires_grad and tensor.is_floating_point():
+                    record.grad_bytes += tensor.numel() * tensor.element_size()
+        record.uses = self._owners(_key(t) for t in inputs)
+        record.mutates = self._owners(
+            _key(t) for t, version in zip(inputs, versions) if t._version != version
+        )
+        record.saves = self._owners(saved)
+        record.saved_bytes = sum(
+            nbytes for key, nbytes in saved.items() if key not in self.owner and key not in self.static_keys
+        )
+        record.transient_bytes = max(0, self.tracker.peak_bytes - live_after)
+        record.param_grad_bytes = self._parameter_grad_bytes(n)
+        logger.debug("profiled %s: %s (live %+d bytes)", n.name, record, live_after - live_before)
+        n.meta[META_KEY] = record
+        return result
+
+    def _owners(self, keys: Any) -> tuple[str, ...]:
+        return tuple(sorted({self.owner[key] for key in keys if key in self.owner}))
+
+    def _parameter_grad_bytes(self, n: fx.Node) -> int:
+        parameters: list[torch.nn.Parameter] = []
+        if n.op == "call_module":
+            parameters += list(self.module.get_submodule(n.target).parameters())
+        for argument in n.all_input_nodes:
+            if argument.op == "get_attr":
+                value = self.fetch_attr(argument.target)
+                if isinstance(value, torch.nn.Parameter):
+                    parameters.append(value)
+        return sum(p.numel() * p.element_size() for p in parameters if p.requires_grad)
+
+
+class TimingInterpreter(fx.Interpreter):
+    """Runs the graph and adds each compute node's forward time (ms) to `times[node.name]`.
+
+    On CUDA, CUDA events bracket each node and are read after one synchronisation.
+    """
+
+    def __init__(self, gm: fx.GraphModule, times: dict[str, list[float]], device: torch.device):
+        super().__init__(gm)
+        self.times = times
+        self.device = device
+        self.events: list[tuple[str, Any, Any]] = []
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op not in COMPUTE_OPS:
+            return super().run_node(n)
+        if self.device.type == "cuda":
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            result = super().run_node(n)
+            end.record()
+            self.events.append((n.name, start, end))
+            return result
+        started = time.perf_counter()
+        result = super().run_node(n)
+        self.times.setdefault(n.name, []).append((time.perf_counter() - started) * 1000)
+        return result
+
+    def collect(self) -> None:
+        if self.events:
+            torch.cuda.synchronize(self.device)
+            for name, start, end in self.events:
+                self.times.setdefault(name, []).append(start.elapsed_time(end))
+            self.events.clear()
+
+
+def profile(
+    gm: fx.GraphModule,
+    inputs: list[torch.Tensor],
+    repeats: int = 5,
+    warmup: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> GraphProfile:
+    """Profile `gm` on `inputs` (a forward with autograd on) and annotate its nodes.
+
+    Times are the median of `repeats` runs after `warmup` runs. The caller is responsible for
+    restoring state that forward changes (BatchNorm statistics, RNG): see
+    `planner.memory.preserved_state`.
+
+    Example:
+        >>> summary = profile(gm, [torch.randn(8, 16)])
+        >>> summary.static_bytes
+    """
+    parameters = list(gm.parameters())
+    buffers = list(gm.buffers())
+    device = inputs[0].device
+    static = _tensors((parameters, buffers, inputs))
+    static_keys = {_key(t) for t in static}
+
+    with torch.enable_grad():
+        if progress:
+            progress("measuring sizes and saved tensors")
+        ProfileInterpreter(gm, static_keys).run(*inputs)
+        times: dict[str, list[float]] = {}
+        for run in range(warmup + repeats):
+            if progress:
+                progress(f"timing forward pass {run + 1}/{warmup + repeats}")
+            timer = TimingInterpreter(gm, times if run >= warmup else {}, device)
+            timer.run(*inputs)
+            timer.collect()
+
+    for node in gm.graph.nodes:
+        if node.op in COMPUTE_OPS:
+            node.meta[META_KEY].forward_ms = statistics.median(times[node.name])
+    trainable = [p for p in parameters if p.requires_grad]
+    return GraphProfile(
+        parameter_bytes=storage_bytes(parameters),
+        gradient_bytes=sum(p.numel() * p.element_size() for p in trainable),
+        buffer_bytes=storage_bytes(buffers),
+        input_bytes=storage_bytes(inputs),
+        device=device,
+        timing="CUDA events" if device.type == "cuda" else "time.perf_counter",
+    )

@@ -1,0 +1,221 @@
+"""Rewrite a traced graph so that chosen node ranges run under activation checkpointing.
+
+The returned `CheckpointedModule` registers a shallow clone of the user's module tree: new
+module objects (own training flags and hook tables) holding the very same Parameter and buffer
+tensors, so `state_dict()` keys and tensors are the original's and the original is never
+modified. The rewritten graph lives in an unregistered attribute and reaches the same modules.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from planner.trace import Traced
+
+REGION_PREFIX = "checkpoint_region_"
+
+
+def shallow_clone(module: nn.Module, memo: dict[int, nn.Module] | None = None) -> nn.Module:
+    """A new module tree with the same classes, attributes, Parameters and buffers.
+
+    Example:
+        >>> clone = shallow_clone(model)
+        >>> clone.fc.weight is model.fc.weight, clone.fc is model.fc
+        (True, False)
+    """
+    memo = {} if memo is None else memo
+    if id(module) in memo:
+        return memo[id(module)]
+    clone = module.__class__.__new__(module.__class__)
+    clone.__dict__.update(module.__dict__)
+    memo[id(module)] = clone
+    for name, value in module.__dict__.items():
+        if "hook" in name and isinstance(value, dict):
+            clone.__dict__[name] = value.copy()
+    clone._parameters = module._parameters.copy()
+    clone._buffers = module._buffers.copy()
+    clone._non_persistent_buffers_set = set(module._non_persistent_buffers_set)
+    clone._modules = {
+        name: None if child is None else shallow_clone(child, memo)
+        for name, child in module._modules.items()
+    }
+    return clone
+
+
+@contextlib.contextmanager
+def frozen_running_stats(modules: list[nn.Module]) -> Iterator[None]:
+    """Keep BatchNorm statistics as they are: recomputation must not update them twice."""
+    saved = [
+        {name: buffer.clone() for name, buffer in module._buffers.items() if buffer is not None}
+        for module in modules
+    ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for module, buffers in zip(modules, saved):
+                for name, value in buffers.items():
+                    module._buffers[name].copy_(value)
+
+
+class CheckpointRegion(nn.Module):
+    """Runs `body` under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`."""
+
+    def __init__(self, body: fx.GraphModule, batchnorms: list[nn.Module]):
+        super().__init__()
+        self.body = body
+        self._batchnorms = batchnorms  # a plain list: not registered twice
+
+    def _contexts(self) -> tuple[Any, Any]:
+        return contextlib.nullcontext(), frozen_running_stats(self._batchnorms)
+
+    def forward(self, *args: Any) -> Any:
+        return checkpoint(self.body, *args, use_reentrant=False, context_fn=self._contexts)
+
+
+def _graph_module(clone: nn.Module, graph: fx.Graph, extra: dict[str, nn.Module], name: str) -> fx.GraphModule:
+    """A GraphModule whose attribute paths resolve through `clone`'s own module tree.
+
+    fx copies only the attributes a graph names and makes placeholder containers for the levels
+    in between; replacing the top level with the clone's own children and its parameter and
+    buffer dicts makes every path reach the live objects (so `.to()` and buffer swaps are seen).
+    """
+    holder = nn.Module()
+    holder._modules = {**clone._modules, **extra}
+    holder._parameters = clone._parameters
+    holder._buffers = clone._buffers
+    gm = fx.GraphModule(holder, graph, class_name=name)
+    gm._modules = {**clone._modules, **extra}
+    gm._parameters = clone._parameters
+    gm._buffers = clone._buffers
+    return gm
+
+
+def _extract_region(
+    graph_nodes: list[fx.Node], members: set[fx.Node]
+) -> tuple[fx.Graph, list[fx.Node], list[fx.Node]]:
+    """Copy the region's nodes into a graph of their own; return it, its inputs and outputs."""
+    body = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    inputs: list[fx.Node] = []
+
+    def lookup(node: fx.Node) -> fx.Node:
+        if node not in env:
+            if node.op == "get_attr":  # attributes are free to re-read inside the body
+                env[node] = body.get_attr(node.target)
+            else:
+                env[node] = body.placeholder(node.name)
+                inputs.append(node)
+        return env[node]
+
+    ordered = [node for node in graph_nodes if node in members]
+    for node in ordered:
+        env[node] = body.node_copy(node, lookup)
+    outputs = [node for node in ordered if any(user not in members for user in node.users)]
+    body.output(tuple(env[node] for node in outputs))
+    body.lint()
+    return body, inputs, outputs
+
+
+def rewrite(traced: Traced, regions: list[list[str]], clone: nn.Module) -> fx.GraphModule:
+    """Build the planned graph module: each region (a list of consecutive compute node names)
+    becomes one `CheckpointRegion` call.
+
+    Example:
+        >>> gm = rewrite(traced, [["fc1", "relu"]], shallow_clone(model))
+    """
+    source = traced.gm.graph
+    graph_nodes = list(source.nodes)
+    by_name = {node.name: node for node in graph_nodes}
+    region_of: dict[fx.Node, int] = {}
+    for index, names in enumerate(regions):
+        for name in names:
+            region_of[by_name[name]] = index
+
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    region_modules: dict[str, nn.Module] = {}
+    done: set[int] = set()
+    for node in graph_nodes:
+        index = region_of.get(node)
+        if index is None:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+            continue
+        if index in done:
+            continue
+        done.add(index)
+        members = {n for n, i in region_of.items() if i == index}
+        body_graph, inputs, outputs = _extract_region(graph_nodes, members)
+        batchnorms = [
+            clone.get_submodule(n.target)
+            for n in members
+            if n.op == "call_module"
+            and isinstance(clone.get_submodule(n.target), nn.modules.batchnorm._BatchNorm)
+        ]
+        target = f"{REGION_PREFIX}{index}"
+        body = _graph_module(clone, body_graph, {}, f"Region{index}")
+        region_modules[target] = CheckpointRegion(body, batchnorms)
+        call = graph.call_module(target, tuple(env[n] for n in inputs))
+        for position, output in enumerate(outputs):
+            env[output] = graph.call_function(_item, (call, position))
+    graph.lint()
+    planned = _graph_module(clone, graph, region_modules, "Planned")
+    planned.graph.eliminate_dead_code()  # attribute reads that moved into region bodies
+    planned.recompile()
+    return planned
+
+
+def _item(values: tuple[Any, ...], position: int) -> Any:
+    return values[position]
+
+
+class CheckpointedModule(nn.Module):
+    """The planned module: the original's module tree, run through the rewritten graph.
+
+    In training with gradients on, calls go through the planned graph (checkpointed regions);
+    in eval mode or under `torch.no_grad()` the original forward runs unchanged.
+    """
+
+    def __init__(self, clone: nn.Module, planned: fx.GraphModule, traced: Traced):
+        super().__init__()
+        # Share the clone's registries: same keys, same tensors, same submodules.
+        self._modules = clone._modules
+        self._parameters = clone._parameters
+        self._buffers = clone._buffers
+        self._non_persistent_buffers_set = clone._non_persistent_buffers_set
+        self.training = clone.training
+        object.__setattr__(self, "_planned", planned)
+        object.__setattr__(self, "_eager", clone)
+        object.__setattr__(self, "_traced", traced)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not (self.training and torch.is_grad_enabled()):
+            self._eager.training = self.training
+            return self._eager(*args, **kwargs)
+        return self._planned(*self._traced.graph_inputs(args, kwargs))
+
+    @property
+    def planned_graph(self) -> fx.GraphModule:
+        """The rewritten fx graph module (its regions are `checkpoint_region_<i>` calls)."""
+        return self._planned
+
+    def extra_repr(self) -> str:
+        regions = sum(1 for name in self._planned._modules if name.startswith(REGION_PREFIX))
+        return f"checkpointed regions: {regions}"
+
+
+def build_module(traced: Traced, regions: list[list[str]], original: nn.Module) -> CheckpointedModule:
+    """The planned module for `original`, sharing its parameters and leaving it untouched.
+
+    Example:
+        >>> m = build_module(traced, [["fc1", "relu"]], model)
+        >>> m.state_dict().keys() == model.state_dict().keys()
+        True
+    """
+    clone = shallow_clone(original)
+    return CheckpointedModule(clone, rewrite(traced, regions, clone), traced)

@@ -1,0 +1,139 @@
+"""Plain data passed between the planner and the solvers: no torch here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """What one compute node costs, as measured (or read from a graph file).
+
+    Node indices refer to positions in `Problem.nodes`. A node "owns" the storages it creates;
+    views and in-place results point back at the owner, so `uses`, `saves` and `mutates` are
+    always lists of owners.
+
+    Example:
+        >>> NodeCost("fc1", compute_ms=0.4, output_bytes=4096, uses=(0,), saves=(0,))
+        NodeCost(name='fc1', ...)
+    """
+
+    name: str
+    compute_ms: float
+    output_bytes: int = 0  # new storages this node creates
+    grad_bytes: int = 0  # size of the gradient of those outputs (0 if not differentiable)
+    saved_bytes: int = 0  # storages saved for backward that the node creates and does not return
+    transient_bytes: int = 0  # temporaries alive only while the node's forward runs
+    param_grad_bytes: int = 0  # parameter gradients produced by this node's backward
+    uses: tuple[int, ...] = ()  # owners of the storages this node reads in forward
+    saves: tuple[int, ...] = ()  # owners of the outputs autograd saves for this node's backward
+    mutates: tuple[int, ...] = ()  # owners of the storages this node writes in place
+    is_output: bool = False  # returned by the graph: alive until backward starts
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A graph in topological order plus the memory that never changes with the plan.
+
+    `static_bytes` covers parameters, their gradients, buffers, the inputs and any reserve.
+
+    Example:
+        >>> Problem(nodes=(NodeCost("a", 1.0, output_bytes=8),), static_bytes=0)
+    """
+
+    nodes: tuple[NodeCost, ...]
+    static_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for index, node in enumerate(self.nodes):
+            for owner in (*node.uses, *node.saves, *node.mutates):
+                if not 0 <= owner <= index:
+                    raise ValueError(
+                        f"node {index} ({node.name!r}) refers to node {owner}, "
+                        "which is not an earlier node"
+                    )
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def recompute_ms(self, regions: tuple[range, ...]) -> float:
+        """Added forward time of a plan: every node inside a region runs twice."""
+        return sum(self.nodes[i].compute_ms for region in regions for i in region)
+
+    def can_start_region(self, index: int) -> bool:
+        """False where a region starting here would recompute from a storage that is written
+        in place at or after `index` (autograd would see a mutated input)."""
+        return index not in _forbidden_starts(self)
+
+
+def _forbidden_starts(problem: Problem) -> frozenset[int]:
+    cached = problem.__dict__.get("_forbidden_starts")
+    if cached is None:
+        forbidden: set[int] = set()
+        for mutator, node in enumerate(problem.nodes):
+            for owner in node.mutates:
+                # A region starting in (owner, mutator] could take the storage as an input.
+                forbidden.update(range(owner + 1, mutator + 1))
+        cached = frozenset(forbidden)
+        object.__setattr__(problem, "_forbidden_starts", cached)
+    return cached
+
+
+class Status(str, Enum):
+    """How sure a solver is of its answer (like scipy's milp status)."""
+
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    TIME_LIMIT = "time_limit"
+
+
+@dataclass(frozen=True)
+class Solution:
+    """A plan: which node ranges run under checkpoint, and what that costs.
+
+    Example:
+        >>> Solution(regions=(range(0, 3),), peak_bytes=1024, recompute_ms=2.5,
+        ...          status=Status.OPTIMAL, solver="dp", solve_seconds=0.01)
+    """
+
+    regions: tuple[range, ...]
+    peak_bytes: int
+    recompute_ms: float
+    status: Status
+    solver: str
+    solve_seconds: float
+
+
+def format_bytes(size: float) -> str:
+    """Human-readable bytes in binary units.
+
+    Example:
+        >>> format_bytes(3 * 2**29)
+        '1.50 GiB'
+    """
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(size) >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{int(size)} B"
+
+
+class InfeasibleBudget(ValueError):
+    """No plan fits the budget. Carries the smallest budget that does fit.
+
+    Example:
+        >>> raise InfeasibleBudget(budget_bytes=2**29, minimum_bytes=3 * 2**28, static_bytes=2**28)
+    """
+
+    def __init__(self, budget_bytes: int, minimum_bytes: int, static_bytes: int, solver: str = ""):
+        self.budget_bytes = budget_bytes
+        self.minimum_bytes = minimum_bytes
+        self.static_bytes = static_bytes
+        self.solver = solver
+        activations = minimum_bytes - static_bytes
+        dominant = "static memory dominates" if static_bytes >= activations else "activations dominate"
+        by = f" for solver {solver!r}" if solver else ""
+        super().__init__(
+            f"budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(minimum_bytes)}"
+            f"{by} (parameters+gradients and other static memory {format_bytes(static_bytes)}, "
+            f"activations at least {format_bytes(activations)}: {dominant})"
+        )

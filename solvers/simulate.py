@@ -1,0 +1,185 @@
+"""The one memory simulator: peak bytes of one forward+backward under a plan.
+
+Time is a list of steps: forward of nodes 0..n-1, then backward of n-1..0, where a region's
+recomputation runs just before the backward of its last node. Every buffer (a node's output,
+its internally saved tensors, a gradient) is alive over an interval of steps; the peak is the
+largest sum of live buffers at any step plus that step's temporaries, plus static memory.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from solvers.problem import Problem, Solution, Status
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Live bytes after each step (static memory excluded) and each step's label.
+
+    Example:
+        >>> t = simulate(problem, ())
+        >>> max(t.live_bytes) + problem.static_bytes == t.peak_bytes
+    """
+
+    labels: tuple[str, ...]
+    live_bytes: tuple[int, ...]
+    peak_bytes: int
+    peak_step: int
+
+
+def peak_bytes(problem: Problem, regions: tuple[range, ...] = ()) -> int:
+    """Peak memory of one training step with `regions` recomputed.
+
+    Example:
+        >>> peak_bytes(problem, (range(2, 5),)) <= peak_bytes(problem, ())
+    """
+    return simulate(problem, regions).peak_bytes
+
+
+def validate_regions(problem: Problem, regions: tuple[range, ...]) -> None:
+    """Raise ValueError unless regions are sorted, disjoint, non-empty and startable."""
+    previous_stop = 0
+    for region in regions:
+        if region.step != 1 or len(region) == 0:
+            raise ValueError(f"region {region} must be a non-empty range with step 1")
+        if region.start < previous_stop or region.stop > len(problem):
+            raise ValueError(f"region {region} overlaps another or leaves the graph")
+        if not problem.can_start_region(region.start):
+            raise ValueError(
+                f"region {region} starts at node {region.start} "
+                f"({problem.nodes[region.start].name!r}), whose inputs are modified in place later"
+            )
+        previous_stop = region.stop
+
+
+def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
+    """Walk the step timeline of a plan and return live memory per step and its peak."""
+    validate_regions(problem, regions)
+    nodes = problem.nodes
+    n = len(nodes)
+    region_of: dict[int, range] = {i: region for region in regions for i in region}
+
+    labels: list[str] = [f"forward {node.name}" for node in nodes]
+    backward_step: dict[int, int] = {}
+    recompute_step: dict[int, int] = {}
+    for i in reversed(range(n)):
+        region = region_of.get(i)
+        if region is not None and i == region.stop - 1:
+            for k in region:
+                recompute_step[k] = len(labels)
+                labels.append(f"recompute {nodes[k].name}")
+        backward_step[i] = len(labels)
+        labels.append(f"backward {nodes[i].name}")
+    steps = len(labels)
+    end_of_forward = n - 1
+
+    delta = [0] * (steps + 1)  # difference array of live bytes
+    transient = [0] * steps
+
+    def hold(size: int, first: int, last: int) -> None:
+        if size > 0:
+            delta[first] += size
+            delta[last + 1] -= size
+
+    last_forward_use = list(range(n))
+    last_consumer = [-1] * n  # latest later node that reads the owner's storage
+    for k, node in enumerate(nodes):
+        for owner in node.uses:
+            last_forward_use[owner] = max(last_forward_use[owner], k)
+            if owner < k:
+                last_consumer[owner] = max(last_consumer[owner], k)
+
+    # Outputs of the first pass: alive until the last forward use, the last saver's backward,
+    # or, for a region's input, until that region's backward is done (checkpoint keeps it).
+    last = list(last_forward_use)
+    for j, node in enumerate(nodes):
+        if node.is_output:
+            last[j] = max(last[j], end_of_forward)
+    for k, node in enumerate(nodes):
+        region = region_of.get(k)
+        if region is None:
+            for owner in node.saves:
+                last[owner] = max(last[owner], backward_step[k])
+        else:
+            for owner in node.uses:
+                if owner < region.start:
+                    last[owner] = max(last[owner], backward_step[region.start])
+    for j, node in enumerate(nodes):
+        hold(node.output_bytes, j, last[j])
+        if j in region_of:
+            transient[j] += node.saved_bytes  # created, then dropped by checkpoint
+        else:
+            hold(node.saved_bytes, j, backward_step[j])
+        transient[j] += node.transient_bytes
+
+    # Recomputation: a second copy of each region's outputs and saved tensors.
+    for region in regions:
+        last_copy = {j: recompute_step[j] for j in region}
+        for k in region:
+            for owner in nodes[k].uses:
+                if owner in last_copy and owner < k:
+                    last_copy[owner] = max(last_copy[owner], recompute_step[k])
+            for owner in nodes[k].saves:
+                if owner in last_copy:
+                    last_copy[owner] = max(last_copy[owner], backward_step[k])
+        for j in region:
+            node = nodes[j]
+            hold(node.output_bytes, recompute_step[j], last_copy[j])
+            hold(node.saved_bytes, recompute_step[j], backward_step[j])
+            transient[recompute_step[j]] += node.transient_bytes
+
+    # Gradients: created by the backward of the last consumer, freed after the owner's.
+    for j, node in enumerate(nodes):
+        consumer = last_consumer[j] if last_consumer[j] >= 0 else n - 1
+        hold(node.grad_bytes, backward_step[consumer], backward_step[j])
+        transient[backward_step[j]] += node.param_grad_bytes
+
+    live: list[int] = []
+    running = 0
+    for step in range(steps):
+        running += delta[step]
+        live.append(running)
+    with_transient = [live[s] + transient[s] for s in range(steps)]
+    peak_step = max(range(steps), key=with_transient.__getitem__) if steps else 0
+    peak = problem.static_bytes + (with_transient[peak_step] if steps else 0)
+    return Timeline(tuple(labels), tuple(live), peak, peak_step)
+
+
+def held_after_forward(problem: Problem, regions: tuple[range, ...] = ()) -> int:
+    """Activation bytes still alive when forward ends: what checkpointing shrinks."""
+    timeline = simulate(problem, regions)
+    return timeline.live_bytes[len(problem) - 1] if len(problem) else 0
+
+
+def make_solution(
+    problem: Problem,
+    regions: tuple[range, ...],
+    budget_bytes: int,
+    status: Status,
+    solver: str,
+    started: float,
+) -> Solution:
+    """Re-check a solver's regions with the simulator and package them as a Solution.
+
+    Raises ValueError if the solver's plan is over budget: no solver can hand back a plan
+    that does not fit.
+
+    Example:
+        >>> make_solution(problem, (range(0, 4),), 2**30, Status.OPTIMAL, "dp", time.perf_counter())
+    """
+    regions = tuple(sorted(regions, key=lambda region: region.start))
+    peak = peak_bytes(problem, regions)
+    if peak > budget_bytes:
+        raise ValueError(
+            f"solver {solver!r} returned a plan with simulated peak {peak} bytes "
+            f"over the budget {budget_bytes} bytes"
+        )
+    return Solution(
+        regions=regions,
+        peak_bytes=peak,
+        recompute_ms=problem.recompute_ms(regions),
+        status=status,
+        solver=solver,
+        solve_seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,54 @@
+"""Budget-aware sqrt(N) segmentation (Chen et al. 2016, "Training Deep Nets with Sublinear
+Memory Cost"): cut the graph into k segments of similar activation bytes and recompute every
+segment but the last, as `torch.utils.checkpoint.checkpoint_sequential` does. Try k = 1, 2, ...
+and keep the fewest segments whose simulated peak fits the budget."""
+from __future__ import annotations
+
+import time
+
+from solvers.problem import InfeasibleBudget, Problem, Solution, Status
+from solvers.simulate import make_solution, peak_bytes
+
+
+def segments(problem: Problem, count: int) -> tuple[range, ...]:
+    """Split the nodes into at most `count` consecutive segments of similar activation bytes,
+    each starting where a region may start.
+
+    Example:
+        >>> segments(problem, 3)
+        (range(0, 4), range(4, 9), range(9, 12))
+    """
+    n = len(problem)
+    weights = [max(1, node.output_bytes + node.saved_bytes) for node in problem.nodes]
+    total = sum(weights)
+    starts = [0]
+    running = 0
+    for i, weight in enumerate(weights[:-1]):
+        running += weight
+        wanted = len(starts) * total / count
+        if running >= wanted and len(starts) < count and problem.can_start_region(i + 1):
+            starts.append(i + 1)
+    bounds = [*starts, n]
+    return tuple(range(a, b) for a, b in zip(bounds, bounds[1:]))
+
+
+def solve_sqrt(problem: Problem, budget_bytes: int, **options: object) -> Solution:
+    """The baseline solver: fewest equal-bytes segments that fit, all but the last recomputed.
+
+    Example:
+        >>> solve_sqrt(problem, budget_bytes=2**30).regions
+        (range(0, 5), range(5, 11))
+    """
+    started = time.perf_counter()
+    best_peak: int | None = None
+    seen: set[tuple[range, ...]] = set()
+    for count in range(1, len(problem) + 1):
+        regions = segments(problem, count)[:-1]
+        if regions in seen:
+            continue
+        seen.add(regions)
+        peak = peak_bytes(problem, regions)
+        if peak <= budget_bytes:
+            return make_solution(problem, regions, budget_bytes, Status.FEASIBLE, "sqrt", started)
+        best_peak = peak if best_peak is None else min(best_peak, peak)
+    raise InfeasibleBudget(budget_bytes, best_peak or problem.static_bytes, problem.static_bytes, "sqrt")
