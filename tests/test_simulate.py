@@ -1,0 +1,107 @@
+"""The simulator against peaks computed by hand.
+
+Conventions of the hand computations: steps are forward 0..n-1, then backward n-1..0, with a
+region's recomputation just before the backward of its last node. An output lives from its
+node until its last forward use, its last saver's backward, or (as a region input) the end of
+that region's backward. A gradient lives from its last consumer's backward to its owner's.
+"""
+import pytest
+
+from solvers import NodeCost, Problem, peak_bytes, simulate
+from solvers.simulate import validate_regions
+
+
+def node(name, size, uses=(), saves=(), **extra):
+    return NodeCost(name, compute_ms=1.0, output_bytes=size, grad_bytes=size, uses=uses, saves=saves, **extra)
+
+
+def chain4() -> Problem:
+    return Problem((
+        node("a", 10),
+        node("b", 10, uses=(0,), saves=(0,)),
+        node("c", 10, uses=(1,), saves=(1,)),
+        node("d", 10, uses=(2,), saves=(2,), is_output=True),
+    ))
+
+
+def test_chain_without_plan():
+    # F0..F3: a, a+b, a+b+c, a+b+c+d.  B3: a,b,c + grads c,d.  B2: a,b + grads b,c.
+    # B1: a + grads a,b.  B0: grad a.
+    timeline = simulate(chain4(), ())
+    assert timeline.live_bytes == (10, 20, 30, 40, 50, 40, 30, 10)
+    assert timeline.peak_bytes == 50
+
+
+def test_chain_with_one_region():
+    # Region {b, c}: a is its input (held until B1); b is dropped after c's forward; c is kept
+    # because d (outside) saves it. Steps F0-F3, B3, RC-b, RC-c, B2, B1, B0.
+    timeline = simulate(chain4(), (range(1, 3),))
+    assert timeline.labels[4:8] == ("backward d", "recompute b", "recompute c", "backward c")
+    assert timeline.live_bytes == (10, 20, 30, 30, 40, 30, 40, 40, 30, 10)
+    assert timeline.peak_bytes == 40
+
+
+def test_region_whose_input_is_another_regions_output():
+    # Regions {a, b} and {c, d}: b is the second region's input, held until B2.
+    timeline = simulate(chain4(), (range(0, 2), range(2, 4)))
+    assert timeline.live_bytes == (10, 20, 20, 30, 20, 30, 40, 30, 20, 30, 30, 10)
+    assert timeline.peak_bytes == 40
+
+
+def test_diamond():
+    problem = Problem((
+        node("a", 10),
+        node("b", 20, uses=(0,), saves=(0,)),
+        node("c", 30, uses=(0,), saves=(0,)),
+        node("d", 5, uses=(1, 2), saves=(1, 2), is_output=True),
+    ))
+    # B3 holds a, b, c and the gradients of b, c, d: 10+20+30 + 20+30+5 = 115.
+    assert simulate(problem, ()).live_bytes == (10, 30, 60, 65, 115, 70, 40, 10)
+    assert peak_bytes(problem) == 115
+
+
+def test_skip_connection():
+    problem = Problem((
+        node("a", 10),
+        node("b", 10, uses=(0,), saves=(0,)),
+        node("c", 10, uses=(0, 1), saves=(1,), is_output=True),
+    ))
+    # a's gradient starts at c's backward (its last consumer), not at b's.
+    assert simulate(problem, ()).live_bytes == (10, 20, 30, 50, 30, 10)
+
+
+def test_static_saved_transient_and_parameter_gradients():
+    problem = Problem(
+        (
+            NodeCost("a", 1.0, output_bytes=10, saved_bytes=7, transient_bytes=100),
+            NodeCost("b", 1.0, output_bytes=10, uses=(0,), saves=(0,), param_grad_bytes=50, is_output=True),
+        ),
+        static_bytes=1000,
+    )
+    # F0: a + its saved 7, plus 100 of temporaries -> 117. F1: a, 7, b -> 27. B1: b is not
+    # saved, so it is gone: a (saved by b) + 7, plus 50 of parameter gradients -> 67. B0: 7.
+    timeline = simulate(problem, ())
+    assert timeline.live_bytes == (17, 27, 17, 7)
+    assert timeline.peak_bytes == 1000 + 117
+    # In a region, a's saved bytes are created and dropped in forward, then held again from
+    # its recomputation until its backward.
+    assert simulate(problem, (range(0, 1),)).peak_bytes == 1000 + 117
+
+
+def test_regions_must_be_disjoint_sorted_and_startable():
+    problem = Problem((
+        node("a", 10),
+        node("b", 10, uses=(0,)),
+        NodeCost("relu_", 1.0, uses=(1,), mutates=(1,)),  # writes b in place
+        node("c", 10, uses=(1,)),
+    ))
+    with pytest.raises(ValueError, match="overlaps"):
+        validate_regions(problem, (range(0, 2), range(1, 3)))
+    with pytest.raises(ValueError, match="in place"):
+        validate_regions(problem, (range(2, 4),))
+    validate_regions(problem, (range(0, 3), range(3, 4)))
+
+
+def test_problem_rejects_forward_references():
+    with pytest.raises(ValueError, match="not an earlier node"):
+        Problem((node("a", 1, uses=(1,)), node("b", 1)))
