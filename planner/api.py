@@ -16,6 +16,7 @@ from planner.memory import preserved_state
 from planner.profile import GraphProfile, profile
 from planner.rewrite import CheckpointedModule, build_module
 from planner.trace import Traced, split_sample, trace
+from planner.verify import Verification, verify_modules
 from solvers import Problem, Solution, format_bytes, held_after_forward, peak_bytes, solve
 
 logger = logging.getLogger(__name__)
@@ -57,9 +58,12 @@ class Plan:
         >>> m = p.module()
     """
 
-    def __init__(self, model: nn.Module, traced: Traced, problem: Problem, summary: GraphProfile,
-                 solution: Solution, budget_bytes: int, reserved_bytes: int, requested_solver: str):
+    def __init__(self, model: nn.Module, sample: Any, traced: Traced, problem: Problem,
+                 summary: GraphProfile, solution: Solution, budget_bytes: int, reserved_bytes: int,
+                 requested_solver: str):
         self._model = model
+        self._sample = sample
+        self.verification: Verification | None = None
         self.requested_solver = requested_solver
         self._traced = traced
         self._module: CheckpointedModule | None = None
@@ -118,8 +122,24 @@ class Plan:
                           if reserved_gb is not None else self.reserved_bytes)
         problem = replace(self.problem, static_bytes=self.problem.static_bytes - self.reserved_bytes + reserved_bytes)
         solution = solve(problem, budget_bytes, method=solver or self.requested_solver)
-        return Plan(self._model, self._traced, problem, self.profile, solution, budget_bytes,
+        return Plan(self._model, self._sample, self._traced, problem, self.profile, solution, budget_bytes,
                     reserved_bytes, solver or self.requested_solver)
+
+    def verify(self, sample: Any = None, steps: int = 3) -> Verification:
+        """Run real forward+backward steps of the original and the planned module and measure
+        both: peak memory, step time, whether outputs and gradients match, and the error of the
+        predicted peaks. The result is kept and shown in the report. The original model is
+        left as it was (gradients, buffers and RNG state are restored).
+
+        Example:
+            >>> record = p.verify(steps=3)
+            >>> record.within_budget, record.overhead_percent
+        """
+        self.verification = verify_modules(
+            self._model, self.module(), self._sample if sample is None else sample, steps,
+            self.predicted_peak_bytes, self.baseline_peak_bytes, self.budget_bytes,
+        )
+        return self.verification
 
     def module(self) -> CheckpointedModule:
         """The rewritten module: same parameters, outputs and gradients as the original.
@@ -159,6 +179,8 @@ class Plan:
             for index, c in enumerate(self.checkpoints):
                 lines.append(f"    {index:>3}  {c.nodes[0]:<24} {c.nodes[-1]:<24} {len(c.nodes):>5} "
                              f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}")
+        if self.verification is not None:
+            lines += ["", str(self.verification)]
         return "\n".join(lines)
 
 
@@ -215,4 +237,4 @@ def plan(
     started = time.perf_counter()
     solution = solve(problem, budget_bytes, method=solver)
     logger.info("solved in %.2f s", time.perf_counter() - started)
-    return Plan(model, traced, problem, summary, solution, budget_bytes, reserved_bytes, solver)
+    return Plan(model, sample, traced, problem, summary, solution, budget_bytes, reserved_bytes, solver)

@@ -74,6 +74,37 @@ class TinyGPT(nn.Module):
         return self.head(self.norm(x))
 
 
+class SkipTransformer(nn.Module):
+    """A U-Net-shaped transformer: the output of each block on the way down is added to the
+    input of its mirror block on the way up, so activations live across many blocks."""
+
+    def __init__(self, vocab: int = 512, width: int = 128, heads: int = 4, depth: int = 3,
+                 context: int = 128, dropout: float = 0.1):
+        super().__init__()
+        self.token_embedding = nn.Embedding(vocab, width)
+        self.down = nn.ModuleList(Block(width, heads, dropout) for _ in range(depth))
+        self.middle = Block(width, heads, dropout)
+        self.up = nn.ModuleList(Block(width, heads, dropout) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.register_buffer("mask", torch.tril(torch.ones(context, context)).view(1, 1, context, context))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.token_embedding(tokens)
+        skips = []
+        for block in self.down:
+            x = block(x, self.mask)
+            skips.append(x)
+        x = self.middle(x, self.mask)
+        for block, skip in zip(self.up, reversed(skips)):
+            x = block(x + skip, self.mask)
+        return self.head(self.norm(x))
+
+
+def skip_transformer(batch: int = 8, length: int = 128) -> tuple[nn.Module, torch.Tensor]:
+    return SkipTransformer(context=length), torch.randint(0, 512, (batch, length))
+
+
 def mlp(width: int = 256, depth: int = 8, batch: int = 64) -> tuple[nn.Module, torch.Tensor]:
     layers: list[nn.Module] = []
     for _ in range(depth):
@@ -117,4 +148,5 @@ EXAMPLES: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
     "gpt": gpt,
     "mlp": mlp,
     "cnn": cnn,
+    "unet": skip_transformer,
 }

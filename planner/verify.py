@@ -1,0 +1,180 @@
+"""Run real training steps of the original and the planned module and compare them."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from planner.memory import PeakMemory, preserved_state, storage_bytes
+from planner.trace import split_sample
+from solvers import format_bytes
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Measured figures of one model, unplanned and planned, on the same sample.
+
+    Peaks count parameters, gradients, buffers and inputs plus the largest live activation
+    memory of one forward+backward (steps after a warm-up, gradients already allocated).
+    """
+
+    original_peak_bytes: int
+    planned_peak_bytes: int
+    predicted_peak_bytes: int
+    predicted_original_peak_bytes: int
+    budget_bytes: int
+    original_step_ms: float
+    planned_step_ms: float
+    outputs_match: bool
+    gradients_match: bool
+    steps: int
+
+    @property
+    def overhead_percent(self) -> float:
+        """Measured step-time increase of the planned module, in percent."""
+        return 100 * (self.planned_step_ms / self.original_step_ms - 1)
+
+    @property
+    def peak_error(self) -> float:
+        """(predicted - measured) / measured for the planned peak."""
+        return (self.predicted_peak_bytes - self.planned_peak_bytes) / self.planned_peak_bytes
+
+    @property
+    def original_peak_error(self) -> float:
+        return (self.predicted_original_peak_bytes - self.original_peak_bytes) / self.original_peak_bytes
+
+    @property
+    def within_budget(self) -> bool:
+        return self.planned_peak_bytes <= self.budget_bytes
+
+    def __str__(self) -> str:
+        ok = lambda flag: "yes" if flag else "NO"  # noqa: E731
+        return "\n".join([
+            f"Verification over {self.steps} measured steps",
+            f"  {'':<22}{'measured':>12}{'predicted':>12}{'error':>9}",
+            f"  {'peak, original':<22}{format_bytes(self.original_peak_bytes):>12}"
+            f"{format_bytes(self.predicted_original_peak_bytes):>12}{100 * self.original_peak_error:>+8.1f}%",
+            f"  {'peak, planned':<22}{format_bytes(self.planned_peak_bytes):>12}"
+            f"{format_bytes(self.predicted_peak_bytes):>12}{100 * self.peak_error:>+8.1f}%",
+            f"  {'within budget':<22}{ok(self.within_budget):>12} (budget {format_bytes(self.budget_bytes)})",
+            f"  {'step time':<22}{self.original_step_ms:>9.1f} ms -> {self.planned_step_ms:.1f} ms "
+            f"({self.overhead_percent:+.0f}%)",
+            f"  {'outputs match':<22}{ok(self.outputs_match):>12}",
+            f"  {'gradients match':<22}{ok(self.gradients_match):>12}",
+        ])
+
+
+def training_loss(output: Any) -> torch.Tensor:
+    """A scalar to call backward on: the model's own `loss` if it returns one, else the sum of
+    its floating-point outputs (a sum adds no memory of its own to backward).
+
+    Example:
+        >>> training_loss(torch.ones(3, requires_grad=True))
+        tensor(3., grad_fn=<SumBackward0>)
+    """
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not tensors:
+        raise ValueError("the model's output holds no tensor that requires grad: nothing to train")
+    return sum(t.sum() for t in tensors)  # type: ignore[return-value]
+
+
+def _call(module: nn.Module, sample: Any) -> Any:
+    args, kwargs = split_sample(sample)
+    return module(*args, **kwargs)
+
+
+def _step(module: nn.Module, sample: Any) -> None:
+    training_loss(_call(module, sample)).backward()
+
+
+def _outputs_and_grads(module: nn.Module, sample: Any, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    for parameter in module.parameters():
+        parameter.grad = None
+    torch.manual_seed(seed)
+    output = _call(module, sample)
+    training_loss(output).backward()
+    outputs = [t.detach() for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+    grads = [None if p.grad is None else p.grad.clone() for p in module.parameters()]
+    return outputs, grads
+
+
+def _all_close(left: list[Any], right: list[Any]) -> bool:
+    if len(left) != len(right):
+        return False
+    for a, b in zip(left, right):
+        if (a is None) != (b is None):
+            return False
+        if a is not None:
+            try:
+                torch.testing.assert_close(a, b)
+            except AssertionError:
+                return False
+    return True
+
+
+def _measured_peak(module: nn.Module, sample: Any, device: torch.device) -> int:
+    static = storage_bytes((
+        list(module.parameters()), [p.grad for p in module.parameters()], list(module.buffers()), sample,
+    ))
+    with PeakMemory(device) as memory:
+        _step(module, sample)
+    return static + memory.peak_bytes
+
+
+def _synchronized(device: torch.device) -> Callable[[], float]:
+    def now() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return now
+
+
+def verify_modules(original: nn.Module, planned: nn.Module, sample: Any, steps: int,
+                   predicted_peak_bytes: int, predicted_original_peak_bytes: int,
+                   budget_bytes: int) -> Verification:
+    """Compare `planned` with `original` on real steps; leaves `original` as it was.
+
+    Example:
+        >>> print(verify_modules(model, p.module(), x, 3, p.predicted_peak_bytes,
+        ...                      p.baseline_peak_bytes, p.budget_bytes))
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, not {steps}")
+    args, kwargs = split_sample(sample)
+    device = next(t.device for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor))
+    now = _synchronized(device)
+    with preserved_state(original, [device]):
+        expected = _outputs_and_grads(original, sample, seed=0)
+        got = _outputs_and_grads(planned, sample, seed=0)
+        outputs_match = _all_close(expected[0], got[0])
+        gradients_match = _all_close(expected[1], got[1])
+        del expected, got
+        # Gradients stay allocated from here on, as in a training loop.
+        peaks: dict[str, list[int]] = {"original": [], "planned": []}
+        times: dict[str, list[float]] = {"original": [], "planned": []}
+        for _ in range(steps):
+            for name, module in (("original", original), ("planned", planned)):
+                peaks[name].append(_measured_peak(module, sample, device))
+                started = now()
+                _step(module, sample)
+                times[name].append((now() - started) * 1000)
+    return Verification(
+        original_peak_bytes=max(peaks["original"]),
+        planned_peak_bytes=max(peaks["planned"]),
+        predicted_peak_bytes=predicted_peak_bytes,
+        predicted_original_peak_bytes=predicted_original_peak_bytes,
+        budget_bytes=budget_bytes,
+        original_step_ms=statistics.median(times["original"]),
+        planned_step_ms=statistics.median(times["planned"]),
+        outputs_match=outputs_match,
+        gradients_match=gradients_match,
+        steps=steps,
+    )

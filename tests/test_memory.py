@@ -1,0 +1,109 @@
+"""Memory truth: the CPU tracker, verify(), budgets and their errors."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import MODELS, small_gpt
+from planner import InfeasibleBudget, plan
+from planner.api import GIB
+from planner.memory import LiveBytesTracker, PeakMemory
+from planner.verify import training_loss
+
+
+def test_tracker_counts_new_storages_once_and_frees_them():
+    weight = torch.randn(256, 256, requires_grad=True)
+    x = torch.randn(64, 256)
+    with LiveBytesTracker() as tracker:
+        y = (x @ weight).relu()  # the matmul result is freed by relu's out-of-place result
+        assert tracker.live_bytes == 64 * 256 * 4
+        view = y.t()  # a view allocates nothing
+        assert tracker.live_bytes == 64 * 256 * 4
+        y.sum().backward()
+        del y, view
+    # Only weight.grad is left of what was allocated inside.
+    assert tracker.live_bytes == 256 * 256 * 4
+    # Backward peak: y + its gradient + weight.grad (+ 8 bytes of scalars).
+    assert tracker.peak_bytes == 64 * 256 * 4 * 2 + 256 * 256 * 4 + 8
+
+
+def test_tracker_agrees_with_torch_mem_tracker():
+    mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 128))
+    x = torch.randn(64, 128)
+    model(x).sum().backward()  # gradients allocated before measuring
+    reference = mem_tracker.MemTracker()
+    reference.track_external(model)
+    with reference:
+        model(x).sum().backward()
+    with PeakMemory(torch.device("cpu")) as ours:
+        model(x).sum().backward()
+    reference_peak = reference.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    static = sum(p.numel() * 4 * 2 for p in model.parameters()) + x.numel() * 4
+    assert ours.peak_bytes + static == pytest.approx(reference_peak, rel=0.02)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_measured_peak_is_within_ten_percent_of_prediction(name):
+    model, sample = MODELS[name]()
+    p = plan(model, sample, budget_gb=80, solver="sqrt", repeats=1)
+    p = p.replan(budget_gb=0.8 * p.baseline_peak_bytes / GIB)
+    record = p.verify(steps=1)
+    assert record.outputs_match and record.gradients_match
+    assert abs(record.original_peak_error) <= 0.10, str(record)
+    assert abs(record.peak_error) <= 0.10, str(record)
+    assert record.within_budget, str(record)
+    assert "Verification" in str(p), "the report shows measured figures once verified"
+
+
+def test_verify_leaves_the_model_as_it_was():
+    model, tokens = small_gpt()
+    p = plan(model, tokens, budget_gb=80, solver="sqrt", repeats=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    p.verify(steps=1)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(parameter.grad is None for parameter in model.parameters())
+
+
+def test_infeasible_budget_names_the_minimum_and_what_dominates():
+    model, tokens = small_gpt()
+    p = plan(model, tokens, budget_gb=80, solver="sqrt", repeats=1)
+    with pytest.raises(InfeasibleBudget) as caught:
+        p.replan(budget_gb=p.problem.static_bytes / GIB)
+    error = caught.value
+    assert error.minimum_bytes > error.budget_bytes
+    assert error.static_bytes == p.problem.static_bytes
+    # The minimum really fits: planning at it succeeds.
+    fitted = p.replan(budget_gb=error.minimum_bytes / GIB + 1e-9)
+    assert fitted.predicted_peak_bytes <= error.minimum_bytes
+    assert "below the minimum" in str(error) and "dominate" in str(error)
+
+
+def test_static_memory_alone_over_budget_says_so():
+    model, tokens = small_gpt()
+    with pytest.raises(InfeasibleBudget, match="static memory dominates"):
+        plan(model, tokens, budget_gb=80, reserved_gb=79.9999, solver="sqrt", repeats=1)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, "4", None, True])
+def test_bad_budget_values_are_rejected(bad):
+    model, tokens = small_gpt()
+    with pytest.raises(ValueError, match="budget_gb"):
+        plan(model, tokens, budget_gb=bad)
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, "1"])
+def test_bad_reserve_values_are_rejected(bad):
+    model, tokens = small_gpt()
+    with pytest.raises(ValueError, match="reserved_gb"):
+        plan(model, tokens, budget_gb=1.0, reserved_gb=bad)
+
+
+def test_training_loss_prefers_the_models_own_loss():
+    loss = torch.tensor(2.0, requires_grad=True)
+    assert training_loss({"loss": loss, "logits": torch.ones(3, requires_grad=True)}) is loss
+    assert training_loss((torch.ones(2, requires_grad=True), 3)).item() == 2.0
+    with pytest.raises(ValueError, match="requires grad"):
+        training_loss(torch.ones(2))
