@@ -38,6 +38,7 @@ class NodeProfile:
     uses: tuple[str, ...] = ()
     saves: tuple[str, ...] = ()
     mutates: tuple[str, ...] = ()
+    mutated_buffers: tuple[str, ...] = ()  # qualified names of buffers written (BatchNorm statistics)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class ProfileInterpreter(fx.Interpreter):
         self.static_keys = static_keys
         self.owner: dict[int, str] = {}  # storage address -> name of the node that created it
         self.tracker = LiveBytesTracker()
+        self.buffer_names = {id(buffer): name for name, buffer in gm.named_buffers()}
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op not in COMPUTE_OPS:
@@ -85,6 +87,8 @@ class ProfileInterpreter(fx.Interpreter):
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         inputs = _tensors((args, kwargs))
         versions = [t._version for t in inputs]
+        buffers = self._buffers_read(n, inputs)
+        buffers_before = {name: (buffer._version, buffer.clone()) for name, buffer in buffers.items()}
         saved: dict[int, int] = {}
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -113,6 +117,10 @@ class ProfileInterpreter(fx.Interpreter):
         record.mutates = self._owners(
             _key(t) for t, version in zip(inputs, versions) if t._version != version
         )
+        record.mutated_buffers = tuple(sorted(
+            name for name, buffer in buffers.items()
+            if buffer._version != buffers_before[name][0] or not torch.equal(buffer, buffers_before[name][1])
+        ))
         record.saves = self._owners(saved)
         record.saved_bytes = sum(
             nbytes for key, nbytes in saved.items() if key not in self.owner and key not in self.static_keys
@@ -122,6 +130,14 @@ class ProfileInterpreter(fx.Interpreter):
         logger.debug("profiled %s: %s (live %+d bytes)", n.name, record, live_after - live_before)
         n.meta[META_KEY] = record
         return result
+
+    def _buffers_read(self, n: fx.Node, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Buffers a node can write: those passed to it and those of the module it calls."""
+        found = {self.buffer_names[id(t)]: t for t in inputs if id(t) in self.buffer_names}
+        if n.op == "call_module":
+            for name, buffer in self.module.get_submodule(n.target).named_buffers():
+                found[f"{n.target}.{name}"] = buffer
+        return found
 
     def _owners(self, keys: Any) -> tuple[str, ...]:
         return tuple(sorted({self.owner[key] for key in keys if key in self.owner}))

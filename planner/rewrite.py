@@ -15,7 +15,8 @@ import torch.fx as fx
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from planner.trace import Traced
+from planner.profile import META_KEY
+from planner.trace import Traced, graph_module
 
 REGION_PREFIX = "checkpoint_region_"
 
@@ -48,52 +49,33 @@ def shallow_clone(module: nn.Module, memo: dict[int, nn.Module] | None = None) -
 
 
 @contextlib.contextmanager
-def frozen_running_stats(modules: list[nn.Module]) -> Iterator[None]:
-    """Keep BatchNorm statistics as they are: recomputation must not update them twice."""
-    saved = [
-        {name: buffer.clone() for name, buffer in module._buffers.items() if buffer is not None}
-        for module in modules
-    ]
+def restored_buffers(root: nn.Module, names: tuple[str, ...]) -> Iterator[None]:
+    """Put the named buffers back as they were afterwards: recomputation must not update
+    BatchNorm statistics (or any other buffer the region writes) a second time."""
+    saved = {name: root.get_buffer(name).clone() for name in names}
     try:
         yield
     finally:
         with torch.no_grad():
-            for module, buffers in zip(modules, saved):
-                for name, value in buffers.items():
-                    module._buffers[name].copy_(value)
+            for name, value in saved.items():
+                root.get_buffer(name).copy_(value)
 
 
 class CheckpointRegion(nn.Module):
     """Runs `body` under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`."""
 
-    def __init__(self, body: fx.GraphModule, batchnorms: list[nn.Module]):
+    def __init__(self, body: fx.GraphModule, written_buffers: tuple[str, ...]):
         super().__init__()
         self.body = body
-        self._batchnorms = batchnorms  # a plain list: not registered twice
+        self.written_buffers = written_buffers
 
     def _contexts(self) -> tuple[Any, Any]:
-        return contextlib.nullcontext(), frozen_running_stats(self._batchnorms)
+        if not self.written_buffers:
+            return contextlib.nullcontext(), contextlib.nullcontext()
+        return contextlib.nullcontext(), restored_buffers(self.body, self.written_buffers)
 
     def forward(self, *args: Any) -> Any:
         return checkpoint(self.body, *args, use_reentrant=False, context_fn=self._contexts)
-
-
-def _graph_module(clone: nn.Module, graph: fx.Graph, extra: dict[str, nn.Module], name: str) -> fx.GraphModule:
-    """A GraphModule whose attribute paths resolve through `clone`'s own module tree.
-
-    fx copies only the attributes a graph names and makes placeholder containers for the levels
-    in between; replacing the top level with the clone's own children and its parameter and
-    buffer dicts makes every path reach the live objects (so `.to()` and buffer swaps are seen).
-    """
-    holder = nn.Module()
-    holder._modules = {**clone._modules, **extra}
-    holder._parameters = clone._parameters
-    holder._buffers = clone._buffers
-    gm = fx.GraphModule(holder, graph, class_name=name)
-    gm._modules = {**clone._modules, **extra}
-    gm._parameters = clone._parameters
-    gm._buffers = clone._buffers
-    return gm
 
 
 def _extract_region(
@@ -151,20 +133,17 @@ def rewrite(traced: Traced, regions: list[list[str]], clone: nn.Module) -> fx.Gr
         done.add(index)
         members = {n for n, i in region_of.items() if i == index}
         body_graph, inputs, outputs = _extract_region(graph_nodes, members)
-        batchnorms = [
-            clone.get_submodule(n.target)
-            for n in members
-            if n.op == "call_module"
-            and isinstance(clone.get_submodule(n.target), nn.modules.batchnorm._BatchNorm)
-        ]
+        written = tuple(sorted({
+            name for n in members if META_KEY in n.meta for name in n.meta[META_KEY].mutated_buffers
+        }))
         target = f"{REGION_PREFIX}{index}"
-        body = _graph_module(clone, body_graph, {}, f"Region{index}")
-        region_modules[target] = CheckpointRegion(body, batchnorms)
+        body = graph_module(clone, body_graph, traced.extras, f"Region{index}")
+        region_modules[target] = CheckpointRegion(body, written)
         call = graph.call_module(target, tuple(env[n] for n in inputs))
         for position, output in enumerate(outputs):
             env[output] = graph.call_function(_item, (call, position))
     graph.lint()
-    planned = _graph_module(clone, graph, region_modules, "Planned")
+    planned = graph_module(clone, graph, {**traced.extras, **region_modules}, "Planned")
     planned.graph.eliminate_dead_code()  # attribute reads that moved into region bodies
     planned.recompile()
     return planned
@@ -197,7 +176,8 @@ class CheckpointedModule(nn.Module):
         if not (self.training and torch.is_grad_enabled()):
             self._eager.training = self.training
             return self._eager(*args, **kwargs)
-        return self._planned(*self._traced.graph_inputs(args, kwargs))
+        flat = self._planned(*self._traced.graph_inputs(args, kwargs))
+        return self._traced.structure_output(flat)
 
     @property
     def planned_graph(self) -> fx.GraphModule:

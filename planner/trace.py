@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.utils._pytree import TreeSpec, tree_unflatten
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,12 @@ class Traced:
     fixed_args: dict[str, Any]
     leaves: tuple[str, ...] = field(default_factory=tuple)
     frontend: str = "torch.fx.symbolic_trace"
+    output_spec: TreeSpec | None = None  # export graphs return flat outputs; this rebuilds them
+    extras: dict[str, nn.Module] = field(default_factory=dict)  # export's subgraphs, by name
+
+    def structure_output(self, flat: Any) -> Any:
+        """The graph's return value in the model's own output structure."""
+        return flat if self.output_spec is None else tree_unflatten(list(flat), self.output_spec)
 
     def graph_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """Bind a call's arguments to the model's forward and return the graph's inputs."""
@@ -120,18 +127,28 @@ class _LeafTracer(fx.Tracer):
             raise
 
 
-def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = ()) -> Traced:
-    """Symbolically trace `model` for calls shaped like `sample`.
+FRONTENDS = ("auto", "fx", "export")
+
+
+def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = (), frontend: str = "auto") -> Traced:
+    """Trace `model` into an fx graph for calls shaped like `sample`.
 
     Tensor arguments become graph inputs; every other argument (flags, ints, None defaults) is
-    fixed to its sample value. A submodule whose forward cannot be traced becomes a leaf and
-    tracing is retried; the leaves are reported in `Traced.leaves`.
+    fixed to its sample value. Two frontends:
+    - "fx": `torch.fx` symbolic tracing at module level. A submodule whose forward cannot be
+      traced becomes a leaf and tracing is retried; the leaves are listed in `Traced.leaves`.
+    - "export": `torch.export.export(strict=False)`, an ATen-level graph (linear, attention,
+      layer norm, dropout, ...) that follows models fx cannot, such as Hugging Face models
+      with decorated forwards and mask code with data-dependent control flow.
+    "auto" tries fx and falls back to export when fx cannot trace the model's own forward.
 
     Example:
         >>> traced = trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(2, 4))
         >>> [n.op for n in traced.gm.graph.nodes]
         ['placeholder', 'call_module', 'call_module', 'output']
     """
+    if frontend not in FRONTENDS:
+        raise ValueError(f"frontend must be one of {FRONTENDS}, not {frontend!r}")
     signature = inspect.signature(model.forward)
     args, kwargs = split_sample(sample)
     bound = bind_arguments(signature, args, kwargs)
@@ -139,7 +156,88 @@ def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = ()) -> Traced
     if not tensor_names:
         raise TypeError("the sample holds no tensor: pass the model's input tensors as the sample")
     fixed_args = {name: value for name, value in bound.items() if name not in tensor_names}
+    if frontend == "export":
+        traced = _trace_export(model, bound, tensor_names, fixed_args)
+    else:
+        try:
+            traced = _trace_fx(model, tensor_names, fixed_args, leaves)
+        except TraceError as fx_error:
+            if frontend == "fx":
+                raise
+            logger.info("fx cannot trace %s (%s); trying torch.export", type(model).__name__, fx_error)
+            try:
+                traced = _trace_export(model, bound, tensor_names, fixed_args)
+            except TraceError as export_error:
+                raise TraceError(
+                    f"{fx_error}\n{export_error}\nMake the failing code traceable, or pass "
+                    "leaves=('submodule.name', ...) to keep the failing submodules whole."
+                ) from export_error
+    traced.gm.meta["planner.signature"] = signature
+    return traced
 
+
+def _trace_export(
+    model: nn.Module, bound: dict[str, Any], tensor_names: tuple[str, ...], fixed_args: dict[str, Any]
+) -> Traced:
+    """The torch.export frontend: an ATen-level graph whose inputs are the tensor arguments."""
+    try:
+        exported = torch.export.export(model, (), dict(bound), strict=False)
+    except Exception as error:
+        raise TraceError(
+            f"torch.export cannot trace {type(model).__name__}: {type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}"
+        ) from error
+    unlifted = exported.module()
+    graph = fx.Graph()
+    outputs = graph.graph_copy(unlifted.graph, {})
+    graph.output(outputs)  # default codegen: a flat list; Traced.structure_output rebuilds it
+    extras: dict[str, nn.Module] = {}
+    for node in list(graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn":
+            graph.erase_node(node)  # shape guards of the export call: the planner checks inputs
+        elif node.op == "placeholder" and node.target not in tensor_names:
+            if node.users:
+                raise TraceError(f"the exported graph reads fixed argument {node.target!r}")
+            graph.erase_node(node)
+        elif node.op in ("get_attr", "call_module") and not _has_path(model, node.target):
+            extras[node.target] = getattr(unlifted, node.target)  # e.g. a higher-order op's subgraph
+    graph.lint()
+    gm = graph_module(model, graph, extras, f"Exported{type(model).__name__}")
+    return Traced(gm, tensor_names, fixed_args, (), "torch.export", exported.call_spec.out_spec, extras)
+
+
+def _has_path(module: nn.Module, target: str) -> bool:
+    try:
+        for part in target.split("."):
+            module = getattr(module, part)
+    except AttributeError:
+        return False
+    return True
+
+
+def graph_module(root: nn.Module, graph: fx.Graph, extras: dict[str, nn.Module], name: str) -> fx.GraphModule:
+    """A GraphModule whose attribute paths resolve through `root`'s own module tree.
+
+    fx copies only the attributes a graph names and makes placeholder containers for the levels
+    in between; replacing the top level with `root`'s own children and its parameter and buffer
+    dicts makes every path reach the live objects (so `.to()` and buffer swaps are seen).
+    `extras` are top-level modules the graph names that `root` does not have.
+    """
+    holder = nn.Module()
+    holder._modules = {**root._modules, **extras}
+    holder._parameters = root._parameters
+    holder._buffers = root._buffers
+    gm = fx.GraphModule(holder, graph, class_name=name)
+    gm._modules = {**root._modules, **extras}
+    gm._parameters = root._parameters
+    gm._buffers = root._buffers
+    return gm
+
+
+def _trace_fx(
+    model: nn.Module, tensor_names: tuple[str, ...], fixed_args: dict[str, Any], leaves: tuple[str, ...]
+) -> Traced:
+    """The torch.fx frontend, with automatic leaves for submodules it cannot follow."""
     auto_leaves: list[str] = []
     while True:
         tracer = _LeafTracer(set(leaves) | set(auto_leaves))
@@ -159,7 +257,6 @@ def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = ()) -> Traced
 
     _drop_fixed_inputs(graph, tensor_names)
     gm = fx.GraphModule(model, graph, class_name=f"Traced{type(model).__name__}")
-    gm.meta["planner.signature"] = signature
     return Traced(gm, tensor_names, fixed_args, tuple(auto_leaves))
 
 
