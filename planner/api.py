@@ -199,6 +199,7 @@ def plan(
     solver: str = "auto",
     reserved_gb: float = 0.0,
     leaves: tuple[str, ...] = (),
+    frontend: str = "auto",
     repeats: int = 5,
     progress: Callable[[str], None] | None = None,
 ) -> Plan:
@@ -227,7 +228,7 @@ def plan(
     say = progress or (lambda message: logger.info(message))
 
     say("tracing")
-    traced = trace(model, sample, leaves)
+    traced = trace(model, sample, leaves, frontend)
     args, kwargs = split_sample(sample)
     inputs = traced.graph_inputs(args, kwargs)
     with preserved_state(model, [device]):

@@ -191,11 +191,12 @@ def _trace_export(
     graph = fx.Graph()
     outputs = graph.graph_copy(unlifted.graph, {})
     graph.output(outputs)  # default codegen: a flat list; Traced.structure_output rebuilds it
-    extras: dict[str, nn.Module] = {}
     for node in list(graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
             graph.erase_node(node)  # shape guards of the export call: the planner checks inputs
-        elif node.op == "placeholder" and node.target not in tensor_names:
+    extras: dict[str, nn.Module] = {}
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and node.target not in tensor_names:
             if node.users:
                 raise TraceError(f"the exported graph reads fixed argument {node.target!r}")
             graph.erase_node(node)
