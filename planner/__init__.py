@@ -7,7 +7,8 @@ Example:
     >>> m = p.module()
 """
 from planner.api import Checkpoint, Plan, plan
+from planner.persist import SavedPlan, load_plan
 from planner.trace import TraceError
 from solvers import InfeasibleBudget
 
-__all__ = ["Checkpoint", "InfeasibleBudget", "Plan", "TraceError", "plan"]
+__all__ = ["Checkpoint", "InfeasibleBudget", "Plan", "SavedPlan", "TraceError", "load_plan", "plan"]

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -150,6 +152,39 @@ class Plan:
             self._module = build_module(self._traced, [list(c.nodes) for c in self.checkpoints], self._model)
         return self._module
 
+    def plot(self, path: str | os.PathLike[str]) -> Path:
+        """Write a PNG of the predicted memory over one step, unplanned and planned, with the
+        budget and the regions marked (needs matplotlib). See `planner.plot`.
+
+        Example:
+            >>> p.plot("memory.png")
+        """
+        from planner.plot import plot_plan
+
+        return plot_plan(self, path)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Save the plan as JSON; `planner.load_plan(path).apply(model)` re-applies it to a
+        freshly built model of the same architecture without measuring again. See `planner.persist`.
+
+        Example:
+            >>> p.save("plan.json")
+        """
+        from planner.persist import save_plan
+
+        return save_plan(self, path)
+
+    def export(self, path: str | os.PathLike[str]) -> Path:
+        """Save the rewritten module with `torch.save`; it loads with
+        `torch.load(path, weights_only=False)` where `planner` and the model's classes import.
+
+        Example:
+            >>> p.export("planned.pt")
+        """
+        from planner.persist import export_module
+
+        return export_module(self, path)
+
     def __repr__(self) -> str:
         return (f"Plan(solver={self.solver!r}, regions={len(self.checkpoints)}, "
                 f"predicted_peak_bytes={self.predicted_peak_bytes}, recompute_ms={self.recompute_ms:.3f})")
@@ -224,6 +259,10 @@ def plan(
     if not model.training:
         warnings.warn("the model is in eval mode; the plan is for training, where dropout and "
                       "BatchNorm behave differently: call model.train() first", stacklevel=2)
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        raise ValueError(f"{type(model).__name__} has no trainable parameters: a training step "
+                         "keeps no activations for them, so there is nothing to plan; unfreeze the "
+                         "parameters you train (requires_grad=True) first")
     device = _sample_device(sample)
     say = progress or (lambda message: logger.info(message))
 

@@ -23,7 +23,12 @@ def build_problem(gm: fx.GraphModule, summary: GraphProfile, reserved_bytes: int
     nodes = compute_nodes(gm)
     index = {node.name: i for i, node in enumerate(nodes)}
     output_node = next(node for node in gm.graph.nodes if node.op == "output")
-    returned = {node.name for node in output_node.all_input_nodes}
+    returned: set[str] = set()
+    for node in output_node.all_input_nodes:
+        record = node.meta.get(META_KEY)
+        if record is not None and record.output_bytes == 0:
+            returned.update(record.uses)  # returns views or a record of tensors made earlier
+        returned.add(node.name)
     costs = []
     for node in nodes:
         record = node.meta[META_KEY]

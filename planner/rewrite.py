@@ -70,12 +70,13 @@ class CheckpointRegion(nn.Module):
         self.written_buffers = written_buffers
 
     def _contexts(self) -> tuple[Any, Any]:
-        if not self.written_buffers:
-            return contextlib.nullcontext(), contextlib.nullcontext()
         return contextlib.nullcontext(), restored_buffers(self.body, self.written_buffers)
 
     def forward(self, *args: Any) -> Any:
-        return checkpoint(self.body, *args, use_reentrant=False, context_fn=self._contexts)
+        if self.written_buffers and not torch.compiler.is_compiling():
+            return checkpoint(self.body, *args, use_reentrant=False, context_fn=self._contexts)
+        # Under torch.compile buffer writes are functionalised and applied once, in forward.
+        return checkpoint(self.body, *args, use_reentrant=False)
 
 
 def _extract_region(
@@ -144,7 +145,11 @@ def rewrite(traced: Traced, regions: list[list[str]], clone: nn.Module) -> fx.Gr
             env[output] = graph.call_function(_item, (call, position))
     graph.lint()
     planned = graph_module(clone, graph, {**traced.extras, **region_modules}, "Planned")
-    planned.graph.eliminate_dead_code()  # attribute reads that moved into region bodies
+    # Attribute reads used only inside region bodies are dead here. Nothing else is removed:
+    # an in-place call with an unused result (x.mul_(2)) is not dead code.
+    for node in list(planned.graph.nodes):
+        if node.op == "get_attr" and not node.users:
+            planned.graph.erase_node(node)
     planned.recompile()
     return planned
 

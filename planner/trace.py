@@ -5,6 +5,7 @@ node), so one untraceable block does not stop the whole model from being planned
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from dataclasses import dataclass, field
@@ -117,6 +118,13 @@ class _LeafTracer(fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return module_qualified_name in self.leaves or super().is_leaf_module(m, module_qualified_name)
+
+    def create_arg(self, a: Any) -> Any:
+        # A dataclass instance (a returned record of tensors) becomes a call of its class.
+        if dataclasses.is_dataclass(a) and not isinstance(a, type):
+            fields = {f.name: self.create_arg(getattr(a, f.name)) for f in dataclasses.fields(a) if f.init}
+            return self.create_node("call_function", type(a), (), fields)
+        return super().create_arg(a)
 
     def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
         try:

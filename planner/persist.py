@@ -1,0 +1,694 @@
+"""Save a plan as JSON, load it back, and re-apply it to a freshly built model.
+
+A saved plan holds what is needed to check it against a model later and to rebuild the planned
+module without measuring again: the compute graph (node names, ops and targets), the per-node
+costs the solver saw and the profiler's records, the regions (as node names), the solver,
+budget, reserve and predicted peaks, the shapes of the model's state dict, and the structure of
+the sample (which forward arguments were tensors, with shapes and dtypes; which were fixed, with
+their values).
+
+Example:
+    >>> p = plan(model, sample, budget_gb=4)
+    >>> p.save("plan.json")
+    >>> saved = load_plan("plan.json")
+    >>> print(saved)                       # the report, without re-profiling
+    >>> m = saved.apply(build_model())     # same architecture, fresh weights: no measuring
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from planner.graph import compute_nodes
+from planner.profile import META_KEY, NodeProfile
+from planner.rewrite import CheckpointedModule, build_module
+from planner.trace import bind_arguments, split_sample, trace
+from planner.verify import Verification
+from solvers import NodeCost, Problem, Solution, Status, format_bytes, held_after_forward
+
+if TYPE_CHECKING:
+    from planner.api import Checkpoint, Plan
+
+FORMAT = "ckpt-planner plan"
+VERSION = 1
+FX_FRONTEND = "torch.fx.symbolic_trace"  # the value of Traced.frontend for the fx frontend
+APPLICABLE_FRONTENDS = (FX_FRONTEND,)
+_NODE_REFERENCES = ("uses", "saves", "mutates")  # NodeCost fields that hold node indices
+
+
+# ---------------------------------------------------------------------------------------------
+# Values to and from JSON
+
+
+def target_name(target: Any) -> str:
+    """A stable string for an fx node's target: module paths and method names as they are,
+    functions by qualified name (`torch.narrow`, `_operator.add`).
+
+    Example:
+        >>> target_name(torch.narrow)
+        'torch.narrow'
+    """
+    if isinstance(target, str):
+        return target
+    try:
+        from torch.fx.node import _get_qualified_name
+
+        return _get_qualified_name(target)
+    except Exception:  # objects fx cannot name: fall back to what Python says
+        module = getattr(target, "__module__", None)
+        name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+        return f"{module}.{name}" if module and name else repr(target)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype(name: str) -> torch.dtype:
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r} in the saved plan")
+    return value
+
+
+def encode_value(value: Any) -> Any:
+    """A fixed forward argument as JSON. Lists, numbers, strings, booleans and None are kept;
+    tuples, str-keyed dicts, dtypes, devices and non-finite floats are tagged so they come back
+    as they were; anything else is stored as {"unsupported": repr} and cannot be rebuilt.
+
+    Example:
+        >>> encode_value((1, None, torch.float16))
+        {'tuple': [1, None, {'dtype': 'float16'}]}
+    """
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else {"float": repr(value)}
+    if isinstance(value, tuple):
+        return {"tuple": [encode_value(item) for item in value]}
+    if isinstance(value, list):
+        return [encode_value(item) for item in value]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {"dict": {key: encode_value(item) for key, item in value.items()}}
+    if isinstance(value, torch.dtype):
+        return {"dtype": _dtype_name(value)}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    return {"unsupported": repr(value), "type": f"{type(value).__module__}.{type(value).__qualname__}"}
+
+
+class UnsupportedValue(ValueError):
+    """A fixed argument that was saved only as its repr and cannot be rebuilt."""
+
+
+def decode_value(data: Any) -> Any:
+    """The inverse of `encode_value`; raises UnsupportedValue for values saved as a repr.
+
+    Example:
+        >>> decode_value({"tuple": [1, {"dtype": "float16"}]})
+        (1, torch.float16)
+    """
+    if isinstance(data, list):
+        return [decode_value(item) for item in data]
+    if not isinstance(data, dict):
+        return data
+    if len(data) == 1:
+        (tag, payload), = data.items()
+        if tag == "tuple":
+            return tuple(decode_value(item) for item in payload)
+        if tag == "dict":
+            return {key: decode_value(item) for key, item in payload.items()}
+        if tag == "dtype":
+            return _dtype(payload)
+        if tag == "device":
+            return torch.device(payload)
+        if tag == "float":
+            return float(payload)
+    if "unsupported" in data:
+        raise UnsupportedValue(f"{data['unsupported']} (a {data.get('type', 'value')} that JSON cannot hold)")
+    raise ValueError(f"cannot read value {data!r} in the saved plan")
+
+
+# ---------------------------------------------------------------------------------------------
+# What a model looks like
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _state_shapes(model: nn.Module) -> dict[str, dict[str, Any]]:
+    return {
+        key: {"shape": list(tensor.shape), "dtype": _dtype_name(tensor.dtype)}
+        for key, tensor in model.state_dict().items()
+        if isinstance(tensor, torch.Tensor)
+    }
+
+
+def _whole_modules(gm: fx.GraphModule) -> list[str]:
+    """call_module targets that fx would have traced into: the leaves the plan was traced with
+    (given by the user or found automatically). Re-tracing needs all of them."""
+    default = fx.Tracer()
+    whole = []
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and node.target not in whole:
+            if not default.is_leaf_module(gm.get_submodule(node.target), node.target):
+                whole.append(node.target)
+    return whole
+
+
+def _graph_nodes(gm: fx.GraphModule) -> list[dict[str, str]]:
+    return [{"name": node.name, "op": node.op, "target": target_name(node.target)} for node in compute_nodes(gm)]
+
+
+def _sample_structure(model: nn.Module, sample: Any, tensor_names: tuple[str, ...],
+                      fixed_args: dict[str, Any]) -> dict[str, Any]:
+    args, kwargs = split_sample(sample)
+    bound = bind_arguments(inspect.signature(model.forward), args, kwargs)
+    arguments: list[dict[str, Any]] = []
+    for name, value in bound.items():
+        if name in tensor_names:
+            arguments.append({"name": name, "tensor": {
+                "shape": list(value.shape), "dtype": _dtype_name(value.dtype), "requires_grad": value.requires_grad,
+            }})
+        else:
+            arguments.append({"name": name, "value": encode_value(fixed_args.get(name, value))})
+    device = next(value.device for value in bound.values() if isinstance(value, torch.Tensor))
+    return {"device": str(device), "arguments": arguments}
+
+
+def _cost_record(cost: NodeCost, names: list[str]) -> dict[str, Any]:
+    record = dataclasses.asdict(cost)
+    for key in _NODE_REFERENCES:
+        record[key] = [names[index] for index in record[key]]
+    del record["name"]
+    return record
+
+
+def _cost(name: str, record: dict[str, Any], index: dict[str, int]) -> NodeCost:
+    known = {field.name for field in dataclasses.fields(NodeCost)}
+    values = {key: value for key, value in record.items() if key in known}
+    for key in _NODE_REFERENCES:
+        values[key] = tuple(index[owner] for owner in values.get(key, ()))
+    return NodeCost(name=name, **values)
+
+
+def _profile_defaults() -> dict[str, Any]:
+    return dataclasses.asdict(NodeProfile())
+
+
+def _profile_delta(profile: dict[str, Any], cost: dict[str, Any]) -> dict[str, Any]:
+    """The profiler's record less what the cost record already says (same field, same value)
+    and less defaults: usually the forward time and the buffers the node writes."""
+    def plain(value: Any) -> Any:
+        return list(value) if isinstance(value, tuple) else value
+
+    defaults = _profile_defaults()
+    return {
+        key: value for key, value in profile.items()
+        if not (plain(cost[key]) == plain(value) if key in cost else plain(value) == plain(defaults.get(key)))
+    }
+
+
+def _profile_full(delta: dict[str, Any], cost: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of `_profile_delta`."""
+    defaults = _profile_defaults()
+    return {**defaults, **{key: cost[key] for key in defaults if key in cost}, **delta}
+
+
+def _profile_record(record: dict[str, Any]) -> NodeProfile:
+    fields = {field.name: field for field in dataclasses.fields(NodeProfile)}
+    values = {
+        key: tuple(value) if isinstance(value, list) else value for key, value in record.items() if key in fields
+    }
+    return NodeProfile(**values)
+
+
+# ---------------------------------------------------------------------------------------------
+# The saved plan
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    """A plan read from JSON: its report, its figures, and `apply(model)`.
+
+    Example:
+        >>> saved = load_plan("plan.json")
+        >>> saved.predicted_peak_bytes <= saved.budget_bytes
+        True
+        >>> m = saved.apply(fresh_model)
+    """
+
+    model_class: str
+    frontend: str
+    problem: Problem
+    solution: Solution
+    requested_solver: str
+    budget_bytes: int
+    reserved_bytes: int
+    baseline_peak_bytes: int
+    timing: str
+    leaves: tuple[str, ...]
+    graph: tuple[dict[str, str], ...]  # compute nodes: name, op, target
+    profiles: tuple[dict[str, Any], ...]  # the profiler's record of each compute node
+    trace_leaves: tuple[str, ...]
+    sample: dict[str, Any]
+    state: dict[str, dict[str, Any]]
+    verification: Verification | None = None
+    source: str | None = None  # the file it was read from
+
+    # -- figures, as on Plan ------------------------------------------------------------------
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """Simulated peak of one forward+backward with the plan, as predicted when it was made."""
+        return self.solution.peak_bytes
+
+    @property
+    def recompute_ms(self) -> float:
+        return self.solution.recompute_ms
+
+    @property
+    def forward_ms(self) -> float:
+        return sum(node.compute_ms for node in self.problem.nodes)
+
+    @property
+    def solver(self) -> str:
+        return self.solution.solver
+
+    @property
+    def regions(self) -> list[list[str]]:
+        """The recomputed regions as lists of compute node names."""
+        names = [node.name for node in self.problem.nodes]
+        return [[names[i] for i in region] for region in self.solution.regions]
+
+    @property
+    def checkpoints(self) -> tuple["Checkpoint", ...]:
+        from planner.api import Checkpoint
+
+        problem = self.problem
+        return tuple(
+            Checkpoint(
+                nodes=tuple(names),
+                recompute_ms=problem.recompute_ms((region,)),
+                freed_bytes=held_after_forward(problem) - held_after_forward(problem, (region,)),
+            )
+            for names, region in zip(self.regions, self.solution.regions)
+        )
+
+    # -- JSON -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_plan(cls, plan: "Plan") -> "SavedPlan":
+        """Collect what a saved plan holds from a `Plan` (what `Plan.save` writes).
+
+        Example:
+            >>> SavedPlan.from_plan(p).to_dict()["regions"]
+        """
+        traced = plan._traced
+        gm = traced.gm
+        graph = tuple(_graph_nodes(gm))
+        names = [node.name for node in plan.problem.nodes]
+        if names != [node["name"] for node in graph]:
+            raise ValueError("the plan's problem does not follow its traced graph; cannot save it")
+        profiles = tuple(dataclasses.asdict(node.meta[META_KEY]) for node in compute_nodes(gm))
+        whole = tuple(_whole_modules(gm)) if traced.frontend == FX_FRONTEND else tuple(traced.leaves)
+        return cls(
+            model_class=f"{type(plan._model).__module__}.{type(plan._model).__qualname__}",
+            frontend=traced.frontend,
+            problem=plan.problem,
+            solution=plan.solution,
+            requested_solver=plan.requested_solver,
+            budget_bytes=plan.budget_bytes,
+            reserved_bytes=plan.reserved_bytes,
+            baseline_peak_bytes=plan.baseline_peak_bytes,
+            timing=plan.profile.timing,
+            leaves=tuple(traced.leaves),
+            graph=graph,
+            profiles=profiles,
+            trace_leaves=whole,
+            sample=_sample_structure(plan._model, plan._sample, traced.tensor_names, traced.fixed_args),
+            state=_state_shapes(plan._model),
+            verification=plan.verification,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (see the module docstring and `load_plan`)."""
+        names = [node.name for node in self.problem.nodes]
+        s = self.solution
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": self.model_class,
+            "frontend": self.frontend,
+            "solver": s.solver,
+            "requested_solver": self.requested_solver,
+            "status": s.status.value,
+            "solve_seconds": s.solve_seconds,
+            "budget_bytes": self.budget_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "static_bytes": self.problem.static_bytes,
+            "predicted_peak_bytes": s.peak_bytes,
+            "baseline_peak_bytes": self.baseline_peak_bytes,
+            "recompute_ms": s.recompute_ms,
+            "timing": self.timing,
+            "leaves": list(self.leaves),
+            "trace_leaves": list(self.trace_leaves),
+            "regions": self.regions,
+            "sample": self.sample,
+            "nodes": [
+                {**node, "cost": record, "profile": _profile_delta(profile, record)}
+                for node, record, profile in zip(
+                    self.graph, (_cost_record(cost, names) for cost in self.problem.nodes), self.profiles
+                )
+            ],
+            "state_dict": self.state,
+            "verification": None if self.verification is None else dataclasses.asdict(self.verification),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str | None = None) -> "SavedPlan":
+        """Read a document written by `to_dict`; ValueError names what is missing or wrong.
+
+        Example:
+            >>> SavedPlan.from_dict(json.loads(text))
+        """
+        where = f" in {source}" if source else ""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"not a saved checkpoint plan{where}: no \"format\": {FORMAT!r} field")
+        if data.get("version") != VERSION:
+            raise ValueError(f"saved plan{where} has version {data.get('version')!r}; this planner reads {VERSION}")
+        try:
+            nodes = data["nodes"]
+            index = {node["name"]: i for i, node in enumerate(nodes)}
+            problem = Problem(
+                nodes=tuple(_cost(node["name"], node["cost"], index) for node in nodes),
+                static_bytes=data["static_bytes"],
+            )
+            regions = []
+            for names in data["regions"]:
+                start = index[names[0]]
+                region = range(start, start + len(names))
+                if [nodes[i]["name"] for i in region] != list(names):
+                    raise ValueError(f"region {names[0]}..{names[-1]} is not a run of consecutive nodes")
+                regions.append(region)
+            solution = Solution(
+                regions=tuple(regions),
+                peak_bytes=data["predicted_peak_bytes"],
+                recompute_ms=problem.recompute_ms(tuple(regions)),
+                status=Status(data["status"]),
+                solver=data["solver"],
+                solve_seconds=data["solve_seconds"],
+            )
+            verification = _verification(data.get("verification"))
+            return cls(
+                model_class=data["model"],
+                frontend=data["frontend"],
+                problem=problem,
+                solution=solution,
+                requested_solver=data["requested_solver"],
+                budget_bytes=data["budget_bytes"],
+                reserved_bytes=data["reserved_bytes"],
+                baseline_peak_bytes=data["baseline_peak_bytes"],
+                timing=data["timing"],
+                leaves=tuple(data["leaves"]),
+                graph=tuple({"name": n["name"], "op": n["op"], "target": n["target"]} for n in nodes),
+                profiles=tuple(_profile_full(n["profile"], n["cost"]) for n in nodes),
+                trace_leaves=tuple(data["trace_leaves"]),
+                sample=data["sample"],
+                state=data["state_dict"],
+                verification=verification,
+                source=source,
+            )
+        except KeyError as error:
+            raise ValueError(f"saved plan{where} lacks {error.args[0]!r}") from None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the plan as JSON (indented, so that it diffs well).
+
+        Example:
+            >>> load_plan("plan.json").save("copy.json")
+        """
+        target = Path(path)
+        target.write_text(_json_text(self.to_dict()))
+        return target
+
+    # -- applying -----------------------------------------------------------------------------
+
+    def sample_for(self, model: nn.Module) -> Any:
+        """A sample shaped like the one the plan was made with: zeros of the saved shapes and
+        dtypes on `model`'s device, and the saved values of the fixed arguments. Enough to
+        trace with; not meant for measuring.
+
+        Example:
+            >>> saved.sample_for(model)
+            {'tokens': tensor([[0, 0, ...]])}
+        """
+        device = _model_device(model)
+        values: dict[str, Any] = {}
+        for argument in self.sample["arguments"]:
+            name = argument["name"]
+            if "tensor" in argument:
+                spec = argument["tensor"]
+                tensor = torch.zeros(spec["shape"], dtype=_dtype(spec["dtype"]), device=device)
+                values[name] = tensor.requires_grad_() if spec.get("requires_grad") else tensor
+            else:
+                try:
+                    values[name] = decode_value(argument["value"])
+                except UnsupportedValue as error:
+                    raise ValueError(
+                        f"forward argument {name!r} was fixed to {error} when the plan was made; "
+                        "pass that value yourself: apply(model, sample=...)"
+                    ) from None
+        parameters = inspect.signature(model.forward).parameters
+        if any(parameters[name].kind == inspect.Parameter.POSITIONAL_ONLY for name in values if name in parameters):
+            return tuple(values.values())  # every saved argument, in forward's order
+        return values
+
+    def check(self, model: nn.Module, sample: Any = None) -> fx.GraphModule:
+        """Trace `model` and raise ValueError unless it matches the saved plan: same state-dict
+        shapes and the same compute nodes (names, ops and targets, in order). Returns the traced
+        graph module. A different dtype only warns: the plan still applies, its figures do not.
+
+        Example:
+            >>> saved.check(fresh_model)
+        """
+        return self._trace(model, sample).gm
+
+    def _trace(self, model: nn.Module, sample: Any) -> Any:
+        model_name = type(model).__name__
+        if self.frontend not in APPLICABLE_FRONTENDS:
+            raise ValueError(
+                f"this plan was traced with the {self.frontend!r} frontend; re-applying a saved plan "
+                f"supports {', '.join(APPLICABLE_FRONTENDS)} for now: make a new plan with "
+                "planner.plan(model, sample, ...) instead"
+            )
+        try:
+            traced = trace(model, self.sample_for(model) if sample is None else sample, self.trace_leaves,
+                           frontend="fx")
+        except TypeError as error:  # the saved arguments do not bind to this model's forward
+            raise ValueError(f"{model_name} does not match the saved plan (made for {self.model_class}): "
+                             f"{error}") from None
+        saved_inputs = tuple(a["name"] for a in self.sample["arguments"] if "tensor" in a)
+        if traced.tensor_names != saved_inputs:
+            raise ValueError(
+                f"{model_name} takes tensor arguments {traced.tensor_names} here but the plan was made "
+                f"for {saved_inputs}"
+            )
+        got = _graph_nodes(traced.gm)
+        for position, (expected, found) in enumerate(zip(self.graph, got)):
+            if expected != found:
+                raise ValueError(
+                    f"{model_name} does not match the saved plan (made for {self.model_class}): compute "
+                    f"node {position} is {_describe(found)} in this model but {_describe(expected)} in the plan"
+                )
+        if len(got) != len(self.graph):
+            common = min(len(got), len(self.graph))
+            first = (f"the first extra one is {_describe(got[common])}" if len(got) > common
+                     else f"the first missing one is {_describe(self.graph[common])}")
+            raise ValueError(
+                f"{model_name} does not match the saved plan (made for {self.model_class}): it has "
+                f"{len(got)} compute nodes and the plan {len(self.graph)}; {first}"
+            )
+        self._check_state(model)
+        return traced
+
+    def _check_state(self, model: nn.Module) -> None:
+        state = _state_shapes(model)
+        model_name = type(model).__name__
+        for key, saved in self.state.items():
+            if key not in state:
+                raise ValueError(f"{model_name} does not match the saved plan: it has no {key!r} in its state dict")
+            if state[key]["shape"] != saved["shape"]:
+                raise ValueError(
+                    f"{model_name} does not match the saved plan: {key!r} has shape {tuple(state[key]['shape'])} "
+                    f"here and {tuple(saved['shape'])} in the plan"
+                )
+        extra = [key for key in state if key not in self.state]
+        if extra:
+            raise ValueError(f"{model_name} does not match the saved plan: {extra[0]!r} is not in the plan's state dict")
+        changed = [key for key in self.state if state[key]["dtype"] != self.state[key]["dtype"]]
+        if changed:
+            key = changed[0]
+            warnings.warn(
+                f"{key!r} is {state[key]['dtype']} here and was {self.state[key]['dtype']} when the plan was "
+                "made: the regions still apply, the predicted peaks do not", stacklevel=3,
+            )
+
+    def apply(self, model: nn.Module, sample: Any = None) -> CheckpointedModule:
+        """Re-apply the plan to `model` (a freshly built model of the same architecture) without
+        measuring again: trace it, check that it matches (see `check`), rebuild the planned
+        module. `sample` is only needed where a fixed argument could not be saved in JSON.
+
+        Example:
+            >>> model = build_model()
+            >>> model.load_state_dict(torch.load("weights.pt"))
+            >>> m = load_plan("plan.json").apply(model)
+        """
+        traced = self._trace(model, sample)
+        for node, record in zip(compute_nodes(traced.gm), self.profiles):
+            node.meta[META_KEY] = _profile_record(record)  # what the rewrite reads (written buffers)
+        return build_module(traced, self.regions, model)
+
+    # -- report ------------------------------------------------------------------------------
+
+    def plot(self, path: str | os.PathLike[str]) -> Path:
+        """Write the memory plot of the saved plan (see `planner.plot.plot_memory`).
+
+        Example:
+            >>> load_plan("plan.json").plot("memory.png")
+        """
+        from planner.plot import plot_memory
+
+        title = f"Predicted memory of one training step: {self.model_class.rsplit('.', 1)[-1]}"
+        return plot_memory(self.problem, self.solution.regions, self.budget_bytes, path, title)
+
+    def __str__(self) -> str:
+        s = self.solution
+        overhead = 100 * self.recompute_ms / self.forward_ms if self.forward_ms else 0.0
+        origin = f", loaded from {self.source}" if self.source else ""
+        lines = [
+            f"Checkpoint plan for {self.model_class.rsplit('.', 1)[-1]} "
+            f"(solver {s.solver}, {s.status.value}, solved in {s.solve_seconds:.2f} s{origin})",
+            f"  graph             {len(self.problem)} nodes via {self.frontend}; "
+            f"kept whole after tracing failed: {', '.join(self.leaves) or 'none'}",
+            f"  budget            {format_bytes(self.budget_bytes)}"
+            + (f" (of which reserved {format_bytes(self.reserved_bytes)})" if self.reserved_bytes else ""),
+            f"  static memory     {format_bytes(self.problem.static_bytes)} "
+            f"(parameters, gradients, buffers, inputs, reserve)",
+            f"  peak, no plan     {format_bytes(self.baseline_peak_bytes)}",
+            f"  peak, this plan   {format_bytes(self.predicted_peak_bytes)} (predicted)",
+            f"  recompute         {self.recompute_ms:.2f} ms per step "
+            f"(+{overhead:.0f}% of the {self.forward_ms:.2f} ms forward, {self.timing})",
+            f"  regions           {len(self.solution.regions)}",
+        ]
+        checkpoints = self.checkpoints
+        if checkpoints:
+            lines.append(f"    {'#':>3}  {'first node':<24} {'last node':<24} {'nodes':>5} "
+                         f"{'recompute':>12} {'freed':>11}")
+            for index, c in enumerate(checkpoints):
+                lines.append(f"    {index:>3}  {c.nodes[0]:<24} {c.nodes[-1]:<24} {len(c.nodes):>5} "
+                             f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}")
+        if self.verification is not None:
+            lines += ["", str(self.verification)]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"SavedPlan(model={self.model_class!r}, solver={self.solver!r}, regions={len(self.solution.regions)}, "
+                f"predicted_peak_bytes={self.predicted_peak_bytes})")
+
+
+def _verification(record: dict[str, Any] | None) -> Verification | None:
+    """The saved measured figures, or None where they are absent or from another version."""
+    if record is None:
+        return None
+    known = {field.name for field in dataclasses.fields(Verification)}
+    try:
+        return Verification(**{key: value for key, value in record.items() if key in known})
+    except TypeError:
+        return None
+
+
+def _json_text(document: dict[str, Any]) -> str:
+    """JSON with one line per top-level field and per item of its lists and mappings (one line
+    per node, region and state-dict entry): compact, and readable in a diff."""
+    def line(value: Any) -> str:
+        return json.dumps(value, separators=(", ", ": "))
+
+    fields = []
+    for key, value in document.items():
+        if isinstance(value, list) and value:
+            body = ",\n".join(f"  {line(item)}" for item in value)
+            fields.append(f" {line(key)}: [\n{body}\n ]")
+        elif isinstance(value, dict) and value and key != "sample":
+            body = ",\n".join(f"  {line(name)}: {line(item)}" for name, item in value.items())
+            fields.append(f" {line(key)}: {{\n{body}\n }}")
+        else:
+            fields.append(f" {line(key)}: {line(value)}")
+    return "{\n" + ",\n".join(fields) + "\n}\n"
+
+
+def _describe(node: dict[str, str]) -> str:
+    return f"{node['name']!r} ({node['op']} {node['target']})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points
+
+
+def save_plan(plan: "Plan", path: str | os.PathLike[str]) -> Path:
+    """Save `plan` as JSON at `path` (what `Plan.save` calls).
+
+    Example:
+        >>> save_plan(p, "plan.json")
+        PosixPath('plan.json')
+    """
+    return SavedPlan.from_plan(plan).save(path)
+
+
+def load_plan(path: str | os.PathLike[str]) -> SavedPlan:
+    """Read a plan saved with `Plan.save`. Its report prints without the model; `.apply(model)`
+    rebuilds the planned module for a fresh model of the same architecture.
+
+    Example:
+        >>> from planner import load_plan
+        >>> saved = load_plan("plan.json")
+        >>> print(saved)
+        >>> m = saved.apply(model)
+    """
+    source = Path(path)
+    try:
+        data = json.loads(source.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{source} is not JSON: {error}") from None
+    return SavedPlan.from_dict(data, source=str(source))
+
+
+def export_module(plan: "Plan", path: str | os.PathLike[str]) -> Path:
+    """Save the plan's rewritten module with `torch.save` (what `Plan.export` calls).
+
+    The file loads with `torch.load(path, weights_only=False)` wherever `planner` and the
+    model's own classes can be imported; its `state_dict()` keys are the model's.
+
+    Example:
+        >>> export_module(p, "planned.pt")
+        >>> m = torch.load("planned.pt", weights_only=False)
+    """
+    target = Path(path)
+    torch.save(plan.module(), target)
+    return target
+
+
+__all__ = ["SavedPlan", "export_module", "load_plan", "save_plan"]

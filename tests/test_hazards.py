@@ -1,0 +1,274 @@
+"""The hazards of recomputation, input and output forms, and bad input."""
+import dataclasses
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import small_cnn, small_gpt, snapshot, train_step
+from planner import TraceError, plan
+from planner.api import GIB
+from planner.examples import TinyGPT
+
+
+def planned(model, sample, fraction=0.7, **options):
+    p = plan(model, sample, budget_gb=80, solver="sqrt", repeats=1, **options)
+    static = p.problem.static_bytes
+    return p.replan(budget_gb=(static + fraction * (p.baseline_peak_bytes - static)) / GIB)
+
+
+def assert_same_step(model, module, sample, **kwargs):
+    expected_output, expected = train_step(model, sample, **kwargs)
+    output, got = train_step(module, sample, **kwargs)
+    torch.testing.assert_close(output, expected_output)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], msg=key)
+
+
+def test_dropout_is_replayed_exactly():
+    model, tokens = small_gpt()
+    out_a, _ = train_step(model, tokens, seed=1)
+    out_b, _ = train_step(model, tokens, seed=2)
+    assert not torch.equal(out_a, out_b), "dropout must be active for this test to mean anything"
+    p = planned(model, tokens)
+    assert p.checkpoints
+    assert_same_step(model, p.module(), tokens)
+
+
+@pytest.mark.parametrize("frontend", ["fx", "export"])
+def test_batchnorm_statistics_are_updated_once(frontend):
+    model, images = small_cnn()
+    reference, _ = small_cnn()
+    p = planned(model, images, frontend=frontend)
+    assert p.checkpoints
+    train_step(reference, images)
+    train_step(p.module(), images)
+    for (key, expected), got in zip(reference.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(got, expected, msg=key)
+
+
+class InPlace(nn.Module):
+    """In-place writes of every kind: inplace ReLU, `+=` and a method ending in `_`."""
+
+    def __init__(self, width: int = 64, depth: int = 6):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for index, layer in enumerate(self.layers):
+            h = layer(x)
+            h += x  # x is saved by the linear layer? no: linear saves its input, h is fresh
+            h.mul_(0.5)
+            x = self.relu(h) if index % 2 else torch.tanh(h)
+        return x
+
+
+@pytest.mark.parametrize("frontend", ["fx", "export"])
+def test_in_place_writes_never_feed_a_recomputation(frontend):
+    torch.manual_seed(0)
+    model, x = InPlace(), torch.randn(128, 64)
+    p = plan(model, x, budget_gb=80, solver="sqrt", repeats=1, frontend=frontend)
+    mutated = [i for i, node in enumerate(p.problem.nodes) if node.mutates]
+    assert mutated, "the profile must see the in-place writes"
+    static = p.problem.static_bytes
+    checked = 0
+    for fraction in (0.4, 0.55, 0.7, 0.85):
+        try:
+            q = p.replan(budget_gb=(static + fraction * (p.baseline_peak_bytes - static)) / GIB)
+        except ValueError:
+            continue
+        for region in q.solution.regions:
+            assert q.problem.can_start_region(region.start)
+        assert_same_step(model, q.module(), x)
+        checked += bool(q.checkpoints)
+    assert checked, "at least one budget must checkpoint something"
+
+
+def test_autocast_bfloat16_matches_the_original_under_autocast():
+    model, tokens = small_gpt()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        p = planned(model, tokens)
+        assert p.checkpoints
+        output, _ = train_step(model, tokens)
+        assert output.dtype == torch.bfloat16
+        assert_same_step(model, p.module(), tokens)
+
+
+def _compiled_grads(module, sample):
+    compiled = torch.compile(module)
+    output, grads = train_step(compiled, sample)
+    return output, {key.removeprefix("_orig_mod."): value for key, value in grads.items()}
+
+
+@pytest.mark.slow
+def test_torch_compile_of_the_planned_module():
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=64, width=32, heads=4, blocks=4, context=16, dropout=0.0)
+    tokens = torch.randint(0, 64, (2, 16))
+    p = planned(model, tokens)
+    assert p.checkpoints
+    expected_output, expected = train_step(model, tokens)
+    output, grads = _compiled_grads(p.module(), tokens)
+    torch.testing.assert_close(output, expected_output, rtol=1e-4, atol=1e-5)
+    for key in expected:
+        torch.testing.assert_close(grads[key], expected[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.slow
+def test_torch_compile_keeps_batchnorm_statistics_right():
+    model, images = small_cnn()
+    reference, _ = small_cnn()
+    p = planned(model, images)
+    _, expected = train_step(reference, images)
+    _, grads = _compiled_grads(p.module(), images)
+    for key in expected:
+        torch.testing.assert_close(grads[key], expected[key], rtol=1e-4, atol=1e-5, msg=key)
+    for (key, want), got in zip(reference.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(got, want, msg=key)
+
+
+@dataclasses.dataclass
+class Result:
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class ManyInputs(nn.Module):
+    """Two positional tensors, a keyword tensor, a flag, an int; output form chosen by `kind`."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.a = nn.Linear(width, width)
+        self.b = nn.Linear(width, width)
+        self.layers = nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(6)))
+
+    def forward(self, x, y, bias=None, scale: int = 1, kind: str = "tuple", double: bool = False):
+        h = self.a(x) + self.b(y) * scale
+        if bias is not None:
+            h = h + bias
+        if double:
+            h = h * 2
+        h = self.layers(h)
+        if kind == "tuple":
+            return h, h.sum(dim=-1)
+        if kind == "dict":
+            return {"logits": h, "hidden": h.mean(dim=0)}
+        return Result(logits=h, hidden=h.mean(dim=0))
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dict", "dataclass"])
+def test_positional_keyword_and_non_tensor_arguments_and_output_forms(kind):
+    torch.manual_seed(0)
+    model = ManyInputs()
+    x, y, bias = torch.randn(64, 32), torch.randn(64, 32), torch.randn(32)
+    sample = {"x": x, "y": y, "bias": bias, "scale": 3, "kind": kind, "double": True}
+    p = planned(model, sample)
+    assert p.checkpoints
+    m = p.module()
+
+    def flat(output):
+        if isinstance(output, tuple):
+            return list(output)
+        if isinstance(output, dict):
+            return list(output.values())
+        return [output.logits, output.hidden]
+
+    torch.manual_seed(0)
+    expected = model(x, y, bias=bias, scale=3, kind=kind, double=True)
+    got = m(x, y, bias=bias, scale=3, kind=kind, double=True)
+    assert type(got) is type(expected)
+    for a, b in zip(flat(got), flat(expected), strict=True):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="scale"):
+        m(x, y, bias=bias, scale=4, kind=kind, double=True)
+
+
+def test_state_dict_loads_both_ways():
+    model, tokens = small_gpt()
+    m = planned(model, tokens).module()
+    fresh, _ = small_gpt()
+    with torch.no_grad():
+        for parameter in fresh.parameters():
+            parameter.add_(1.0)
+    fresh.load_state_dict(m.state_dict())  # planned -> original class
+    for key, value in fresh.state_dict().items():
+        torch.testing.assert_close(value, model.state_dict()[key])
+    other, _ = small_gpt()
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.mul_(-1.0)
+    m.load_state_dict(other.state_dict())  # original class -> planned
+    assert_same_step(other, m, tokens)
+
+
+def _fingerprint(model: nn.Module):
+    hooks = [(name, len(module._forward_hooks), len(module._forward_pre_hooks), len(module._backward_hooks))
+             for name, module in model.named_modules()]
+    return snapshot(model), [m.training for m in model.modules()], hooks, [p.requires_grad for p in model.parameters()]
+
+
+def _assert_unchanged(model, before):
+    state, flags, hooks, requires = _fingerprint(model)
+    assert state.keys() == before[0].keys()
+    for key in state:
+        assert torch.equal(state[key], before[0][key]), key
+    assert (flags, hooks, requires) == before[1:]
+    assert all(p.grad is None for p in model.parameters())
+
+
+class Untraceable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow in the model's own forward
+            return self.fc(x)
+        return self.fc(-x).nonzero()
+
+
+@pytest.mark.parametrize("case", ["frozen", "signature", "no tensor", "untraceable", "bad budget"])
+def test_bad_input_gets_a_clear_error_and_changes_nothing(case):
+    model, tokens = small_gpt()
+    model.blocks[0].register_forward_hook(lambda *args: None)
+    if case == "frozen":
+        model.requires_grad_(False)
+    if case == "untraceable":
+        torch.manual_seed(0)
+        model, tokens = Untraceable(), torch.randn(4, 8)
+    before = _fingerprint(model)
+    expected = {
+        "frozen": (ValueError, "no trainable parameters"),
+        "signature": (TypeError, "does not match forward"),
+        "no tensor": (TypeError, "holds no tensor"),
+        "untraceable": (TraceError, "cannot trace Untraceable"),
+        "bad budget": (ValueError, "budget_gb"),
+    }[case]
+    sample = {"signature": {"tokens": tokens, "nonsense": 1}, "no tensor": (3,)}.get(case, tokens)
+    with pytest.raises(expected[0], match=expected[1]):
+        plan(model, sample, budget_gb=-1 if case == "bad budget" else 80, repeats=1)
+    _assert_unchanged(model, before)
+
+
+def test_eval_mode_warns_that_the_plan_is_for_training_and_changes_nothing():
+    model, tokens = small_gpt()
+    model.eval()
+    before = _fingerprint(model)
+    with pytest.warns(UserWarning, match="eval mode"):
+        plan(model, tokens, budget_gb=80, solver="sqrt", repeats=1)
+    _assert_unchanged(model, before)
+
+
+def test_successful_planning_changes_nothing():
+    model, tokens = small_gpt()
+    model.blocks[1].register_forward_pre_hook(lambda *args: None)
+    before = _fingerprint(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = planned(model, tokens)
+        p.module()
+        p.verify(steps=1)
+    _assert_unchanged(model, before)
