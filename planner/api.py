@@ -108,6 +108,11 @@ class Plan:
         return self.solution.solver
 
     @property
+    def frontend(self) -> str:
+        """The tracer that produced the graph: "torch.fx.symbolic_trace" or "torch.export"."""
+        return self._traced.frontend
+
+    @property
     def leaves(self) -> tuple[str, ...]:
         """Submodules kept whole because tracing them failed."""
         return self._traced.leaves

@@ -1,0 +1,114 @@
+"""Hugging Face models (random weights from small configs), nn.TransformerEncoder stacks and a
+U-Net-shaped model: planned modules train exactly like the originals."""
+import pytest
+import torch
+from torch import nn
+
+from planner import plan
+from planner.api import GIB
+from planner.examples import SkipTransformer
+from planner.verify import training_loss
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
+
+
+def _ids(batch: int = 2, length: int = 32, vocab: int = 100) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length))
+
+
+def gpt2():
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0)
+    ids = _ids()
+    return transformers.GPT2LMHeadModel(config), {"input_ids": ids, "labels": ids, "use_cache": False}
+
+
+def llama():
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                      bos_token_id=0, eos_token_id=0)
+    ids = _ids()
+    return transformers.LlamaForCausalLM(config), {"input_ids": ids, "labels": ids, "use_cache": False}
+
+
+def bert():
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                     num_attention_heads=4, vocab_size=100)
+    ids = _ids()
+    return transformers.BertForMaskedLM(config), {"input_ids": ids, "labels": ids}
+
+
+def vit():
+    config = transformers.ViTConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                    num_attention_heads=4, image_size=32, patch_size=8, num_labels=10)
+    return transformers.ViTForImageClassification(config), {
+        "pixel_values": torch.randn(4, 3, 32, 32), "labels": torch.tensor([1, 2, 3, 4])}
+
+
+def resnet():
+    config = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], num_labels=10)
+    return transformers.ResNetForImageClassification(config), {
+        "pixel_values": torch.randn(4, 3, 32, 32), "labels": torch.tensor([1, 2, 3, 4])}
+
+
+def encoder_stack():
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.1, batch_first=True)
+    return nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False), torch.randn(4, 32, 64)
+
+
+def unet():
+    return SkipTransformer(vocab=100, width=32, heads=4, depth=3, context=32), _ids()
+
+
+MODELS = {"gpt2": gpt2, "llama": llama, "bert": bert, "vit": vit, "resnet": resnet,
+          "encoder_stack": encoder_stack, "unet": unet}
+
+
+def _call(module, sample):
+    return module(**sample) if isinstance(sample, dict) else module(sample)
+
+
+def _step(module, sample, seed=0):
+    for parameter in module.parameters():
+        parameter.grad = None
+    torch.manual_seed(seed)
+    output = _call(module, sample)
+    training_loss(output).backward()
+    grads = {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
+    return output, grads
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_planned_real_model_trains_like_the_original(name):
+    torch.manual_seed(0)
+    model, sample = MODELS[name]()
+    model.train()
+    p = plan(model, sample, budget_gb=80, solver="sqrt", repeats=1)
+    static = p.problem.static_bytes
+    p = p.replan(budget_gb=(static + 0.9 * (p.baseline_peak_bytes - static)) / GIB)
+    assert p.checkpoints, f"{name}: a budget under the unplanned peak must checkpoint something"
+    m = p.module()
+    expected_output, expected = _step(model, sample)
+    output, grads = _step(m, sample)
+    assert type(output) is type(expected_output)
+    torch.testing.assert_close(training_loss(output), training_loss(expected_output))
+    assert grads.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(grads[key], expected[key], msg=f"{name}: {key}")
+    assert list(m.state_dict()) == list(model.state_dict())
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_decoder_layers_are_split_into_many_recomputable_nodes(name):
+    torch.manual_seed(0)
+    model, sample = MODELS[name]()
+    p = plan(model, sample, budget_gb=80, solver="sqrt", repeats=1)
+    assert p.frontend == "torch.export"
+    per_layer = {}
+    for node in p._traced.gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack", {})
+        layers = [path for path, _ in stack.values() if path.rsplit(".", 1)[-1].isdigit()]
+        if node.op == "call_function" and layers:
+            per_layer[layers[0]] = per_layer.get(layers[0], 0) + 1
+    assert len(per_layer) == 2 and all(count >= 10 for count in per_layer.values()), per_layer
