@@ -1,0 +1,250 @@
+"""Saving plans as JSON, loading them, re-applying them to fresh models, and exporting modules."""
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from conftest import MODELS, small_cnn, small_gpt, small_mlp, train_step
+from planner import Plan, SavedPlan, load_plan, plan
+from planner.api import GIB
+from planner.examples import TinyGPT
+from planner.persist import FX_FRONTEND, decode_value, encode_value
+from planner.trace import trace
+
+
+def tight(model, sample, fraction: float = 0.75, **options) -> Plan:
+    p = plan(model, sample, budget_gb=80.0, solver="sqrt", repeats=1, **options)
+    return p.replan(budget_gb=fraction * p.baseline_peak_bytes / GIB)
+
+
+@pytest.fixture(scope="module")
+def gpt_plan_file(tmp_path_factory) -> str:
+    model, tokens = small_gpt()
+    path = tmp_path_factory.mktemp("plans") / "gpt.json"
+    tight(model, tokens).save(path)
+    return str(path)
+
+
+def test_round_trip_reapplies_to_a_fresh_model_with_the_same_gradients(example, tmp_path):
+    name, model, sample = example
+    p = tight(model, sample)
+    assert p.checkpoints
+    path = p.save(tmp_path / "plan.json")
+
+    saved = load_plan(path)
+    assert saved.regions == [list(c.nodes) for c in p.checkpoints]
+    assert saved.predicted_peak_bytes == p.predicted_peak_bytes
+    assert saved.baseline_peak_bytes == p.baseline_peak_bytes
+    assert saved.budget_bytes == p.budget_bytes and saved.solver == p.solver
+    assert saved.problem == p.problem  # the costs the solver saw, exactly
+
+    fresh, _ = MODELS[name]()  # same seed: same weights, new objects
+    module = saved.apply(fresh)
+    assert list(module.state_dict()) == list(fresh.state_dict())
+    assert {id(t) for t in module.parameters()} == {id(t) for t in fresh.parameters()}
+    bodies = [m.body for n, m in module.planned_graph.named_children() if n.startswith("checkpoint_region_")]
+    assert [[n.name for n in body.graph.nodes if n.op.startswith("call_")] for body in bodies] == saved.regions
+
+    expected_output, expected_grads = train_step(model, sample)
+    output, grads = train_step(module, sample)
+    torch.testing.assert_close(output, expected_output)
+    assert grads.keys() == expected_grads.keys()
+    for key in grads:
+        torch.testing.assert_close(grads[key], expected_grads[key], msg=f"{name}: gradient of {key}")
+
+
+def test_loaded_plan_prints_the_same_report_without_the_model(tmp_path):
+    model, x = small_cnn()
+    p = tight(model, x)
+    saved = load_plan(p.save(tmp_path / "plan.json"))
+    original, loaded = str(p).splitlines(), str(saved).splitlines()
+    assert loaded[0].startswith("Checkpoint plan for SmallCNN") and str(tmp_path / "plan.json") in loaded[0]
+    assert loaded[1:] == original[1:]  # figures, region table: identical
+
+
+def test_reapplied_plan_keeps_batchnorm_statistics_right(tmp_path):
+    # The rewrite restores buffers a region writes, from the profile records: they must be saved.
+    model, x = small_cnn()
+    saved = load_plan(tight(model, x, 0.8).save(tmp_path / "plan.json"))
+    fresh, _ = small_cnn()
+    reference, _ = small_cnn()
+    train_step(reference, x)
+    train_step(saved.apply(fresh), x)
+    for (key, expected), (_, got) in zip(reference.state_dict().items(), fresh.state_dict().items()):
+        torch.testing.assert_close(got, expected, msg=key)
+
+
+def test_saved_json_describes_graph_sample_and_regions(gpt_plan_file):
+    data = json.loads(open(gpt_plan_file).read())
+    assert data["format"] == "ckpt-planner plan" and data["version"] == 1
+    assert data["frontend"] == FX_FRONTEND
+    assert data["model"] == "planner.examples.TinyGPT"
+    assert data["sample"]["arguments"] == [
+        {"name": "tokens", "tensor": {"shape": [4, 32], "dtype": "int64", "requires_grad": False}}
+    ]
+    names = [node["name"] for node in data["nodes"]]
+    assert all(region == names[names.index(region[0]):names.index(region[0]) + len(region)]
+               for region in data["regions"])
+    by_name = {node["name"]: node for node in data["nodes"]}
+    assert by_name["softmax"]["op"] == "call_function"
+    assert by_name["softmax"]["target"] == "torch.nn.functional.softmax"
+    assert by_name["blocks_0_attention_qkv"]["target"] == "blocks.0.attention.qkv"
+    assert by_name["blocks_0_attention_qkv"]["cost"]["output_bytes"] == 4 * 32 * 96 * 4
+    assert data["state_dict"]["token_embedding.weight"] == {"shape": [128, 32], "dtype": "float32"}
+    assert data["predicted_peak_bytes"] <= data["budget_bytes"] < data["baseline_peak_bytes"]
+
+
+def test_frontend_field_matches_the_fx_frontend():
+    model, x = small_mlp()
+    assert trace(model, x, frontend="fx").frontend == FX_FRONTEND
+
+
+def test_another_architecture_is_refused_naming_the_first_different_node(gpt_plan_file):
+    saved = load_plan(gpt_plan_file)
+    deeper = TinyGPT(vocab=128, width=32, heads=4, blocks=7, context=32)
+    with pytest.raises(ValueError, match=r"compute node \d+ is 'norm' .* but 'blocks_7_norm1' "):
+        saved.apply(deeper)
+    wider = TinyGPT(vocab=128, width=64, heads=4, blocks=8, context=32)
+    with pytest.raises(ValueError, match=r"'token_embedding.weight' has shape \(128, 64\) here and \(128, 32\)"):
+        saved.apply(wider)
+    cnn, _ = small_cnn()
+    with pytest.raises(ValueError, match="SmallCNN does not match the saved plan.*'images'"):
+        saved.apply(cnn)
+
+
+def test_another_dtype_warns_and_still_applies(gpt_plan_file):
+    fresh, tokens = small_gpt()
+    with pytest.warns(UserWarning, match="float64 here and was float32"):
+        module = load_plan(gpt_plan_file).apply(fresh.double())
+    assert module(tokens).dtype == torch.float64
+
+
+def test_a_plan_from_another_frontend_loads_but_is_not_applied(tmp_path):
+    model, x = small_mlp()
+    p = plan(model, x, budget_gb=80.0, solver="sqrt", repeats=1, frontend="export")
+    saved = load_plan(p.save(tmp_path / "plan.json"))
+    assert saved.frontend == "torch.export" and "via torch.export" in str(saved)
+    with pytest.raises(ValueError, match="'torch.export' frontend"):
+        saved.apply(small_mlp()[0])
+
+
+class Scaled(nn.Module):
+    """Fixed (non-tensor) forward arguments of several kinds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(64, 64)
+        self.middle = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh())
+        self.last = nn.Linear(64, 64)
+
+    def forward(self, x, scale: float = 2.0, dims=(1,), flag=None):
+        y = self.middle(torch.tanh(self.first(x)) * scale)
+        y = torch.tanh(self.last(y)) * (1.0 if flag is None else flag.factor)
+        return y.sum(dim=dims)
+
+
+class Flag:
+    factor = 3.0
+
+
+def assert_same_values(got, expected) -> None:
+    # Compared leaf by leaf: with fixed arguments the planned module currently returns the
+    # output flattened into a list (rewrite.py drops fx's pytree codegen; see the issue notes).
+    torch.testing.assert_close(tree_leaves(got), tree_leaves(expected))
+
+
+def test_fixed_arguments_are_saved_and_used_again(tmp_path):
+    torch.manual_seed(0)
+    model, x = Scaled(), torch.randn(256, 64)
+    sample = {"x": x, "scale": 0.5, "dims": (0, 1)}
+    saved = load_plan(tight(model, sample, 0.9).save(tmp_path / "plan.json"))
+    fixed = {a["name"]: a["value"] for a in saved.sample["arguments"] if "value" in a}
+    assert fixed == {"scale": 0.5, "dims": {"tuple": [0, 1]}, "flag": None}
+    module = saved.apply(model)  # fixed values come back as they were: (0, 1) stays a tuple
+    assert_same_values(module(x, scale=0.5, dims=(0, 1)), model(x, scale=0.5, dims=(0, 1)))
+    with pytest.raises(ValueError, match="'scale' was 0.5 when the plan was made"):
+        module(x, scale=1.0, dims=(0, 1))
+
+
+@pytest.mark.filterwarnings("ignore:Was not able to add assertion")  # fx, about the object argument
+def test_a_fixed_argument_json_cannot_hold_needs_a_sample(tmp_path):
+    torch.manual_seed(0)
+    model, x = Scaled(), torch.randn(256, 64)
+    flag = Flag()
+    saved = load_plan(tight(model, {"x": x, "flag": flag}, 0.9).save(tmp_path / "plan.json"))
+    with pytest.raises(ValueError, match=r"'flag' was fixed to .*Flag.*apply\(model, sample=\.\.\.\)"):
+        saved.apply(model)
+    module = saved.apply(model, sample={"x": x, "flag": flag})
+    assert_same_values(module(x, flag=flag), model(x, flag=flag))
+
+
+@pytest.mark.parametrize("value", [
+    None, True, 3, 0.25, "mean", [1, 2], (1, (2, 3)), {"a": (1,)}, torch.float16, torch.device("cpu"),
+    float("inf"),
+])
+def test_fixed_values_survive_json(value):
+    assert decode_value(json.loads(json.dumps(encode_value(value)))) == value
+
+
+def test_nan_survives_json():
+    assert math.isnan(decode_value(json.loads(json.dumps(encode_value(float("nan"))))))
+
+
+def test_files_that_are_not_plans_give_clear_errors(tmp_path, gpt_plan_file):
+    other = tmp_path / "other.json"
+    other.write_text('{"hello": 1}')
+    with pytest.raises(ValueError, match="not a saved checkpoint plan"):
+        load_plan(other)
+    other.write_text("not json")
+    with pytest.raises(ValueError, match="is not JSON"):
+        load_plan(other)
+    data = json.loads(open(gpt_plan_file).read())
+    data["version"] = 99
+    with pytest.raises(ValueError, match="version 99"):
+        SavedPlan.from_dict(data)
+    del data["regions"]
+    data["version"] = 1
+    with pytest.raises(ValueError, match="lacks 'regions'"):
+        SavedPlan.from_dict(data)
+
+
+def test_a_loaded_plan_saves_the_same_document(tmp_path, gpt_plan_file):
+    again = load_plan(gpt_plan_file).save(tmp_path / "again.json")
+    assert json.loads(again.read_text()) == json.loads(open(gpt_plan_file).read())
+
+
+# Exporting the rewritten module with torch.save needs fixes in planner/trace.py and
+# planner/rewrite.py (see the notes in the issue): until then these are expected to fail.
+EXPORT_PENDING = pytest.mark.xfail(
+    strict=True, reason="pickling the planned module needs the trace.py/rewrite.py fixes (issue 6 notes)"
+)
+
+
+@EXPORT_PENDING
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_exported_module_loads_with_torch_load_and_trains_the_same(name, tmp_path):
+    model, sample = MODELS[name]()
+    p = tight(model, sample)
+    path = p.export(tmp_path / "planned.pt")
+    loaded = torch.load(path, weights_only=False)
+    assert type(loaded).__name__ == "CheckpointedModule"
+    assert list(loaded.state_dict()) == list(model.state_dict())
+    expected_output, expected_grads = train_step(model, sample)
+    output, grads = train_step(loaded, sample)
+    torch.testing.assert_close(output, expected_output)
+    for key in expected_grads:
+        torch.testing.assert_close(grads[key], expected_grads[key], msg=key)
+
+
+@EXPORT_PENDING
+def test_exported_module_follows_to_after_loading(tmp_path):
+    model, tokens = small_gpt()
+    loaded = torch.load(tight(model, tokens).export(tmp_path / "planned.pt"), weights_only=False)
+    loaded.double()  # buffers the planned graph reads (the causal mask) must follow
+    graphs = [loaded.planned_graph] + [m.body for n, m in loaded.planned_graph.named_children()
+                                       if n.startswith("checkpoint_region_")]
+    buffers = {id(b) for b in loaded.buffers()}
+    assert all(id(b) in buffers for graph in graphs for b in graph.buffers())
