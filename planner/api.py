@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from planner.graph import build_problem, compute_nodes
+from planner.graph import build_problem, compute_nodes, module_path
 from planner.memory import preserved_state
 from planner.profile import GraphProfile, profile
 from planner.rewrite import CheckpointedModule, build_module
@@ -33,6 +33,7 @@ class Checkpoint:
     nodes: tuple[str, ...]
     recompute_ms: float
     freed_bytes: int  # activation bytes no longer held at the end of forward
+    modules: tuple[str, ...] = ()  # the model's submodules the nodes belong to, in order
 
 
 def check_gb(name: str, value: Any, allow_zero: bool = False) -> float:
@@ -75,9 +76,11 @@ class Plan:
         self.reserved_bytes = reserved_bytes
         self.solution = solution
         names = [node.name for node in problem.nodes]
+        fx_nodes = {node.name: node for node in traced.gm.graph.nodes}
         self.checkpoints = tuple(
             Checkpoint(
                 nodes=tuple(names[i] for i in region),
+                modules=tuple(dict.fromkeys(module_path(fx_nodes[names[i]]) for i in region)),
                 recompute_ms=problem.recompute_ms((region,)),
                 freed_bytes=held_after_forward(problem) - held_after_forward(problem, (region,)),
             )
@@ -215,13 +218,19 @@ class Plan:
         ]
         if self.checkpoints:
             lines.append(f"    {'#':>3}  {'first node':<24} {'last node':<24} {'nodes':>5} "
-                         f"{'recompute':>12} {'freed':>11}")
+                         f"{'recompute':>12} {'freed':>11}  modules")
             for index, c in enumerate(self.checkpoints):
                 lines.append(f"    {index:>3}  {c.nodes[0]:<24} {c.nodes[-1]:<24} {len(c.nodes):>5} "
-                             f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}")
+                             f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}  "
+                             f"{_span(c.modules)}")
         if self.verification is not None:
             lines += ["", str(self.verification)]
         return "\n".join(lines)
+
+
+def _span(modules: tuple[str, ...]) -> str:
+    named = [module or "(model)" for module in modules]
+    return named[0] if len(named) == 1 else f"{named[0]} .. {named[-1]}"
 
 
 def _sample_device(sample: Any) -> torch.device:

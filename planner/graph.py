@@ -12,6 +12,20 @@ def compute_nodes(gm: fx.GraphModule) -> list[fx.Node]:
     return [node for node in gm.graph.nodes if node.op in COMPUTE_OPS]
 
 
+def module_path(node: fx.Node) -> str:
+    """The model submodule a node belongs to ("" for the model's own forward).
+
+    Example:
+        >>> module_path(node)  # an export-frontend node inside GPT-2's first attention block
+        'transformer.h.0.attn'
+    """
+    if node.op == "call_module":
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [path for path, _ in stack.values() if path]
+    return paths[-1] if paths else ""
+
+
 def build_problem(gm: fx.GraphModule, summary: GraphProfile, reserved_bytes: int = 0) -> Problem:
     """Collect the per-node profiles of `gm` into a Problem (plain ints and floats).
 
