@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from planner.graph import compute_nodes
+from planner.graph import compute_nodes, module_path
 from planner.profile import META_KEY, NodeProfile
 from planner.rewrite import CheckpointedModule, build_module
 from planner.trace import bind_arguments, split_sample, trace
@@ -170,7 +170,15 @@ def _whole_modules(gm: fx.GraphModule) -> list[str]:
 
 
 def _graph_nodes(gm: fx.GraphModule) -> list[dict[str, str]]:
-    return [{"name": node.name, "op": node.op, "target": target_name(node.target)} for node in compute_nodes(gm)]
+    return [
+        {"name": node.name, "op": node.op, "target": target_name(node.target), "module": module_path(node)}
+        for node in compute_nodes(gm)
+    ]
+
+
+def _identity(node: dict[str, str]) -> tuple[str, str, str]:
+    """What must match between a saved graph and a model's: name, op and target."""
+    return node["name"], node["op"], node["target"]
 
 
 def _sample_structure(model: nn.Module, sample: Any, tensor_names: tuple[str, ...],
@@ -299,9 +307,11 @@ class SavedPlan:
         from planner.api import Checkpoint
 
         problem = self.problem
+        modules = [node.get("module", "") for node in self.graph]
         return tuple(
             Checkpoint(
                 nodes=tuple(names),
+                modules=tuple(dict.fromkeys(modules[i] for i in region)),
                 recompute_ms=problem.recompute_ms((region,)),
                 freed_bytes=held_after_forward(problem) - held_after_forward(problem, (region,)),
             )
@@ -424,7 +434,7 @@ class SavedPlan:
                 baseline_peak_bytes=data["baseline_peak_bytes"],
                 timing=data["timing"],
                 leaves=tuple(data["leaves"]),
-                graph=tuple({"name": n["name"], "op": n["op"], "target": n["target"]} for n in nodes),
+                graph=tuple({key: n.get(key, "") for key in ("name", "op", "target", "module")} for n in nodes),
                 profiles=tuple(_profile_full(n["profile"], n["cost"]) for n in nodes),
                 trace_leaves=tuple(data["trace_leaves"]),
                 sample=data["sample"],
@@ -509,7 +519,7 @@ class SavedPlan:
             )
         got = _graph_nodes(traced.gm)
         for position, (expected, found) in enumerate(zip(self.graph, got)):
-            if expected != found:
+            if _identity(expected) != _identity(found):
                 raise ValueError(
                     f"{model_name} does not match the saved plan (made for {self.model_class}): compute "
                     f"node {position} is {_describe(found)} in this model but {_describe(expected)} in the plan"
@@ -596,11 +606,14 @@ class SavedPlan:
         ]
         checkpoints = self.checkpoints
         if checkpoints:
+            from planner.api import _span  # the report's own formatting of a module range
+
             lines.append(f"    {'#':>3}  {'first node':<24} {'last node':<24} {'nodes':>5} "
-                         f"{'recompute':>12} {'freed':>11}")
+                         f"{'recompute':>12} {'freed':>11}  modules")
             for index, c in enumerate(checkpoints):
                 lines.append(f"    {index:>3}  {c.nodes[0]:<24} {c.nodes[-1]:<24} {len(c.nodes):>5} "
-                             f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}")
+                             f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}  "
+                             f"{_span(c.modules)}")
         if self.verification is not None:
             lines += ["", str(self.verification)]
         return "\n".join(lines)

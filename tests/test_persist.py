@@ -36,6 +36,7 @@ def test_round_trip_reapplies_to_a_fresh_model_with_the_same_gradients(example, 
 
     saved = load_plan(path)
     assert saved.regions == [list(c.nodes) for c in p.checkpoints]
+    assert saved.checkpoints == p.checkpoints  # nodes, modules, recompute and freed bytes
     assert saved.predicted_peak_bytes == p.predicted_peak_bytes
     assert saved.baseline_peak_bytes == p.baseline_peak_bytes
     assert saved.budget_bytes == p.budget_bytes and saved.solver == p.solver
