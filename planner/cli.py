@@ -1,19 +1,331 @@
-"""Command line: `ckpt-plan demo` (also `python -m planner demo`)."""
+"""Command line: plan a model under a memory budget, show a saved plan, or run the demo.
+
+    ckpt-plan plan MODEL --budget-gb 4 [--sample 8x128] [--json plan.json] [--plot memory.png]
+    ckpt-plan show plan.json [--plot memory.png]
+    ckpt-plan demo
+
+(`python -m planner ...` is the same.) Exit status: 0 done; 1 planning failed (the model could
+not be traced or measured, or an output could not be written); 2 usage error (bad arguments,
+a MODEL that cannot be loaded); 3 the budget cannot be met.
+"""
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import inspect
 import logging
+import math
+import os
 import sys
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
+from torch import nn
 
 from planner.api import GIB, plan
 from planner.examples import EXAMPLES
+from planner.persist import load_plan
+from planner.trace import FRONTENDS, TraceError, split_sample
 from solvers import SOLVERS, InfeasibleBudget, format_bytes
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INFEASIBLE = 3
+
+MODEL_HELP = (
+    "a built-in example ({examples}) or package.module:factory, a callable that takes no "
+    "arguments and returns (model, sample); path/to/file.py:factory works too, and the current "
+    "directory is importable"
+)
+SAMPLE_HELP = (
+    "resize the model's sample: one shape per tensor of the factory's sample, in order, dims "
+    "joined by x, shapes by commas (e.g. 8x128: 8 sequences of 128 tokens for gpt). The new "
+    "tensors keep each tensor's dtype and device; floating-point ones are drawn from a normal "
+    "distribution, integer ones from the range of the factory's values (token ids stay valid). "
+    "Default: the factory's own sample"
+)
+
+
+class UsageError(Exception):
+    """A mistake in the command line: reported in one line, exit status 2."""
+
+
+class FactoryError(Exception):
+    """The MODEL factory itself raised: reported in one line, exit status 1."""
+
+
+Say = Callable[[str], None]
+
+
+# ---------------------------------------------------------------------------------------------
+# MODEL and --sample
+
+
+def _import_module(module_name: str, spec: str) -> Any:
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise UsageError(f"MODEL {spec!r}: no file {module_name!r}")
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        if module_spec is None or module_spec.loader is None:
+            raise UsageError(f"MODEL {spec!r}: cannot import {module_name!r} as a Python file")
+        module = importlib.util.module_from_spec(module_spec)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as error:
+            raise UsageError(f"MODEL {spec!r}: running {module_name!r} failed: {type(error).__name__}: {error}") from error
+        return module
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:  # console scripts do not put the current directory on the path; python -m does
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        missing = error.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise UsageError(f"MODEL {spec!r}: cannot import module {module_name!r} ({error})") from error
+        raise UsageError(f"MODEL {spec!r}: importing module {module_name!r} failed: {error}") from error
+    except Exception as error:
+        raise UsageError(
+            f"MODEL {spec!r}: importing module {module_name!r} failed: {type(error).__name__}: {error}"
+        ) from error
+    finally:
+        if added:
+            sys.path.remove(cwd)
+
+
+def load_model(spec: str) -> tuple[nn.Module, Any]:
+    """Build `(model, sample)` from a MODEL argument: a built-in example name or
+    `package.module:factory` (dotted attributes allowed after the colon).
+
+    Raises UsageError with a one-line message naming what is wrong: the module cannot be
+    imported, the attribute is missing, not callable or needs arguments, or the factory does
+    not return `(model, sample)`. FactoryError wraps an error raised inside the factory.
+
+    Example:
+        >>> model, sample = load_model("mlp")
+        >>> model, sample = load_model("mypackage.models:tiny_gpt")
+    """
+    if spec in EXAMPLES:
+        return EXAMPLES[spec]()
+    if ":" not in spec:
+        raise UsageError(
+            f"MODEL {spec!r} is neither a built-in example ({', '.join(sorted(EXAMPLES))}) "
+            "nor package.module:factory"
+        )
+    module_name, _, attribute = spec.rpartition(":")
+    if not module_name or not attribute:
+        raise UsageError(f"MODEL {spec!r}: give it as package.module:factory")
+    factory: Any = _import_module(module_name, spec)
+    walked = module_name
+    for part in attribute.split("."):
+        if not hasattr(factory, part):
+            raise UsageError(f"MODEL {spec!r}: {walked!r} has no attribute {part!r}")
+        factory = getattr(factory, part)
+        walked = f"{walked}:{part}" if walked == module_name else f"{walked}.{part}"
+    if not callable(factory):
+        raise UsageError(f"MODEL {spec!r} is a {type(factory).__name__}, not a callable that returns (model, sample)")
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        parameters = inspect.signature(factory).replace(return_annotation=inspect.Signature.empty)
+        raise UsageError(f"MODEL {spec!r}: {attribute}{parameters} needs arguments; "
+                         "name a factory that takes none") from None
+    except ValueError:  # no signature to inspect (some builtins): just call it
+        pass
+    try:
+        result = factory()
+    except Exception as error:
+        raise FactoryError(f"MODEL {spec!r}: {attribute}() failed: {type(error).__name__}: {_first_line(error)}") from error
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
+        got = (f"a tuple of {len(result)}" if isinstance(result, tuple) and len(result) != 2
+               else f"({type(result[0]).__name__}, ...)" if isinstance(result, tuple) else f"a {type(result).__name__}")
+        raise UsageError(f"MODEL {spec!r}: {attribute}() must return (model, sample) with an nn.Module model, "
+                         f"not {got}")
+    try:
+        split_sample(result[1])
+    except TypeError as error:
+        raise UsageError(f"MODEL {spec!r}: {attribute}() returned a sample that cannot be used: {error}") from None
+    return result
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """Shapes from `--sample`: dims joined by `x`, shapes by commas.
+
+    Example:
+        >>> parse_shapes("8x128,8x128")
+        [(8, 128), (8, 128)]
+    """
+    shapes = []
+    for part in text.split(","):
+        try:
+            shape = tuple(int(dim) for dim in part.strip().lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not shape or any(dim <= 0 for dim in shape):
+            raise UsageError(f"--sample {text!r}: {part!r} is not a shape like 8x128 (positive dims joined by x)")
+        shapes.append(shape)
+    return shapes
+
+
+def _like(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """A new tensor of `shape` with `tensor`'s dtype, device and kind of values."""
+    options = {"dtype": tensor.dtype, "device": tensor.device}
+    if tensor.is_floating_point() or tensor.is_complex():
+        return torch.randn(shape, **options)
+    if tensor.dtype == torch.bool:
+        return torch.randint(0, 2, shape, device=tensor.device).bool()
+    if tensor.numel() == 0:
+        return torch.zeros(shape, **options)
+    return torch.randint(int(tensor.min()), int(tensor.max()) + 1, shape, **options)
+
+
+def resize_sample(sample: Any, shapes: list[tuple[int, ...]]) -> Any:
+    """Replace the sample's tensors (top level, in order) by new ones of the given shapes.
+
+    Example:
+        >>> resize_sample(torch.randint(0, 512, (8, 128)), [(2, 64)]).shape
+        torch.Size([2, 64])
+    """
+    args, kwargs = split_sample(sample)
+    slots = [("arg", i) for i, v in enumerate(args) if isinstance(v, torch.Tensor)]
+    slots += [("kwarg", k) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+    if len(shapes) != len(slots):
+        raise UsageError(f"--sample gives {len(shapes)} shape(s) but the model's sample has {len(slots)} tensor(s)")
+    new_args, new_kwargs = list(args), dict(kwargs)
+    for (kind, key), shape in zip(slots, shapes):
+        old = args[key] if kind == "arg" else kwargs[key]
+        if len(shape) != old.dim():
+            raise UsageError(
+                f"--sample {'x'.join(map(str, shape))}: the sample's tensor is "
+                f"{'x'.join(map(str, old.shape))} ({old.dim()} dims); give {old.dim()} dims"
+            )
+        if kind == "arg":
+            new_args[key] = _like(old, shape)
+        else:
+            new_kwargs[key] = _like(old, shape)
+    if isinstance(sample, torch.Tensor):
+        return new_args[0]
+    if isinstance(sample, dict):
+        return new_kwargs
+    return type(sample)(new_args) if isinstance(sample, list) else tuple(new_args)
+
+
+def _to_device(model: nn.Module, sample: Any, name: str) -> tuple[nn.Module, Any]:
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:
+        raise UsageError(f"--device {name!r} cannot be used here: {_first_line(error)}") from None
+    args, kwargs = split_sample(sample)
+    move = lambda value: value.to(device) if isinstance(value, torch.Tensor) else value  # noqa: E731
+    if isinstance(sample, torch.Tensor):
+        moved: Any = move(sample)
+    elif isinstance(sample, dict):
+        moved = {key: move(value) for key, value in kwargs.items()}
+    else:
+        moved = tuple(move(value) for value in args)
+    return model.to(device), moved
+
+
+def _describe_sample(sample: Any) -> str:
+    args, kwargs = split_sample(sample)
+    parts = [
+        f"{'x'.join(map(str, value.shape))} {str(value.dtype).removeprefix('torch.')}"
+        for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)
+    ]
+    return ", ".join(parts)
+
+
+def _round_up_gb(size_bytes: int) -> str:
+    """A budget in GiB, rounded up to 3 significant digits (so it still fits)."""
+    gb = size_bytes / GIB
+    digits = max(3, 3 - math.floor(math.log10(gb))) if gb > 0 else 3
+    return f"{math.ceil(gb * 10**digits) / 10**digits:.{digits}f}".rstrip("0").rstrip(".")
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def _error(message: str) -> None:
+    print(f"ckpt-plan: error: {message}", file=sys.stderr)
+
+
+def _infeasible(error: InfeasibleBudget) -> int:
+    _error(str(error))
+    print(f"hint: the smallest budget that fits is about --budget-gb {_round_up_gb(error.minimum_bytes)}",
+          file=sys.stderr)
+    return EXIT_INFEASIBLE
+
+
+def _progress(quiet: bool) -> Say:
+    return (lambda message: None) if quiet else (lambda message: print(f"... {message}", file=sys.stderr))
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def _plan(args: argparse.Namespace) -> int:
+    say = _progress(args.quiet)
+    torch.manual_seed(0)
+    model, sample = load_model(args.model)
+    if args.sample:
+        sample = resize_sample(sample, parse_shapes(args.sample))
+    if args.device:
+        model, sample = _to_device(model, sample, args.device)
+    say(f"model {args.model}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} "
+        f"parameters; sample {_describe_sample(sample)}")
+    try:
+        p = plan(model, sample, budget_gb=args.budget_gb, solver=args.solver, reserved_gb=args.reserved_gb,
+                 frontend=args.frontend, repeats=args.repeats, progress=say)
+    except InfeasibleBudget as error:
+        return _infeasible(error)
+    except (TraceError, RuntimeError, TypeError, ValueError) as error:
+        resized = " (its sample was resized by --sample: does the model take that shape?)" if args.sample else ""
+        _error(f"planning {args.model} failed{resized}: {_first_line(error)}")
+        return EXIT_FAILED
+    if args.verify:
+        say(f"verifying: {args.verify_steps} training steps of the original and the planned module")
+        p.verify(steps=args.verify_steps)
+    print(p)
+    return _write_outputs(p, args.json, args.plot, say)
+
+
+def _write_outputs(p: Any, json_path: str | None, plot_path: str | None, say: Say) -> int:
+    status = EXIT_OK
+    if json_path:
+        try:
+            say(f"saved the plan to {p.save(json_path)}")
+        except OSError as error:
+            _error(f"cannot write {json_path}: {error}")
+            status = EXIT_FAILED
+    if plot_path:
+        try:
+            say(f"wrote the memory plot to {p.plot(plot_path)}")
+        except (ImportError, OSError) as error:
+            _error(f"cannot write {plot_path}: {error}")
+            status = EXIT_FAILED
+    return status
+
+
+def _show(args: argparse.Namespace) -> int:
+    try:
+        saved = load_plan(args.plan)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"cannot read plan {args.plan!r}: {error}") from None
+    print(saved)
+    return _write_outputs(saved, None, args.plot, _progress(args.quiet))
 
 
 def _demo(args: argparse.Namespace) -> int:
-    say = (lambda message: None) if args.quiet else (lambda message: print(f"... {message}", file=sys.stderr))
+    say = _progress(args.quiet)
     torch.manual_seed(0)
     model, sample = EXAMPLES[args.model]()
     say(f"built example model {args.model!r} ({sum(p.numel() for p in model.parameters()):,} parameters)")
@@ -24,30 +336,111 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         planned = unplanned.replan(budget_gb=budget_gb)
     except InfeasibleBudget as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return _infeasible(error)
     print(planned)
     module = planned.module()
     loss = module(sample).float().pow(2).mean()
     loss.backward()
     print(f"\nOne training step of the planned module ran: loss {loss.item():.4f}.")
-    return 0
+    return EXIT_OK
+
+
+def _gib(allow_zero: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {'zero or more' if allow_zero else 'more than zero'}")
+        return value
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ckpt-plan", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    """The argument parser of `ckpt-plan` (subcommands plan, show, demo)."""
+    parser = argparse.ArgumentParser(
+        prog="ckpt-plan", description="Choose which parts of a PyTorch model to recompute so that one "
+        "training step fits a memory budget.", epilog="Exit status: 0 done, 1 planning failed, "
+        "2 usage error, 3 the budget cannot be met.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{plan,show,demo}")
+    solvers = [*sorted(SOLVERS), "auto"]
+
+    planning = commands.add_parser(
+        "plan", help="plan a model under a budget and print the report",
+        description="Trace and measure MODEL on its sample, choose the regions to recompute so one "
+        "training step fits the budget, and print the report.",
+        epilog="Examples: ckpt-plan plan gpt --budget-gb 0.05 --sample 4x128 --plot memory.png; "
+        "ckpt-plan plan mypackage.models:build --budget-gb 40 --device cuda --json plan.json. "
+        "Exit status: 0 done, 1 planning failed, 2 usage error, 3 the budget cannot be met.",
+    )
+    planning.add_argument("model", metavar="MODEL", help=MODEL_HELP.format(examples=", ".join(sorted(EXAMPLES))))
+    planning.add_argument("--budget-gb", type=_gib(False), required=True, metavar="GIB",
+                          help="memory budget of one training step in GiB (2**30 bytes)")
+    planning.add_argument("--sample", metavar="SHAPE[,SHAPE...]", help=SAMPLE_HELP)
+    planning.add_argument("--solver", choices=solvers, default="auto", help="default: auto")
+    planning.add_argument("--reserved-gb", type=_gib(True), default=0.0, metavar="GIB",
+                          help="GiB of the budget set aside for other things, e.g. optimizer state (default 0)")
+    planning.add_argument("--frontend", choices=FRONTENDS, default="auto",
+                          help="tracer: fx, export, or auto (fx, then export where fx fails; default)")
+    planning.add_argument("--device", help="move the model and sample there first (e.g. cuda); "
+                          "default: where the factory put them")
+    planning.add_argument("--repeats", type=_positive_int, default=5,
+                          help="timed forward passes per node, median taken (default 5)")
+    planning.add_argument("--json", metavar="PLAN.json", help="save the plan (load it with planner.load_plan)")
+    planning.add_argument("--plot", metavar="MEMORY.png", help="write the predicted memory plot (needs matplotlib)")
+    planning.add_argument("--verify", action="store_true",
+                          help="run real training steps of the original and the planned module and "
+                          "report measured peaks, step times and whether gradients match")
+    planning.add_argument("--verify-steps", type=_positive_int, default=3, help="steps for --verify (default 3)")
+    planning.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
+    planning.set_defaults(run=_plan)
+
+    show = commands.add_parser("show", help="print the report of a saved plan",
+                               description="Print the report of a plan saved with --json or Plan.save.")
+    show.add_argument("plan", metavar="PLAN.json")
+    show.add_argument("--plot", metavar="MEMORY.png", help="write the predicted memory plot (needs matplotlib)")
+    show.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
+    show.set_defaults(run=_show)
+
     demo = commands.add_parser("demo", help="plan a built-in example model under a tight budget")
     demo.add_argument("--model", choices=sorted(EXAMPLES), default="gpt")
-    demo.add_argument("--budget-gb", type=float, default=None,
+    demo.add_argument("--budget-gb", type=_gib(False), default=None, metavar="GIB",
                       help="budget in GiB (default: half of the model's unplanned peak)")
-    demo.add_argument("--solver", choices=[*sorted(SOLVERS), "auto"], default="auto")
+    demo.add_argument("--solver", choices=solvers, default="auto")
     demo.add_argument("--quiet", action="store_true", help="no progress messages")
     demo.set_defaults(run=_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `ckpt-plan` with `argv` (default: the process's arguments); returns the exit status.
+
+    Example:
+        >>> main(["plan", "mlp", "--budget-gb", "1", "--quiet"])
+        0
+    """
     logging.basicConfig(level=logging.WARNING)
-    args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # argparse has printed usage and its error (or the help)
+        return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+    try:
+        return args.run(args)
+    except UsageError as error:
+        _error(str(error))
+        return EXIT_USAGE
+    except FactoryError as error:
+        _error(str(error))
+        return EXIT_FAILED
