@@ -249,3 +249,15 @@ def test_exported_module_follows_to_after_loading(tmp_path):
                                        if n.startswith("checkpoint_region_")]
     buffers = {id(b) for b in loaded.buffers()}
     assert all(id(b) in buffers for graph in graphs for b in graph.buffers())
+
+
+@EXPORT_PENDING
+def test_exported_module_from_the_export_frontend(tmp_path):
+    model, tokens = small_gpt()
+    p = tight(model, tokens, 0.8, frontend="export")
+    loaded = torch.load(p.export(tmp_path / "planned.pt"), weights_only=False)
+    expected_output, expected_grads = train_step(model, tokens)
+    output, grads = train_step(loaded, tokens)
+    torch.testing.assert_close(output, expected_output)
+    for key in expected_grads:
+        torch.testing.assert_close(grads[key], expected_grads[key], msg=key)
