@@ -210,7 +210,3 @@ def test_console_script(tmp_path):
     assert done.stdout.startswith("Checkpoint plan for Sequential")
     assert "... tracing" in done.stderr
     assert json.loads(plan_path.read_text())["sample"]["arguments"][0]["tensor"]["shape"] == [16, 256]
-    bad = subprocess.run([str(script), "plan", "nowhere:f", "--budget-gb", "1"], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
-    assert bad.returncode == 2
-    assert bad.stderr == "ckpt-plan: error: MODEL 'nowhere:f': cannot import module 'nowhere' (No module named 'nowhere')\n"

@@ -20,17 +20,32 @@ def tight(model, sample, fraction: float = 0.75, **options) -> Plan:
     return p.replan(budget_gb=fraction * p.baseline_peak_bytes / GIB)
 
 
+class PlansByModel(dict):
+    """name -> (a tight plan of that test model, its sample), planned on first use."""
+
+    def __missing__(self, name: str) -> tuple[Plan, object]:
+        model, sample = MODELS[name]()
+        self[name] = (tight(model, sample), sample)
+        return self[name]
+
+
 @pytest.fixture(scope="module")
-def gpt_plan_file(tmp_path_factory) -> str:
-    model, tokens = small_gpt()
+def planned() -> PlansByModel:
+    """One plan per test model, made once for this module's tests."""
+    return PlansByModel()
+
+
+@pytest.fixture(scope="module")
+def gpt_plan_file(planned, tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("plans") / "gpt.json"
-    tight(model, tokens).save(path)
+    planned["gpt"][0].save(path)
     return str(path)
 
 
-def test_round_trip_reapplies_to_a_fresh_model_with_the_same_gradients(example, tmp_path):
-    name, model, sample = example
-    p = tight(model, sample)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_round_trip_reapplies_to_a_fresh_model_with_the_same_gradients(name, planned, tmp_path):
+    p, sample = planned[name]
+    model = p._model
     assert p.checkpoints
     path = p.save(tmp_path / "plan.json")
 
@@ -217,18 +232,12 @@ def test_a_loaded_plan_saves_the_same_document(tmp_path, gpt_plan_file):
     assert json.loads(again.read_text()) == json.loads(open(gpt_plan_file).read())
 
 
-# Exporting the rewritten module with torch.save needs fixes in planner/trace.py and
-# planner/rewrite.py (see the notes in the issue): until then these are expected to fail.
-EXPORT_PENDING = pytest.mark.xfail(
-    strict=True, reason="pickling the planned module needs the trace.py/rewrite.py fixes (issue 6 notes)"
-)
 
 
-@EXPORT_PENDING
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_exported_module_loads_with_torch_load_and_trains_the_same(name, tmp_path):
-    model, sample = MODELS[name]()
-    p = tight(model, sample)
+def test_exported_module_loads_with_torch_load_and_trains_the_same(name, planned, tmp_path):
+    p, sample = planned[name]
+    model = p._model
     path = p.export(tmp_path / "planned.pt")
     loaded = torch.load(path, weights_only=False)
     assert type(loaded).__name__ == "CheckpointedModule"
@@ -240,10 +249,8 @@ def test_exported_module_loads_with_torch_load_and_trains_the_same(name, tmp_pat
         torch.testing.assert_close(grads[key], expected_grads[key], msg=key)
 
 
-@EXPORT_PENDING
-def test_exported_module_follows_to_after_loading(tmp_path):
-    model, tokens = small_gpt()
-    loaded = torch.load(tight(model, tokens).export(tmp_path / "planned.pt"), weights_only=False)
+def test_exported_module_follows_to_after_loading(planned, tmp_path):
+    loaded = torch.load(planned["gpt"][0].export(tmp_path / "planned.pt"), weights_only=False)
     loaded.double()  # buffers the planned graph reads (the causal mask) must follow
     graphs = [loaded.planned_graph] + [m.body for n, m in loaded.planned_graph.named_children()
                                        if n.startswith("checkpoint_region_")]
@@ -251,7 +258,6 @@ def test_exported_module_follows_to_after_loading(tmp_path):
     assert all(id(b) in buffers for graph in graphs for b in graph.buffers())
 
 
-@EXPORT_PENDING
 def test_exported_module_from_the_export_frontend(tmp_path):
     model, tokens = small_gpt()
     p = tight(model, tokens, 0.8, frontend="export")
