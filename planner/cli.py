@@ -368,7 +368,12 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of `ckpt-plan` (subcommands plan, show, demo)."""
+    """The argument parser of `ckpt-plan` (subcommands plan, show, demo).
+
+    Example:
+        >>> build_parser().parse_args(["plan", "gpt", "--budget-gb", "4"]).budget_gb
+        4.0
+    """
     parser = argparse.ArgumentParser(
         prog="ckpt-plan", description="Choose which parts of a PyTorch model to recompute so that one "
         "training step fits a memory budget.", epilog="Exit status: 0 done, 1 planning failed, "

@@ -355,7 +355,12 @@ class SavedPlan:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (see the module docstring and `load_plan`)."""
+        """The JSON document (see the module docstring and `load_plan`).
+
+        Example:
+            >>> load_plan("plan.json").to_dict()["regions"][0][:2]
+            ['getattr_1', 'getitem']
+        """
         names = [node.name for node in self.problem.nodes]
         s = self.solution
         return {
