@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.profile import META_KEY
-from planner.trace import Traced, graph_module
+from planner.trace import Traced, graph_module, link_to_root
 
 REGION_PREFIX = "checkpoint_region_"
 
@@ -176,6 +176,16 @@ class CheckpointedModule(nn.Module):
         object.__setattr__(self, "_planned", planned)
         object.__setattr__(self, "_eager", clone)
         object.__setattr__(self, "_traced", traced)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickling rebuilds each GraphModule from its code with fresh containers: link the
+        # planned graph and the region bodies to this module's tree again.
+        super().__setstate__(state)
+        regions = {name: m for name, m in self._planned._modules.items() if name.startswith(REGION_PREFIX)}
+        for gm, extras in [(self._planned, regions), *((region.body, {}) for region in regions.values())]:
+            # fx re-traces the code on unpickling and folds input-free ops into new constants
+            folded = {name: value for name, value in gm._buffers.items() if name not in self._eager._buffers}
+            link_to_root(gm, self._eager, {**self._traced.extras, **extras, **folded})
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not (self.training and torch.is_grad_enabled()):

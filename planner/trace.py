@@ -37,7 +37,8 @@ class Traced:
     leaves: tuple[str, ...] = field(default_factory=tuple)
     frontend: str = "torch.fx.symbolic_trace"
     output_spec: TreeSpec | None = None  # export graphs return flat outputs; this rebuilds them
-    extras: dict[str, nn.Module] = field(default_factory=dict)  # export's subgraphs, by name
+    extras: dict[str, Any] = field(default_factory=dict)  # export's subgraphs and constants, by name
+    signature: inspect.Signature | None = None  # of the model's forward, to bind later calls
 
     def structure_output(self, flat: Any) -> Any:
         """The graph's return value in the model's own output structure."""
@@ -45,7 +46,8 @@ class Traced:
 
     def graph_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """Bind a call's arguments to the model's forward and return the graph's inputs."""
-        bound = bind_arguments(self.gm.meta["planner.signature"], args, kwargs)
+        assert self.signature is not None, "trace() sets the signature"
+        bound = bind_arguments(self.signature, args, kwargs)
         for name, planned in self.fixed_args.items():
             given = bound.get(name, planned)
             if not _same_fixed_value(given, planned):
@@ -111,9 +113,9 @@ def bind_arguments(
 class _LeafTracer(fx.Tracer):
     """A tracer that keeps named submodules whole and remembers where tracing failed."""
 
-    def __init__(self, leaves: set[str]):
+    def __init__(self, leaves: set[str] | None = None):  # no argument when fx unpickles a graph
         super().__init__()
-        self.leaves = leaves
+        self.leaves = leaves or set()
         self.failed_module: str | None = None
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -180,7 +182,7 @@ def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = (), frontend:
                     f"{fx_error}\n{export_error}\nMake the failing code traceable, or pass "
                     "leaves=('submodule.name', ...) to keep the failing submodules whole."
                 ) from export_error
-    traced.gm.meta["planner.signature"] = signature
+    traced.signature = signature
     return traced
 
 
@@ -202,14 +204,14 @@ def _trace_export(
     for node in list(graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
             graph.erase_node(node)  # shape guards of the export call: the planner checks inputs
-    extras: dict[str, nn.Module] = {}
+    extras: dict[str, Any] = {}
     for node in list(graph.nodes):
         if node.op == "placeholder" and node.target not in tensor_names:
             if node.users:
                 raise TraceError(f"the exported graph reads fixed argument {node.target!r}")
             graph.erase_node(node)
         elif node.op in ("get_attr", "call_module") and not _has_path(model, node.target):
-            extras[node.target] = getattr(unlifted, node.target)  # e.g. a higher-order op's subgraph
+            extras[node.target] = getattr(unlifted, node.target)  # a subgraph or a lifted constant
     graph.lint()
     gm = graph_module(model, graph, extras, f"Exported{type(model).__name__}")
     return Traced(gm, tensor_names, fixed_args, (), "torch.export", exported.call_spec.out_spec, extras)
@@ -224,23 +226,31 @@ def _has_path(module: nn.Module, target: str) -> bool:
     return True
 
 
-def graph_module(root: nn.Module, graph: fx.Graph, extras: dict[str, nn.Module], name: str) -> fx.GraphModule:
+def graph_module(root: nn.Module, graph: fx.Graph, extras: dict[str, Any], name: str) -> fx.GraphModule:
     """A GraphModule whose attribute paths resolve through `root`'s own module tree.
 
     fx copies only the attributes a graph names and makes placeholder containers for the levels
     in between; replacing the top level with `root`'s own children and its parameter and buffer
     dicts makes every path reach the live objects (so `.to()` and buffer swaps are seen).
-    `extras` are top-level modules the graph names that `root` does not have.
+    `extras` are top-level attributes the graph names that `root` does not have.
     """
     holder = nn.Module()
-    holder._modules = {**root._modules, **extras}
-    holder._parameters = root._parameters
-    holder._buffers = root._buffers
+    link_to_root(holder, root, extras)
     gm = fx.GraphModule(holder, graph, class_name=name)
-    gm._modules = {**root._modules, **extras}
-    gm._parameters = root._parameters
-    gm._buffers = root._buffers
+    link_to_root(gm, root, extras)
     return gm
+
+
+def link_to_root(module: nn.Module, root: nn.Module, extras: dict[str, Any]) -> None:
+    """Make `module`'s top level be `root`'s: its children and the very same parameter and
+    buffer dicts, so later changes to `root` (`.to()`, buffer swaps) are seen. `extras` are
+    added as child modules, or as plain attributes when they are not modules (constants)."""
+    module._modules = {**root._modules, **{k: v for k, v in extras.items() if isinstance(v, nn.Module)}}
+    module._parameters = root._parameters
+    module._buffers = root._buffers
+    for name, value in extras.items():
+        if not isinstance(value, nn.Module):
+            module.__dict__[name] = value
 
 
 def _trace_fx(
@@ -265,6 +275,11 @@ def _trace_fx(
             auto_leaves.append(failed)
 
     _drop_fixed_inputs(graph, tensor_names)
+    for node in graph.nodes:
+        if isinstance(node.type, str):
+            # Postponed annotations ("torch.Tensor" as a string) end up as string globals of
+            # the generated code, which GraphModule's pickling cannot name.
+            node.type = None
     gm = fx.GraphModule(model, graph, class_name=f"Traced{type(model).__name__}")
     return Traced(gm, tensor_names, fixed_args, tuple(auto_leaves))
 
