@@ -8,6 +8,7 @@ modified. The rewritten graph lives in an unregistered attribute and reaches the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Callable, Iterator
 
 import torch
@@ -176,6 +177,14 @@ class CheckpointedModule(nn.Module):
         object.__setattr__(self, "_planned", planned)
         object.__setattr__(self, "_eager", clone)
         object.__setattr__(self, "_traced", traced)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # forward needs the signature, inputs and output spec of the trace, not its graph: that
+        # graph refers to the original model's modules and, with fixed arguments, has pytree code
+        # that fx cannot rebuild on unpickling.
+        state = self.__dict__.copy()
+        state["_traced"] = dataclasses.replace(self._traced, gm=None)
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Unpickling rebuilds each GraphModule from its code with fresh containers: link the

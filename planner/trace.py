@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.fx.graph import _PyTreeCodeGen
 from torch import nn
 from torch.utils._pytree import TreeSpec, tree_unflatten
 
@@ -280,8 +281,13 @@ def _trace_fx(
             # Postponed annotations ("torch.Tensor" as a string) end up as string globals of
             # the generated code, which GraphModule's pickling cannot name.
             node.type = None
+    # With fixed (concrete) arguments fx generates pytree code: the output node holds the flat
+    # outputs and the codegen rebuilds the structure. The planned graph has plain codegen, so
+    # keep the spec and let Traced.structure_output rebuild it.
+    codegen = graph._codegen
+    output_spec = codegen.pytree_info.out_spec if isinstance(codegen, _PyTreeCodeGen) and codegen.pytree_info else None
     gm = fx.GraphModule(model, graph, class_name=f"Traced{type(model).__name__}")
-    return Traced(gm, tensor_names, fixed_args, tuple(auto_leaves))
+    return Traced(gm, tensor_names, fixed_args, tuple(auto_leaves), output_spec=output_spec)
 
 
 def _drop_fixed_inputs(graph: fx.Graph, tensor_names: tuple[str, ...]) -> None:

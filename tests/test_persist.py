@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
 from conftest import MODELS, small_cnn, small_gpt, small_mlp, train_step
 from planner import Plan, SavedPlan, load_plan, plan
@@ -167,9 +166,8 @@ class Flag:
 
 
 def assert_same_values(got, expected) -> None:
-    # Compared leaf by leaf: with fixed arguments the planned module currently returns the
-    # output flattened into a list (rewrite.py drops fx's pytree codegen; see the issue notes).
-    torch.testing.assert_close(tree_leaves(got), tree_leaves(expected))
+    assert type(got) is type(expected)  # the model's own output structure, not a flat list
+    torch.testing.assert_close(got, expected)
 
 
 def test_fixed_arguments_are_saved_and_used_again(tmp_path):
@@ -269,8 +267,6 @@ def test_exported_module_from_the_export_frontend(tmp_path):
         torch.testing.assert_close(grads[key], expected_grads[key], msg=key)
 
 
-@pytest.mark.xfail(strict=True, reason="fx frontend with fixed arguments: the planned module returns the output "
-                   "flattened (rewrite drops fx's pytree codegen) and the pickled traced graph cannot be rebuilt")
 def test_exported_module_with_fixed_arguments_keeps_the_output_structure(tmp_path):
     torch.manual_seed(0)
     model, x = Scaled(), torch.randn(256, 64)
