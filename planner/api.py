@@ -16,10 +16,11 @@ from torch import nn
 from planner.graph import build_problem, compute_nodes, module_path
 from planner.memory import preserved_state
 from planner.profile import GraphProfile, profile
+from planner.report import format_report
 from planner.rewrite import CheckpointedModule, build_module
 from planner.trace import Traced, split_sample, trace
 from planner.verify import Verification, verify_modules
-from solvers import Problem, Solution, format_bytes, held_after_forward, peak_bytes, solve
+from solvers import Problem, Solution, held_after_forward, peak_bytes, solve
 
 logger = logging.getLogger(__name__)
 
@@ -198,39 +199,12 @@ class Plan:
                 f"predicted_peak_bytes={self.predicted_peak_bytes}, recompute_ms={self.recompute_ms:.3f})")
 
     def __str__(self) -> str:
-        s = self.solution
-        leaves = ", ".join(self.leaves) or "none"
-        overhead = 100 * self.recompute_ms / self.forward_ms if self.forward_ms else 0.0
-        lines = [
-            f"Checkpoint plan for {type(self._model).__name__} "
-            f"(solver {s.solver}, {s.status.value}, solved in {s.solve_seconds:.2f} s)",
-            f"  graph             {len(self.problem)} nodes via {self._traced.frontend}; "
-            f"kept whole after tracing failed: {leaves}",
-            f"  budget            {format_bytes(self.budget_bytes)}"
-            + (f" (of which reserved {format_bytes(self.reserved_bytes)})" if self.reserved_bytes else ""),
-            f"  static memory     {format_bytes(self.problem.static_bytes)} "
-            f"(parameters, gradients, buffers, inputs, reserve)",
-            f"  peak, no plan     {format_bytes(self.baseline_peak_bytes)}",
-            f"  peak, this plan   {format_bytes(self.predicted_peak_bytes)} (predicted)",
-            f"  recompute         {self.recompute_ms:.2f} ms per step "
-            f"(+{overhead:.0f}% of the {self.forward_ms:.2f} ms forward, {self.profile.timing})",
-            f"  regions           {len(self.checkpoints)}",
-        ]
-        if self.checkpoints:
-            lines.append(f"    {'#':>3}  {'first node':<24} {'last node':<24} {'nodes':>5} "
-                         f"{'recompute':>12} {'freed':>11}  modules")
-            for index, c in enumerate(self.checkpoints):
-                lines.append(f"    {index:>3}  {c.nodes[0]:<24} {c.nodes[-1]:<24} {len(c.nodes):>5} "
-                             f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}  "
-                             f"{_span(c.modules)}")
-        if self.verification is not None:
-            lines += ["", str(self.verification)]
-        return "\n".join(lines)
-
-
-def _span(modules: tuple[str, ...]) -> str:
-    named = [module or "(model)" for module in modules]
-    return named[0] if len(named) == 1 else f"{named[0]} .. {named[-1]}"
+        return format_report(
+            model_name=type(self._model).__name__, problem=self.problem, solution=self.solution,
+            frontend=self.frontend, leaves=self.leaves, budget_bytes=self.budget_bytes,
+            reserved_bytes=self.reserved_bytes, baseline_peak_bytes=self.baseline_peak_bytes,
+            timing=self.profile.timing, checkpoints=self.checkpoints, verification=self.verification,
+        )
 
 
 def _sample_device(sample: Any) -> torch.device:

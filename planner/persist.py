@@ -31,10 +31,11 @@ from torch import nn
 
 from planner.graph import compute_nodes, module_path
 from planner.profile import META_KEY, NodeProfile
+from planner.report import format_report
 from planner.rewrite import CheckpointedModule, build_module
 from planner.trace import bind_arguments, split_sample, trace
 from planner.verify import Verification
-from solvers import NodeCost, Problem, Solution, Status, format_bytes, held_after_forward
+from solvers import NodeCost, Problem, Solution, Status, held_after_forward
 
 if TYPE_CHECKING:
     from planner.api import Checkpoint, Plan
@@ -591,37 +592,13 @@ class SavedPlan:
         return plot_memory(self.problem, self.solution.regions, self.budget_bytes, path, title)
 
     def __str__(self) -> str:
-        s = self.solution
-        overhead = 100 * self.recompute_ms / self.forward_ms if self.forward_ms else 0.0
-        origin = f", loaded from {self.source}" if self.source else ""
-        lines = [
-            f"Checkpoint plan for {self.model_class.rsplit('.', 1)[-1]} "
-            f"(solver {s.solver}, {s.status.value}, solved in {s.solve_seconds:.2f} s{origin})",
-            f"  graph             {len(self.problem)} nodes via {self.frontend}; "
-            f"kept whole after tracing failed: {', '.join(self.leaves) or 'none'}",
-            f"  budget            {format_bytes(self.budget_bytes)}"
-            + (f" (of which reserved {format_bytes(self.reserved_bytes)})" if self.reserved_bytes else ""),
-            f"  static memory     {format_bytes(self.problem.static_bytes)} "
-            f"(parameters, gradients, buffers, inputs, reserve)",
-            f"  peak, no plan     {format_bytes(self.baseline_peak_bytes)}",
-            f"  peak, this plan   {format_bytes(self.predicted_peak_bytes)} (predicted)",
-            f"  recompute         {self.recompute_ms:.2f} ms per step "
-            f"(+{overhead:.0f}% of the {self.forward_ms:.2f} ms forward, {self.timing})",
-            f"  regions           {len(self.solution.regions)}",
-        ]
-        checkpoints = self.checkpoints
-        if checkpoints:
-            from planner.api import _span  # the report's own formatting of a module range
-
-            lines.append(f"    {'#':>3}  {'first node':<24} {'last node':<24} {'nodes':>5} "
-                         f"{'recompute':>12} {'freed':>11}  modules")
-            for index, c in enumerate(checkpoints):
-                lines.append(f"    {index:>3}  {c.nodes[0]:<24} {c.nodes[-1]:<24} {len(c.nodes):>5} "
-                             f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}  "
-                             f"{_span(c.modules)}")
-        if self.verification is not None:
-            lines += ["", str(self.verification)]
-        return "\n".join(lines)
+        return format_report(
+            model_name=self.model_class.rsplit(".", 1)[-1], problem=self.problem, solution=self.solution,
+            frontend=self.frontend, leaves=self.leaves, budget_bytes=self.budget_bytes,
+            reserved_bytes=self.reserved_bytes, baseline_peak_bytes=self.baseline_peak_bytes,
+            timing=self.timing, checkpoints=self.checkpoints, verification=self.verification,
+            origin=f", loaded from {self.source}" if self.source else "",
+        )
 
     def __repr__(self) -> str:
         return (f"SavedPlan(model={self.model_class!r}, solver={self.solver!r}, regions={len(self.solution.regions)}, "

@@ -4,7 +4,6 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from conftest import small_cnn, small_gpt, snapshot, train_step

@@ -1,0 +1,66 @@
+"""The plan report: one formatter for live plans (`Plan`) and loaded ones (`SavedPlan`)."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from solvers import Problem, Solution, format_bytes
+
+
+def span(modules: Sequence[str]) -> str:
+    """The first and last of the model submodules a region touches, for one report column.
+
+    Example:
+        >>> span(("transformer.h.0.attn", "transformer.h.0.mlp"))
+        'transformer.h.0.attn .. transformer.h.0.mlp'
+    """
+    named = [module or "(model)" for module in modules]
+    if not named:
+        return ""
+    return named[0] if len(named) == 1 else f"{named[0]} .. {named[-1]}"
+
+
+def format_report(
+    *,
+    model_name: str,
+    problem: Problem,
+    solution: Solution,
+    frontend: str,
+    leaves: Sequence[str],
+    budget_bytes: int,
+    reserved_bytes: int,
+    baseline_peak_bytes: int,
+    timing: str,
+    checkpoints: Sequence[Any],
+    verification: Any = None,
+    origin: str = "",
+) -> str:
+    """A readable table of a plan's figures, regions, and measured figures once verified.
+
+    Example:
+        >>> print(format_report(model_name="TinyGPT", problem=p.problem, solution=p.solution, ...))
+    """
+    forward_ms = sum(node.compute_ms for node in problem.nodes)
+    overhead = 100 * solution.recompute_ms / forward_ms if forward_ms else 0.0
+    lines = [
+        f"Checkpoint plan for {model_name} (solver {solution.solver}, {solution.status.value}, "
+        f"solved in {solution.solve_seconds:.2f} s{origin})",
+        f"  graph             {len(problem)} nodes via {frontend}; "
+        f"kept whole after tracing failed: {', '.join(leaves) or 'none'}",
+        f"  budget            {format_bytes(budget_bytes)}"
+        + (f" (of which reserved {format_bytes(reserved_bytes)})" if reserved_bytes else ""),
+        f"  static memory     {format_bytes(problem.static_bytes)} (parameters, gradients, buffers, inputs, reserve)",
+        f"  peak, no plan     {format_bytes(baseline_peak_bytes)}",
+        f"  peak, this plan   {format_bytes(solution.peak_bytes)} (predicted)",
+        f"  recompute         {solution.recompute_ms:.2f} ms per step "
+        f"(+{overhead:.0f}% of the {forward_ms:.2f} ms forward, {timing})",
+        f"  regions           {len(checkpoints)}",
+    ]
+    if checkpoints:
+        lines.append(f"    {'#':>3}  {'first node':<24} {'last node':<24} {'nodes':>5} "
+                     f"{'recompute':>12} {'freed':>11}  modules")
+        for index, c in enumerate(checkpoints):
+            lines.append(f"    {index:>3}  {c.nodes[0]:<24} {c.nodes[-1]:<24} {len(c.nodes):>5} "
+                         f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}  {span(c.modules)}")
+    if verification is not None:
+        lines += ["", str(verification)]
+    return "\n".join(lines)
