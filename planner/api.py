@@ -112,6 +112,21 @@ class Plan:
         return self.solution.solver
 
     @property
+    def model(self) -> nn.Module:
+        """The model this plan was made for (never modified by the planner)."""
+        return self._model
+
+    @property
+    def sample(self) -> Any:
+        """The sample the model was measured on."""
+        return self._sample
+
+    @property
+    def traced(self) -> Traced:
+        """The traced graph, with the per-node measurements in `node.meta["planner.profile"]`."""
+        return self._traced
+
+    @property
     def frontend(self) -> str:
         """The tracer that produced the graph: "torch.fx.symbolic_trace" or "torch.export"."""
         return self._traced.frontend

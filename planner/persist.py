@@ -328,7 +328,7 @@ class SavedPlan:
         Example:
             >>> SavedPlan.from_plan(p).to_dict()["regions"]
         """
-        traced = plan._traced
+        traced = plan.traced
         gm = traced.gm
         graph = tuple(_graph_nodes(gm))
         names = [node.name for node in plan.problem.nodes]
@@ -337,7 +337,7 @@ class SavedPlan:
         profiles = tuple(dataclasses.asdict(node.meta[META_KEY]) for node in compute_nodes(gm))
         whole = tuple(_whole_modules(gm)) if traced.frontend == FX_FRONTEND else tuple(traced.leaves)
         return cls(
-            model_class=f"{type(plan._model).__module__}.{type(plan._model).__qualname__}",
+            model_class=f"{type(plan.model).__module__}.{type(plan.model).__qualname__}",
             frontend=traced.frontend,
             problem=plan.problem,
             solution=plan.solution,
@@ -350,8 +350,8 @@ class SavedPlan:
             graph=graph,
             profiles=profiles,
             trace_leaves=whole,
-            sample=_sample_structure(plan._model, plan._sample, traced.tensor_names, traced.fixed_args),
-            state=_state_shapes(plan._model),
+            sample=_sample_structure(plan.model, plan.sample, traced.tensor_names, traced.fixed_args),
+            state=_state_shapes(plan.model),
             verification=plan.verification,
         )
 

@@ -158,5 +158,5 @@ def plot_plan(plan: "Plan", path: str | os.PathLike[str]) -> Path:
     Example:
         >>> plot_plan(p, "memory.png")
     """
-    title = f"Predicted memory of one training step: {type(plan._model).__name__}"
+    title = f"Predicted memory of one training step: {type(plan.model).__name__}"
     return plot_memory(plan.problem, plan.solution.regions, plan.budget_bytes, path, title)
