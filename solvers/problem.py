@@ -102,6 +102,7 @@ class Solution:
     status: Status
     solver: str
     solve_seconds: float
+    gap: float | None = None  # ilp: relative gap to the proven bound (0.0 when optimal)
 
 
 def format_bytes(size: float) -> str:
@@ -124,11 +125,14 @@ class InfeasibleBudget(ValueError):
         >>> raise InfeasibleBudget(budget_bytes=2**29, minimum_bytes=3 * 2**28, static_bytes=2**28)
     """
 
-    def __init__(self, budget_bytes: int, minimum_bytes: int, static_bytes: int, solver: str = ""):
+    def __init__(
+        self, budget_bytes: int, minimum_bytes: int, static_bytes: int, solver: str = "", proven: bool = True
+    ):
         self.budget_bytes = budget_bytes
         self.minimum_bytes = minimum_bytes
         self.static_bytes = static_bytes
         self.solver = solver
+        self.proven = proven  # False: minimum_bytes is the smallest peak found, not proven minimal
         activations = minimum_bytes - static_bytes
         dominant = "static memory dominates" if static_bytes >= activations else "activations dominate"
         by = f" for solver {solver!r}" if solver else ""

@@ -1,0 +1,88 @@
+"""Exhaustive search over every plan, judged by the simulator: the reference for tests.
+
+A plan is any set of disjoint, non-empty ranges of consecutive nodes whose starts pass
+`Problem.can_start_region`; two adjacent ranges differ from their union. There are F(2n + 1)
+of them (Fibonacci), 75 025 for n = 12, so this refuses larger graphs.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterator
+
+from solvers.problem import InfeasibleBudget, Problem, Solution, Status
+from solvers.simulate import make_solution, peak_bytes
+
+logger = logging.getLogger(__name__)
+
+MAX_NODES = 12
+
+
+def all_plans(problem: Problem) -> Iterator[tuple[range, ...]]:
+    """Every plan of `problem`, the empty plan first, in a fixed order.
+
+    Example:
+        >>> len(list(all_plans(Problem(nodes=(NodeCost("a", 1.0),)))))
+        2
+    """
+    n = len(problem)
+    startable = [problem.can_start_region(i) for i in range(n)]
+
+    def extend(position: int, chosen: tuple[range, ...]) -> Iterator[tuple[range, ...]]:
+        yield chosen
+        for start in range(position, n):
+            if not startable[start]:
+                continue
+            for stop in range(start + 1, n + 1):
+                yield from extend(stop, (*chosen, range(start, stop)))
+
+    yield from extend(0, ())
+
+
+def _check_size(problem: Problem) -> None:
+    if len(problem) > MAX_NODES:
+        raise ValueError(
+            f"brute_force enumerates every plan and refuses graphs over {MAX_NODES} nodes "
+            f"(this one has {len(problem)}); use method='dp' or 'ilp'"
+        )
+
+
+def minimum_peak_brute_force(problem: Problem) -> int:
+    """The smallest simulated peak over all plans, by enumeration (n <= 12).
+
+    Example:
+        >>> minimum_peak_brute_force(problem) <= peak_bytes(problem)
+        True
+    """
+    _check_size(problem)
+    return min(peak_bytes(problem, regions) for regions in all_plans(problem))
+
+
+def solve_brute_force(problem: Problem, budget_bytes: int, **options: object) -> Solution:
+    """The cheapest plan under `budget_bytes` by trying all of them (n <= 12; tests only).
+
+    Ties on recompute time go to the lower peak, then to the earlier plan in `all_plans` order.
+    Raises InfeasibleBudget with the true minimum peak when nothing fits.
+
+    Example:
+        >>> solve_brute_force(problem, budget_bytes=2**20).status
+        <Status.OPTIMAL: 'optimal'>
+    """
+    if options:
+        raise TypeError(f"brute_force takes no options, got {sorted(options)}")
+    _check_size(problem)
+    started = time.perf_counter()
+    best: tuple[float, int, tuple[range, ...]] | None = None
+    minimum: int | None = None
+    for regions in all_plans(problem):
+        peak = peak_bytes(problem, regions)
+        minimum = peak if minimum is None else min(minimum, peak)
+        if peak > budget_bytes:
+            continue
+        cost = problem.recompute_ms(regions)
+        if best is None or (cost, peak) < best[:2]:
+            best = (cost, peak, regions)
+    if best is None:
+        raise InfeasibleBudget(budget_bytes, minimum or problem.static_bytes, problem.static_bytes, "brute_force")
+    logger.debug("brute_force: best recompute %.6g ms, peak %d bytes", best[0], best[1])
+    return make_solution(problem, best[2], budget_bytes, Status.OPTIMAL, "brute_force", started)

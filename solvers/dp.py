@@ -1,0 +1,430 @@
+"""Dynamic programming over region boundaries in the fixed topological order.
+
+The DP walks the boundaries t = 0..n between nodes. Moving from t either leaves node t outside
+every region (to t + 1) or runs a region [t, b) (to b). The simulator's peak splits into checks
+that each transition can make on its own (see solvers/structure.py for the derivation):
+
+* the forward step of node t, and the backward of a node outside any region, only see what
+  nodes before them keep, plus plan-independent bytes;
+* a region's recomputation and backward see what the nodes before the region keep, the
+  region's inputs, the gradients in flight and the region's own recomputed tensors.
+
+So the state at boundary t is the memory that the prefix keeps alive into backward. It is a sum
+of per-buffer contributions, except that an output can be kept by several later nodes (a
+saver outside a region, or a later region that reads it) and must be counted once. The state
+therefore carries, as a bit set, which still-referenced outputs ("the frontier": outputs of
+nodes before t that a node at or after t reads or saves) are already kept, plus the bytes of
+everything else kept (an int). For each frontier set the DP keeps the Pareto front of
+(kept bytes, recompute ms). On chains and transformer-like graphs the frontier is a handful of
+outputs and the DP is exact and fast. On wide DAGs the number of frontier sets can explode:
+past `max_states` sets at a boundary, the DP keeps the cheapest ones and merges the rest into
+their common subset, counting the dropped members as always kept. That over-estimates memory
+(plans stay within budget, and the simulator re-checks them) and the result is reported as
+FEASIBLE instead of OPTIMAL.
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+import logging
+import time
+from dataclasses import dataclass
+from itertools import accumulate
+
+from solvers.problem import InfeasibleBudget, Problem, Solution, Status
+from solvers.simulate import make_solution, peak_bytes
+from solvers.structure import Structure, scan_regions
+
+logger = logging.getLogger(__name__)
+
+class _Entry:
+    """One Pareto point: bytes kept outside the frontier set, recompute ms, and how we got here."""
+
+    __slots__ = ("held", "cost", "parent", "region")
+
+    def __init__(self, held: int, cost: float, parent: "_Entry | None", region: tuple[int, int] | None):
+        self.held = held
+        self.cost = cost
+        self.parent = parent
+        self.region = region
+
+    def regions(self) -> tuple[range, ...]:
+        found = []
+        entry: _Entry | None = self
+        while entry is not None:
+            if entry.region is not None:
+                found.append(range(*entry.region))
+            entry = entry.parent
+        return tuple(reversed(found))
+
+
+class _Scan:
+    """Region peaks for regions starting at one node, computed lazily as they are needed."""
+
+    def __init__(self, structure: Structure, problem: Problem, start: int, min_recompute_gradients: list[int]):
+        self.structure = structure
+        self.start = start
+        self._iterator = scan_regions(structure, problem, start)
+        self._floor = min_recompute_gradients
+        self.peak: list[int] = []  # index b - start - 1: the region [start, b)'s own peak
+        self.lower: list[int] = []  # a lower bound on peak for [start, b') with b' >= b
+        self._backward_max = -1
+
+    def ensure(self, stop: int) -> bool:
+        """Compute up to the region [start, stop); False when stop is past the graph."""
+        gradient_backward = self.structure.gradient_backward
+        gradient_recompute = self.structure.gradient_recompute
+        while self.start + len(self.peak) < stop:
+            try:
+                e, backward, recompute = next(self._iterator)
+            except StopIteration:
+                return False
+            self._backward_max = max(self._backward_max, gradient_backward[e] + backward)
+            self.peak.append(max(self._backward_max, gradient_recompute[e + 1] + recompute))
+            self.lower.append(max(self._backward_max, self._floor[e + 1] + recompute))
+        return True
+
+
+class _Front:
+    """The Pareto front of one frontier set: held bytes ascending, cost strictly descending."""
+
+    __slots__ = ("entries", "helds", "negative_costs")
+
+    def __init__(self, entries: list[_Entry]):
+        self.entries = entries
+        self.helds = [entry.held for entry in entries]
+        self.negative_costs = [-entry.cost for entry in entries]  # ascending
+
+
+# A transition applied to a slice of a front: (front, lo, hi, added held, added ms, region).
+_Stair = tuple[_Front, int, int, int, float, "tuple[int, int] | None"]
+
+
+def _merge(stairs: list[_Stair], cost_limit: float, feasibility_only: bool, bucket_bytes: int = 0) -> _Front:
+    """Pareto front of the union of shifted front slices, materialising only the survivors.
+
+    Each slice is itself a staircase, so after taking an entry the next useful one in the same
+    slice is found by bisection on cost instead of walking every dominated entry. With
+    `bucket_bytes`, only the cheapest entry per held-bytes bucket survives (a thinner front:
+    fewer options, never a wrong one)."""
+    heap = []
+    for index, (front, lo, hi, held, cost, _) in enumerate(stairs):
+        if lo < hi:
+            heap.append((front.helds[lo] + held, front.entries[lo].cost + cost, index, lo))
+    heapq.heapify(heap)
+    best = cost_limit
+    survivors: list[_Entry] = []
+    while heap:
+        held, cost, index, position = heapq.heappop(heap)
+        front, _, hi, added_held, added_cost, region = stairs[index]
+        if cost < best:
+            entry = _Entry(held, cost, front.entries[position], region)
+            if bucket_bytes and survivors and survivors[-1].held // bucket_bytes == held // bucket_bytes:
+                survivors[-1] = entry
+            else:
+                survivors.append(entry)
+            best = cost
+            if feasibility_only:
+                break
+        following = bisect.bisect_right(front.negative_costs, added_cost - best, position + 1, hi)
+        if following < hi:
+            entry = front.entries[following]
+            heapq.heappush(heap, (entry.held + added_held, entry.cost + added_cost, index, following))
+    return _Front(survivors)
+
+
+class _Search:
+    def __init__(
+        self,
+        problem: Problem,
+        max_states: int,
+        max_front: int | None = None,
+        max_region_nodes: int | None = None,
+        stride: int = 1,
+    ):
+        self.problem = problem
+        self.max_region_nodes = max_region_nodes
+        self.stride = stride
+        self.structure = structure = Structure.of(problem)
+        self.max_states = max_states
+        self.max_front = max_front
+        n = structure.n
+        self.frontier = [0] * (n + 1)  # bit j set: j < t and last_ref[j] >= t
+        mask = 0
+        for t in range(n + 1):
+            if t > 0:
+                mask |= 1 << (t - 1)
+                for j in structure.graduates[t - 1]:
+                    mask &= ~(1 << j)
+            self.frontier[t] = mask
+        self.cumulative_ms = [0.0, *accumulate(structure.compute_ms)]
+        floor = list(structure.gradient_recompute)
+        for b in range(n - 1, -1, -1):
+            floor[b] = min(floor[b], floor[b + 1])
+        self.min_recompute_gradients = floor
+        self._mask_bytes: dict[int, int] = {}
+
+    def mask_bytes(self, mask: int) -> int:
+        cached = self._mask_bytes.get(mask)
+        if cached is None:
+            out = self.structure.output_bytes
+            cached = 0
+            rest = mask
+            while rest:
+                low = rest & -rest
+                cached += out[low.bit_length() - 1]
+                rest ^= low
+            self._mask_bytes[mask] = cached
+        return cached
+
+    def _weaken(self, states: dict[int, list[_Stair]]) -> dict[int, list[_Stair]]:
+        """Keep the `max_states - 1` frontier sets with the cheapest entries; merge the others
+        into their common subset, counting the members they drop as kept bytes (an
+        over-estimate of memory, so merged plans still fit)."""
+
+        def rank(key: int) -> tuple[float, int, int]:
+            cheapest = min(front.entries[hi - 1].cost + cost for front, _, hi, _, cost, _ in states[key])
+            lightest = min(front.helds[lo] + held for front, lo, _, held, _, _ in states[key])
+            return cheapest, lightest, key
+
+        order = sorted(states, key=rank)
+        kept = {key: states[key] for key in order[: self.max_states - 1]}
+        rest = order[self.max_states - 1 :]
+        common = -1
+        for key in rest:
+            common &= key
+        merged = list(kept.get(common, []))
+        for key in rest:
+            extra = self.mask_bytes(key) - self.mask_bytes(common)
+            merged.extend((front, lo, hi, held + extra, cost, region) for front, lo, hi, held, cost, region in states[key])
+        kept[common] = merged
+        return kept
+
+    def run(
+        self, live_budget: int, cost_bound: float = float("inf"), feasibility_only: bool = False
+    ) -> tuple[_Entry | None, bool]:
+        """Cheapest plan whose live bytes (static excluded) stay <= live_budget; the flag says
+        whether the search was exact (no frontier sets merged)."""
+        structure = self.structure
+        n = structure.n
+        out = structure.output_bytes
+        saved = structure.saved_bytes
+        frontier = self.frontier
+        cumulative_ms = self.cumulative_ms
+        bisect_right = bisect.bisect_right
+        bisect_left = bisect.bisect_left
+        slack = 1e-9 * max(1.0, abs(cost_bound)) if cost_bound != float("inf") else 0.0
+        bound = cost_bound + slack
+        exact = True
+        bucket_bytes = 0 if self.max_front is None else max(1, live_budget // self.max_front)
+        pending: list[dict[int, list[_Stair]] | None] = [{} for _ in range(n + 1)]
+        pending[0][0] = [(_Front([_Entry(0, 0.0, None, None)]), 0, 1, 0, 0.0, None)]
+        for t in range(n):
+            states = pending[t]
+            pending[t] = None
+            if not states:
+                continue
+            if len(states) > self.max_states:
+                states = self._weaken(states)
+                exact = False
+            fronts = {}
+            for key in sorted(states):
+                front = _merge(states[key], bound, feasibility_only, bucket_bytes)
+                if front.entries:
+                    fronts[key] = front
+            next_states = pending[t + 1]
+            # Node t outside every region.
+            saves_mask = 0
+            for j in structure.saves_of[t]:
+                saves_mask |= 1 << j
+            forward_need = structure.forward_fixed[t]
+            backward_fixed = saved[t] + structure.gradient_backward[t]
+            for key, front in fronts.items():
+                kept = key | saves_mask
+                limit = live_budget - max(forward_need, self.mask_bytes(kept) + backward_fixed)
+                hi = bisect_right(front.helds, limit)
+                if hi == 0:
+                    continue
+                resolved = saved[t]
+                for g in structure.graduates[t]:
+                    if kept >> g & 1:
+                        resolved += out[g]
+                next_states.setdefault(kept & frontier[t + 1], []).append((front, 0, hi, resolved, 0.0, None))
+                if t + 1 == n and not feasibility_only:
+                    bound = min(bound, front.entries[hi - 1].cost + slack)
+            # A region [t, b).
+            if not structure.startable[t] or t % self.stride:
+                continue
+            scan = _Scan(structure, self.problem, t, self.min_recompute_gradients)
+            for key, front in fronts.items():
+                inputs = key
+                inputs_bytes = self.mask_bytes(key)
+                released = 0  # kept bytes of inputs whose last reference has passed
+                forward_max = 0
+                for k in range(t, n if self.max_region_nodes is None else min(n, t + self.max_region_nodes)):
+                    for j in structure.uses_before[k]:
+                        if j < t and not inputs >> j & 1:
+                            inputs |= 1 << j
+                            inputs_bytes += out[j]
+                    forward = structure.forward_fixed[k] + released
+                    if forward > forward_max:
+                        forward_max = forward
+                    for g in structure.graduates[k]:
+                        if g < t and inputs >> g & 1:
+                            released += out[g]
+                    b = k + 1
+                    scan.ensure(b)
+                    index = b - t - 1
+                    region_ms = cumulative_ms[b] - cumulative_ms[t]
+                    # Entries cheap enough for this region (and so for any longer one) ...
+                    lo = bisect_left(front.negative_costs, region_ms - bound)
+                    # ... and light enough for any region [t, b') with b' >= b.
+                    floor = max(forward_max, inputs_bytes + scan.lower[index])
+                    if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
+                        break
+                    if b % self.stride and b != n:
+                        continue
+                    limit = live_budget - max(forward_max, inputs_bytes + scan.peak[index])
+                    hi = bisect_right(front.helds, limit)
+                    if lo >= hi:
+                        continue
+                    pending[b].setdefault(inputs & frontier[b], []).append(
+                        (front, lo, hi, released, region_ms, (t, b))
+                    )
+                    if b == n and not feasibility_only:
+                        bound = min(bound, front.entries[hi - 1].cost + region_ms + slack)
+        best: _Entry | None = None
+        best_rank: tuple[float, int, int] | None = None
+        finals = pending[n] or {}
+        for key in sorted(finals):
+            for front, lo, hi, held, cost, region in finals[key]:
+                if lo >= hi:
+                    continue
+                entry = front.entries[hi - 1]
+                rank = (entry.cost + cost, entry.held + held, key)
+                if best_rank is None or rank < best_rank:
+                    best_rank = rank
+                    best = _Entry(entry.held + held, entry.cost + cost, entry, region)
+        return best, exact
+
+
+@dataclass(frozen=True)
+class DpSettings:
+    """How much of the search space dp keeps (see the module docstring).
+
+    Example:
+        >>> DpSettings.for_problem(problem)
+        DpSettings(max_states=64, max_front=None, stride=1)
+    """
+
+    max_states: int = 64  # frontier sets kept per boundary before merging the rest
+    max_front: int | None = None  # Pareto points kept per set (None: all of them)
+    stride: int = 1  # regions start and end only at multiples of this (and at n)
+
+    @staticmethod
+    def for_problem(problem: Problem) -> "DpSettings":
+        """Exact settings for narrow graphs (chains, CNNs, transformers: frontier <= 16
+        outputs); bounded ones for wide DAGs, so that dp stays a fast heuristic there."""
+        structure = Structure.of(problem)
+        if structure.frontier_width <= EXACT_FRONTIER_WIDTH:
+            return DpSettings()
+        if structure.n <= 300:
+            return DpSettings(max_states=8, max_front=32)
+        return DpSettings(max_states=2, max_front=16, stride=-(-structure.n // 250))
+
+    @property
+    def complete(self) -> bool:
+        """No Pareto point or boundary left out (frontier sets may still be merged)."""
+        return self.max_front is None and self.stride == 1
+
+
+EXACT_FRONTIER_WIDTH = 16
+
+
+def _settings(problem: Problem, options: dict[str, object]) -> DpSettings:
+    defaults = DpSettings.for_problem(problem)
+    unknown = set(options) - {"max_states", "max_front", "stride"}
+    if unknown:
+        raise TypeError(f"dp got unknown options {sorted(unknown)}")
+    return DpSettings(
+        max_states=int(options.get("max_states", defaults.max_states)),  # type: ignore[arg-type]
+        max_front=options.get("max_front", defaults.max_front),  # type: ignore[arg-type]
+        stride=int(options.get("stride", defaults.stride)),  # type: ignore[arg-type]
+    )
+
+
+def _search(problem: Problem, settings: DpSettings) -> _Search:
+    return _Search(problem, settings.max_states, settings.max_front, stride=settings.stride)
+
+
+def minimum_peak_dp(problem: Problem, above: int | None = None, **options: object) -> tuple[int, bool]:
+    """Smallest peak (static included) that dp can reach, and whether that is proven minimal.
+
+    A binary search on the budget with dp's feasibility check. When dp's search is exact (few
+    frontier sets, saves read by their savers) this is the true minimum over all plans;
+    otherwise it is the peak of a plan that exists (an upper bound), found to 0.1%.
+    `above` is a live budget (static excluded) already known not to fit; `options` as for
+    `solve_dp`.
+
+    Example:
+        >>> minimum_peak_dp(problem)[0] <= peak_bytes(problem)
+        True
+    """
+    settings = _settings(problem, options)
+    search = _search(problem, settings)
+    structure = search.structure
+    high = peak_bytes(problem) - problem.static_bytes  # the empty plan fits this
+    low = max([-1, *(value - 1 for value in structure.gradient_backward)])
+    if above is not None:
+        low = max(low, min(above, high - 1))
+    exact = settings.complete and structure.saves_only_what_it_reads
+    while high - low > 1:
+        if not exact and high - low <= high // 1000:
+            break
+        middle = (low + high) // 2
+        found, middle_exact = search.run(middle, feasibility_only=True)
+        exact = exact and middle_exact
+        if found is not None:
+            high = middle
+        else:
+            low = middle
+    return high + problem.static_bytes, exact
+
+
+def solve_dp(problem: Problem, budget_bytes: int, cost_bound_ms: float | None = None, **options: object) -> Solution:
+    """The cheapest plan under `budget_bytes` by dynamic programming over region boundaries.
+
+    Options (defaults from `DpSettings.for_problem`: exact on narrow graphs, bounded on wide):
+        max_states: frontier sets kept per boundary before merging the rest.
+        max_front: Pareto points kept per frontier set (None: all).
+        stride: regions start and end only at multiples of it.
+        cost_bound_ms: prune partial plans that cost more (e.g. a known plan's recompute ms).
+
+    Status OPTIMAL when nothing was left out or merged (always on chains, CNNs and
+    transformers), FEASIBLE otherwise. Raises InfeasibleBudget when nothing fits, with the
+    smallest peak dp can reach (`proven` says whether that is the true minimum).
+
+    Example:
+        >>> solution = solve_dp(problem, budget_bytes=int(0.6 * peak_bytes(problem)))
+        >>> solution.peak_bytes <= 0.6 * peak_bytes(problem), solution.status
+        (True, <Status.OPTIMAL: 'optimal'>)
+    """
+    settings = _settings(problem, options)
+    started = time.perf_counter()
+    if peak_bytes(problem) <= budget_bytes:  # nothing to recompute
+        return make_solution(problem, (), budget_bytes, Status.OPTIMAL, "dp", started)
+    live_budget = budget_bytes - problem.static_bytes
+    structure = Structure.of(problem)
+    search = _search(problem, settings)
+    found, exact = None, True
+    if live_budget >= 0:
+        found, exact = search.run(live_budget, float("inf") if cost_bound_ms is None else cost_bound_ms)
+        if found is None and cost_bound_ms is not None:  # the bound, not the budget, may be why
+            found, exact = search.run(live_budget)
+    if found is None:
+        minimum, proven = minimum_peak_dp(problem, above=max(live_budget, -1), **options)
+        raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "dp", proven=proven)
+    exact = exact and settings.complete and structure.saves_only_what_it_reads
+    status = Status.OPTIMAL if exact else Status.FEASIBLE
+    logger.debug("dp: %d regions, recompute %.6g ms, %s", len(found.regions()), found.cost, status.value)
+    return make_solution(problem, found.regions(), budget_bytes, status, "dp", started)

@@ -1,0 +1,381 @@
+"""An exact model of the simulator's peak for OR-Tools CP-SAT, with per-node decisions.
+
+Decision per node i: `start[i]`, the first node of the region that contains i, or n when i is
+in no region (its domain only holds startable nodes). From it: `in_region[i]`, `starts[i]`,
+`continues[i]` (in the same region as i - 1) and `ends[i]`.
+
+Keeping: `keeper[j]` is the smallest index that keeps output j alive into backward (see
+solvers/structure.py): a saver outside any region, or the start of a region that contains a
+consumer of j but not j itself. The model only bounds it from above (`keeper[j] <= k` for every
+active keeper); the solver gains nothing by lowering it, since memory only grows when it does.
+`alive[j][i]` (output j held at the backward of node i) is then forced to 1 whenever
+`keeper[j] <= i`, for i up to j's last possible keeper, and equals `kept[j]` after that.
+
+Memory: one linear constraint per forward step, per backward step and per region end:
+
+* forward t: outputs still read (constant) + kept outputs past their last forward use +
+  saved tensors of earlier nodes outside regions + node t's saved tensors and temporaries;
+* backward i: kept outputs with `keeper <= i` + saved tensors of nodes <= i outside regions +
+  gradients in flight + (if i is in a region starting at a) a table entry RL(a, i) picked by an
+  element constraint on `start[i]`;
+* region [a, e] ends at e: what the backward of e holds from earlier nodes + gradients in
+  flight during recomputation + a table entry W(a, e), the region's own recomputation peak.
+
+Tables come from `solvers.structure.scan_regions`. Byte sizes are divided by their gcd and
+compute times scaled to integers (a power of two, so multiples of 1/2^k ms stay exact).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from functools import reduce
+from typing import Any
+
+from solvers.problem import InfeasibleBudget, Problem, Solution, Status
+from solvers.simulate import make_solution, peak_bytes
+from solvers.structure import Structure, scan_regions
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIME_LIMIT_S = 60.0
+DEFAULT_WORKERS = 2
+
+
+def _cp_model() -> Any:
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as error:  # pragma: no cover - ortools is a dependency
+        raise ImportError(
+            "solver 'ilp' needs OR-Tools: pip install ortools (or use method='dp')"
+        ) from error
+    return cp_model
+
+
+@dataclasses.dataclass
+class _Model:
+    model: Any
+    member: list[dict[int, Any]]  # member[i][a]: node i is in the region that starts at a
+    in_region: list[Any]
+    alive: list[dict[int, Any]]  # alive[j][i]: output j held at the backward of i
+    kept: dict[int, Any]
+    prefix: dict[tuple[int, int], Any]  # (k, i): k's region starts at or before i
+    objective_scale: float
+    budget: Any  # scaled live bytes: an int, or the variable minimised in minimum-peak mode
+
+
+def _tables(
+    problem: Problem, structure: Structure, limit: int
+) -> tuple[list[dict[int, int]], list[dict[int, int]]]:
+    """RL(a, i) and W(a, e) (see the module docstring) for the regions that can be part of a
+    plan under `limit` live bytes. Node i can be in a region starting at a only if its backward
+    fits with just the region's inputs held (they are kept until the region's backward ends),
+    and then so can every node between a and i; W(a, e) is left out where the region [a, e]
+    cannot end at e for the same reason. Dropping these is exact and tightens the LP."""
+    n = structure.n
+    out = structure.output_bytes
+    backward: list[dict[int, int]] = [{} for _ in range(n)]
+    recompute: list[dict[int, int]] = [{} for _ in range(n)]
+    for a in range(n):
+        if not structure.startable[a]:
+            continue
+        inputs: set[int] = set()
+        inputs_bytes = 0
+        for e, region_backward, region_recompute in scan_regions(structure, problem, a):
+            for j in structure.uses_before[e]:
+                if j < a and j not in inputs:
+                    inputs.add(j)
+                    inputs_bytes += out[j]
+            if region_backward + structure.gradient_backward[e] + inputs_bytes > limit:
+                break
+            backward[e][a] = region_backward
+            if region_recompute + structure.gradient_recompute[e + 1] + inputs_bytes <= limit:
+                recompute[e][a] = region_recompute
+    return backward, recompute
+
+
+def _build(problem: Problem, live_budget: int | None, upper_live: int) -> _Model:
+    """The CP-SAT model; `live_budget` None means: minimise the peak instead of recompute."""
+    cp_model = _cp_model()
+    structure = Structure.of(problem)
+    n = structure.n
+    nodes = problem.nodes
+    model = cp_model.CpModel()
+
+    sizes = [v for node in nodes for v in (node.output_bytes, node.saved_bytes, node.transient_bytes)]
+    sizes += [*structure.gradient_backward, *structure.gradient_recompute, upper_live]
+    unit = reduce(math.gcd, [v for v in sizes if v], 0) or 1
+
+    def scaled(value: int) -> int:
+        return value // unit  # every memory term is a multiple of unit; budgets round down
+
+    limit = upper_live if live_budget is None else live_budget
+    backward_table, recompute_table = _tables(problem, structure, limit)
+    budget = model.new_int_var(0, scaled(upper_live), "peak") if live_budget is None else scaled(live_budget)
+
+    # Region structure: member[i][a] = 1 iff node i is in the region starting at a.
+    member: list[dict[int, Any]] = []
+    in_region: list[Any] = []
+    for i in range(n):
+        row = {a: model.new_bool_var(f"member_{i}_{a}") for a in sorted(backward_table[i])}
+        for a, var in row.items():
+            if a < i:
+                model.add_implication(var, member[i - 1][a])  # regions are contiguous
+        inside = model.new_bool_var(f"in_region_{i}")
+        model.add(inside == sum(row.values()))
+        member.append(row)
+        in_region.append(inside)
+
+    # prefix[k, i] = 1 iff node k's region starts at or before i (order encoding of the start).
+    prefix: dict[tuple[int, int], Any] = {}
+    for k in range(n):
+        if not structure.uses_before[k] or not member[k]:
+            continue
+        earliest = structure.uses_before[k][0]
+        running: Any = 0
+        for a in range(min(member[k]), k + 1):
+            if a in member[k]:
+                running = running + member[k][a]
+            if a >= earliest:
+                var = model.new_bool_var(f"prefix_{k}_{a}")
+                model.add(var == running)
+                prefix[k, a] = var
+
+    def starts_within(k: int, low: int, high: int) -> Any:
+        """1 iff node k's region starts in (low, high]."""
+        def upto(i: int) -> Any:
+            if i < min(member[k], default=k + 1):
+                return 0
+            return prefix.get((k, min(i, k)), 0)
+        return upto(high) - upto(low)
+
+    # Outputs held in backward: alive[j][i] for i from j to its last possible keeper, where it
+    # equals kept[j]. A saver k outside regions keeps j from the backward of k on; a region
+    # starting at a in (j, k] that contains a consumer k keeps it from the backward of a on.
+    alive: list[dict[int, Any]] = []
+    kept: dict[int, Any] = {}
+    for j in range(n):
+        last = structure.keep_until[j]
+        row = {}
+        if last >= 0:
+            for i in range(j, last + 1):
+                row[i] = model.new_bool_var(f"alive_{j}_{i}")
+                if i > j:
+                    model.add_implication(row[i - 1], row[i])
+            kept[j] = row[last]
+            for k in structure.savers[j]:
+                model.add(row[k] >= 1 - in_region[k])
+            for k in structure.consumers[j]:
+                if not member[k]:
+                    continue
+                for i in range(max(j + 1, min(member[k])), k + 1):
+                    model.add(row[i] >= starts_within(k, j, i))
+        alive.append(row)
+
+    def held_output(j: int, i: int) -> Any:
+        """Output j held at the backward of i (j <= i)."""
+        row = alive[j]
+        if not row:
+            return 0
+        return row[min(i, structure.keep_until[j])]
+
+    saved_outside = [0]
+    for t in range(n):
+        saved_outside.append(saved_outside[-1] + scaled(nodes[t].saved_bytes) * (1 - in_region[t]))
+
+    # Forward steps: outputs still read, kept outputs past their last read, saved tensors.
+    for t in range(n):
+        fixed = nodes[t].saved_bytes + nodes[t].transient_bytes
+        kept_terms = []
+        for j in range(t + 1):
+            if structure.forward_until[j] >= t:
+                fixed += nodes[j].output_bytes
+            elif j in kept and nodes[j].output_bytes:
+                kept_terms.append(scaled(nodes[j].output_bytes) * kept[j])
+        model.add(scaled(fixed) + sum(kept_terms) + saved_outside[t] <= budget)
+
+    # Backward steps and recomputation (the latter only bites where a region ends).
+    for i in range(n):
+        held = sum(
+            scaled(nodes[j].output_bytes) * held_output(j, i)
+            for j in range(i + 1)
+            if alive[j] and nodes[j].output_bytes
+        ) + saved_outside[i + 1]
+        own = sum(scaled(value) * member[i][a] for a, value in backward_table[i].items() if value)
+        model.add(held + scaled(structure.gradient_backward[i]) + own <= budget)
+        for a, var in member[i].items():
+            if a not in recompute_table[i]:  # the region [a, i] cannot end at i
+                model.add_implication(var, member[i + 1][a]) if i + 1 < n and a in member[i + 1] else model.add(var == 0)
+        ending = sum(
+            scaled(value) * (member[i][a] - (member[i + 1].get(a, 0) if i + 1 < n else 0))
+            for a, value in recompute_table[i].items()
+            if value
+        )
+        model.add(held + scaled(structure.gradient_recompute[i + 1]) + ending <= budget)
+
+    largest = max([node.compute_ms for node in nodes] + [1e-12])
+    objective_scale = 2.0 ** math.floor(math.log2((2**40 / max(1, n)) / largest))
+    if live_budget is None:
+        model.minimize(budget)
+    else:
+        model.minimize(sum(round(node.compute_ms * objective_scale) * in_region[i] for i, node in enumerate(nodes)))
+    return _Model(model, member, in_region, alive, kept, prefix, objective_scale, budget)
+
+
+def _hint(built: _Model, problem: Problem, regions: tuple[range, ...]) -> bool:
+    """Hint every variable with the values of a known plan; False if the plan is outside the
+    model (a region the budget pruning removed), in which case nothing is hinted."""
+    structure = Structure.of(problem)
+    n = structure.n
+    start_of = [n] * n
+    for region in regions:
+        for i in region:
+            start_of[i] = region.start
+    if any(start_of[i] < n and start_of[i] not in built.member[i] for i in range(n)):
+        return False
+    model = built.model
+    for i in range(n):
+        for a, var in built.member[i].items():
+            model.add_hint(var, start_of[i] == a)
+        model.add_hint(built.in_region[i], start_of[i] < n)
+    for (k, i), var in built.prefix.items():
+        model.add_hint(var, start_of[k] <= i)
+    for j, row in enumerate(built.alive):
+        if not row:
+            continue
+        candidates = [k for k in structure.savers[j] if start_of[k] == n]
+        candidates += [start_of[k] for k in structure.consumers[j] if j < start_of[k] < n]
+        keeper = min(candidates, default=n)
+        for i, var in row.items():
+            model.add_hint(var, keeper <= i)
+    return True
+
+
+def _regions(solver: Any, built: _Model, n: int) -> tuple[range, ...]:
+    start_of = [next((a for a, var in built.member[i].items() if solver.value(var)), None) for i in range(n)]
+    regions = []
+    i = 0
+    while i < n:
+        if start_of[i] == i:
+            stop = i + 1
+            while stop < n and start_of[stop] == i:
+                stop += 1
+            regions.append(range(i, stop))
+            i = stop
+        else:
+            i += 1
+    return tuple(regions)
+
+
+def _solver(time_limit_s: float, workers: int) -> Any:
+    cp_model = _cp_model()
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.num_workers = int(workers)
+    solver.parameters.interleave_search = True  # deterministic with several workers
+    solver.parameters.random_seed = 0
+    # Probing builds hundreds of thousands of binary clauses on these models and costs more
+    # than it saves (MobileNet: 14 s -> 0.7 s to optimality without it).
+    solver.parameters.cp_model_probing_level = 0
+    return solver
+
+
+def minimum_peak_ilp(
+    problem: Problem,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    workers: int = DEFAULT_WORKERS,
+    hint: tuple[range, ...] | None = None,
+) -> tuple[int, bool]:
+    """Smallest peak over all plans by CP-SAT, and whether it is proven (else the best found).
+
+    Example:
+        >>> minimum_peak_ilp(problem)[0] <= peak_bytes(problem)
+        (True)
+    """
+    cp_model = _cp_model()
+    unplanned = peak_bytes(problem)
+    live_upper = unplanned - problem.static_bytes
+    built = _build(problem, None, live_upper)
+    if hint is not None:
+        _hint(built, problem, hint)
+    solver = _solver(time_limit_s, workers)
+    status = solver.solve(built.model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return unplanned, False
+    regions = _regions(solver, built, len(problem))
+    return peak_bytes(problem, regions), status == cp_model.OPTIMAL
+
+
+def solve_ilp(
+    problem: Problem,
+    budget_bytes: int,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    workers: int = DEFAULT_WORKERS,
+    hint: bool | tuple[range, ...] = True,
+    **options: object,
+) -> Solution:
+    """The cheapest plan under `budget_bytes` from an exact CP-SAT model of the simulator.
+
+    Options:
+        time_limit_s: wall-clock limit (default 60 s); on reaching it the best plan found is
+            returned with status TIME_LIMIT and `gap` = (cost - proven bound) / cost.
+        workers: CP-SAT workers (default 2; interleaved search keeps results deterministic).
+        hint: True to warm-start from the dp solver's plan, a tuple of regions to use those,
+            or False for none.
+
+    Raises InfeasibleBudget with the proven minimum peak when no plan fits.
+
+    Example:
+        >>> solution = solve_ilp(problem, budget_bytes=int(0.6 * peak_bytes(problem)), time_limit_s=10)
+        >>> solution.status, solution.gap
+        (<Status.OPTIMAL: 'optimal'>, 0.0)
+    """
+    if options:
+        raise TypeError(f"ilp got unknown options {sorted(options)}")
+    cp_model = _cp_model()
+    started = time.perf_counter()
+    if peak_bytes(problem) <= budget_bytes:  # nothing to recompute
+        return dataclasses.replace(
+            make_solution(problem, (), budget_bytes, Status.OPTIMAL, "ilp", started), gap=0.0
+        )
+    live_budget = budget_bytes - problem.static_bytes
+    hint_regions: tuple[range, ...] | None = None
+    if hint is True:
+        from solvers.dp import solve_dp  # the warm start
+
+        try:
+            hint_regions = solve_dp(problem, budget_bytes).regions
+        except InfeasibleBudget:
+            hint_regions = None
+    elif hint:
+        hint_regions = tuple(hint)
+    if live_budget < 0:
+        built = None
+    else:
+        built = _build(problem, live_budget, live_budget)
+        if hint_regions is not None:
+            _hint(built, problem, hint_regions)
+        solver = _solver(max(0.0, time_limit_s - (time.perf_counter() - started)), workers)
+        status = solver.solve(built.model)
+        logger.debug("ilp: CP-SAT %s in %.2f s", solver.status_name(status), solver.wall_time)
+    if built is None or status == cp_model.INFEASIBLE:
+        minimum, proven = minimum_peak_ilp(problem, time_limit_s, workers)
+        if not proven:
+            logger.warning("ilp: minimum peak %d bytes is the best found, not proven", minimum)
+        raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "ilp")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if hint_regions is None:
+            raise TimeoutError(
+                f"ilp: no plan found within {time_limit_s} s and the dp warm start had none; "
+                "raise time_limit_s"
+            )
+        solution = make_solution(problem, hint_regions, budget_bytes, Status.TIME_LIMIT, "ilp", started)
+        return dataclasses.replace(solution, gap=None)
+    regions = _regions(solver, built, len(problem))
+    objective = solver.objective_value
+    bound = solver.best_objective_bound
+    gap = 0.0 if status == cp_model.OPTIMAL else (objective - bound) / objective if objective > 0 else 0.0
+    result = Status.OPTIMAL if status == cp_model.OPTIMAL else Status.TIME_LIMIT
+    solution = make_solution(problem, regions, budget_bytes, result, "ilp", started)
+    return dataclasses.replace(solution, gap=gap)

@@ -1,0 +1,252 @@
+"""Plan-independent quantities derived from a Problem, shared by the exact solvers.
+
+The simulator (solvers/simulate.py) walks a step timeline. For the exact solvers it helps to
+read that timeline by *position* instead. With a plan fixed, let `rho[j]` be the smallest index
+that keeps node j's first-pass output alive into backward: a saver of j that is not in a region,
+or the start of a region that is not j's own and contains a consumer of j. Then:
+
+* forward step t holds every output with `forward_until[j] >= t` (still read in forward, or
+  returned), every kept output (`rho[j]` exists), the saved tensors of the nodes before t that
+  are not in a region, and node t's own saved tensors and temporaries;
+* the backward of node i holds the outputs with `rho[j] <= i`, the saved tensors of the nodes
+  `<= i` outside regions, the gradients in flight (`j <= i <= last consumer of j`, independent
+  of the plan) and node i's parameter gradients; if i lies in a region [a, b) it also holds the
+  region's recomputed saved tensors of [a, i] and the recomputed outputs that a node in [j, i]
+  saves (`region_backward` below);
+* the recomputation of a region [a, b) runs between the backward of b and that of b - 1, so it
+  holds what the backward of b - 1 holds from earlier nodes, the gradients in flight there, and
+  the region's own recomputed tensors (`region_recompute` below).
+
+Example:
+    >>> structure = Structure.of(problem)
+    >>> structure.gradient_backward[0] >= 0
+    True
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from solvers.problem import Problem
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Per-node facts about a Problem that do not depend on the plan.
+
+    Attributes (all tuples indexed by node unless said otherwise):
+        consumers: later nodes that read j in forward.
+        savers: nodes (j itself included) that save j for their backward.
+        uses_before: distinct owners < k that node k reads (k's region inputs if k starts it).
+        saves_of: distinct owners that node k saves.
+        forward_until: last forward step at which j's output is alive whatever the plan.
+        keep_until: largest index of a node that could keep j alive into backward (-1: none).
+        last_ref: max(forward_until, keep_until).
+        gradient_backward: gradients in flight plus parameter gradients at the backward of i.
+        gradient_recompute: (length n + 1) gradients in flight while a region ending at b
+            (exclusive) recomputes, i.e. between the backward of b and that of b - 1.
+        forward_fixed: bytes at forward step t that are alive whatever the plan (outputs with
+            `last_ref >= t`, node t's saved tensors and temporaries).
+        graduates: nodes j with `last_ref[j] == t`, per t.
+    """
+
+    n: int
+    output_bytes: tuple[int, ...]
+    saved_bytes: tuple[int, ...]
+    compute_ms: tuple[float, ...]
+    consumers: tuple[tuple[int, ...], ...]
+    savers: tuple[tuple[int, ...], ...]
+    uses_before: tuple[tuple[int, ...], ...]
+    saves_of: tuple[tuple[int, ...], ...]
+    forward_until: tuple[int, ...]
+    keep_until: tuple[int, ...]
+    last_ref: tuple[int, ...]
+    gradient_backward: tuple[int, ...]
+    gradient_recompute: tuple[int, ...]
+    forward_fixed: tuple[int, ...]
+    graduates: tuple[tuple[int, ...], ...]
+    startable: tuple[bool, ...]
+
+    @staticmethod
+    def of(problem: Problem) -> "Structure":
+        """Derive (and cache on the problem) the plan-independent facts of `problem`.
+
+        Example:
+            >>> Structure.of(problem).n == len(problem)
+            True
+        """
+        cached = problem.__dict__.get("_structure")
+        if cached is None:
+            cached = _build(problem)
+            object.__setattr__(problem, "_structure", cached)
+        return cached
+
+    @property
+    def frontier_width(self) -> int:
+        """Most outputs that are still referenced across one boundary between nodes: the
+        number of bits in the dp solver's state (1 on chains, a few on transformers)."""
+        delta = [0] * (self.n + 2)
+        for j, last in enumerate(self.last_ref):
+            if last > j:
+                delta[j + 1] += 1
+                delta[last + 1] -= 1
+        width = running = 0
+        for t in range(self.n + 1):
+            running += delta[t]
+            width = max(width, running)
+        return width
+
+    @property
+    def saves_only_what_it_reads(self) -> bool:
+        """True when every saved owner is read by (or is) its saver, as in traced graphs.
+
+        Then a kept output is alive in forward until its last forward use anyway, and the dp
+        solver's forward check is exact."""
+        return all(k <= f for k, f in zip(self.keep_until, self.forward_until))
+
+
+def _build(problem: Problem) -> Structure:
+    nodes = problem.nodes
+    n = len(nodes)
+    consumers: list[list[int]] = [[] for _ in range(n)]
+    savers: list[list[int]] = [[] for _ in range(n)]
+    uses_before: list[tuple[int, ...]] = []
+    saves_of: list[tuple[int, ...]] = []
+    for k, node in enumerate(nodes):
+        inputs = tuple(sorted({owner for owner in node.uses if owner < k}))
+        uses_before.append(inputs)
+        for owner in inputs:
+            consumers[owner].append(k)
+        saved = tuple(sorted(set(node.saves)))
+        saves_of.append(saved)
+        for owner in saved:
+            savers[owner].append(k)
+
+    forward_until = []
+    keep_until = []
+    for j, node in enumerate(nodes):
+        last_use = max([j, *consumers[j]])
+        forward_until.append(n - 1 if node.is_output else last_use)
+        keep_until.append(max([-1, *consumers[j], *savers[j]]))
+    last_ref = [max(f, k) for f, k in zip(forward_until, keep_until)]
+
+    # Gradients: j's lives from the backward of its last consumer (n - 1 if none) to its own.
+    last_consumer = [consumers[j][-1] if consumers[j] else n - 1 for j in range(n)]
+    grad_delta = [0] * (n + 1)  # over backward positions i: alive for j <= i <= last_consumer
+    for j, node in enumerate(nodes):
+        grad_delta[j] += node.grad_bytes
+        grad_delta[last_consumer[j] + 1] -= node.grad_bytes
+    gradient_backward = []
+    running = 0
+    for i, node in enumerate(nodes):
+        running += grad_delta[i]
+        gradient_backward.append(running + node.param_grad_bytes)
+    # While a region ending at b recomputes: gradients with j <= b - 1 and last consumer >= b.
+    recompute_delta = [0] * (n + 2)
+    for j, node in enumerate(nodes):
+        if last_consumer[j] >= j + 1:
+            recompute_delta[j + 1] += node.grad_bytes
+            recompute_delta[last_consumer[j] + 1] -= node.grad_bytes
+    gradient_recompute = []
+    running = 0
+    for b in range(n + 1):
+        running += recompute_delta[b]
+        gradient_recompute.append(running)
+
+    alive_delta = [0] * (n + 1)
+    for j, node in enumerate(nodes):
+        alive_delta[j] += node.output_bytes
+        alive_delta[last_ref[j] + 1] -= node.output_bytes
+    forward_fixed = []
+    running = 0
+    for t, node in enumerate(nodes):
+        running += alive_delta[t]
+        forward_fixed.append(running + node.saved_bytes + node.transient_bytes)
+
+    graduates: list[list[int]] = [[] for _ in range(n)]
+    for j in range(n):
+        graduates[last_ref[j]].append(j)
+
+    return Structure(
+        n=n,
+        output_bytes=tuple(node.output_bytes for node in nodes),
+        saved_bytes=tuple(node.saved_bytes for node in nodes),
+        compute_ms=tuple(node.compute_ms for node in nodes),
+        consumers=tuple(map(tuple, consumers)),
+        savers=tuple(map(tuple, savers)),
+        uses_before=tuple(uses_before),
+        saves_of=tuple(saves_of),
+        forward_until=tuple(forward_until),
+        keep_until=tuple(keep_until),
+        last_ref=tuple(last_ref),
+        gradient_backward=tuple(gradient_backward),
+        gradient_recompute=tuple(gradient_recompute),
+        forward_fixed=tuple(forward_fixed),
+        graduates=tuple(map(tuple, graduates)),
+        startable=tuple(problem.can_start_region(i) for i in range(n)),
+    )
+
+
+def scan_regions(structure: Structure, problem: Problem, start: int) -> Iterator[tuple[int, int, int]]:
+    """For regions [start, e + 1), e = start, start + 1, ..., yield `(e, backward, recompute)`:
+
+    * `backward`: the region's own bytes at the backward of e (recomputed saved tensors of
+      [start, e] and the recomputed outputs that some node in [j, e] saves);
+    * `recompute`: the largest of the region's own bytes over its recomputation steps, for the
+      region that ends at e (each recomputed output lives from its recomputation to its last
+      consumer's recomputation in the region, or to its saver's backward; saved tensors and
+      temporaries as in the simulator).
+
+    Both exclude what earlier nodes hold and the gradients. Amortised cost per step: the node's
+    edges plus how far its inputs' lifetimes stretch.
+
+    Example:
+        >>> [e for e, _, _ in scan_regions(Structure.of(problem), problem, 2)][:2]
+        [2, 3]
+    """
+    out = structure.output_bytes
+    saved = structure.saved_bytes
+    transient = [node.transient_bytes for node in problem.nodes]
+    values: list[int] = []  # recompute-step bytes of node start + k, without later-added parts
+    covered_until: dict[int, int] = {}  # j -> last recompute step (node index) its copy covers
+    permanent: set[int] = set()  # saved inside the region: alive past every recompute step
+    permanent_bytes = 0
+    saved_running = 0
+    best = 0
+    for e in range(start, structure.n):
+        saved_running += saved[e]
+        step_bytes = saved_running + transient[e]
+        extra = 0
+        # Outputs read by e stay alive up to e's recomputation.
+        for j in structure.uses_before[e]:
+            if j < start or j in permanent:
+                continue
+            first = covered_until[j] + 1
+            for k in range(first, e):
+                values[k - start] += out[j]
+                if values[k - start] > best:
+                    best = values[k - start]
+            covered_until[j] = e
+            extra += out[j]
+        # Outputs saved by e stay alive until e's backward: past every later recompute step.
+        for j in structure.saves_of[e]:
+            if j < start or j in permanent:
+                continue
+            if j < e:
+                if covered_until[j] < e:  # not read by e: stretch it over the gap as well
+                    for k in range(covered_until[j] + 1, e):
+                        values[k - start] += out[j]
+                        if values[k - start] > best:
+                            best = values[k - start]
+                    covered_until[j] = e
+                    extra += out[j]
+                extra -= out[j]  # counted through permanent_bytes from now on
+            permanent.add(j)
+            permanent_bytes += out[j]
+        own = 0 if e in permanent else out[e]
+        covered_until[e] = e
+        value = step_bytes + permanent_bytes + own + extra
+        values.append(value)
+        if value > best:
+            best = value
+        yield e, saved_running + permanent_bytes, best

@@ -1,0 +1,199 @@
+"""Property tests: every exact solver against brute force on random small graphs.
+
+Graphs are random chains and DAGs of at most 9 nodes (at most 4 181 plans, so enumerating them
+stays fast) with random output, saved, temporary and gradient bytes, skip connections, several
+consumers per output, in-place writes, returned outputs and static memory. Compute times are
+multiples of 1/4 ms, so sums are exact and ties are real ties.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solvers import InfeasibleBudget, NodeCost, Problem, Status, minimum_peak_bytes, peak_bytes, solve
+from solvers.brute_force import all_plans
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+@st.composite
+def problems(draw: st.DrawFn, max_nodes: int = 8, unread_saves: bool = False) -> Problem:
+    """A random graph in topological order. Saves are owners a node reads or itself (as in
+    traced graphs), unless `unread_saves`, which also lets nodes save outputs they never read."""
+    n = draw(st.integers(1, max_nodes))
+    chain = draw(st.booleans())
+    sizes = st.sampled_from([0, 1, 2, 3, 8, 16])
+    nodes = []
+    for i in range(n):
+        if i == 0:
+            uses: tuple[int, ...] = ()
+        elif chain:
+            uses = (i - 1,)
+        else:
+            uses = tuple(sorted(draw(st.sets(st.integers(0, i - 1), min_size=1, max_size=min(3, i)))))
+        savable = sorted({*uses, i} | ({*range(i)} if unread_saves else set()))
+        saves = tuple(sorted(draw(st.sets(st.sampled_from(savable), max_size=3))))
+        mutates = (uses[-1],) if uses and draw(st.integers(0, 9)) == 0 else ()
+        nodes.append(
+            NodeCost(
+                f"n{i}",
+                compute_ms=draw(st.integers(0, 12)) / 4,
+                output_bytes=draw(sizes),
+                grad_bytes=draw(sizes),
+                saved_bytes=draw(st.sampled_from([0, 0, 2, 5])),
+                transient_bytes=draw(st.sampled_from([0, 0, 0, 7])),
+                param_grad_bytes=draw(st.sampled_from([0, 0, 3])),
+                uses=uses,
+                saves=saves,
+                mutates=mutates,
+                is_output=i == n - 1 or draw(st.integers(0, 9)) == 0,
+            )
+        )
+    return Problem(tuple(nodes), static_bytes=draw(st.sampled_from([0, 100])))
+
+
+@dataclass
+class Truth:
+    """Every plan's peak and cost, from the simulator."""
+
+    plans: list[tuple[tuple[range, ...], int, float]]
+
+    @staticmethod
+    def of(problem: Problem) -> "Truth":
+        return Truth([(plan, peak_bytes(problem, plan), problem.recompute_ms(plan)) for plan in all_plans(problem)])
+
+    @property
+    def minimum(self) -> int:
+        return min(peak for _, peak, _ in self.plans)
+
+    @property
+    def maximum(self) -> int:
+        return max(peak for _, peak, _ in self.plans)
+
+    def optimum(self, budget: int) -> float | None:
+        costs = [cost for _, peak, cost in self.plans if peak <= budget]
+        return min(costs) if costs else None
+
+
+def budgets(truth: Truth, data: st.DataObject) -> list[int]:
+    low, high = truth.minimum, truth.maximum
+    return sorted({low - 1, low, (low + high) // 2, high, data.draw(st.integers(low, high), label="budget")})
+
+
+def check_against_truth(problem: Problem, truth: Truth, budget: int, method: str, **options: object) -> None:
+    optimum = truth.optimum(budget)
+    if optimum is None:
+        with pytest.raises(InfeasibleBudget) as raised:
+            solve(problem, budget, method=method, **options)
+        assert raised.value.minimum_bytes == truth.minimum, (
+            f"{method}: minimum {raised.value.minimum_bytes} != true minimum {truth.minimum}"
+        )
+        return
+    solution = solve(problem, budget, method=method, **options)
+    assert solution.solver == method
+    assert solution.peak_bytes <= budget, f"{method}: peak {solution.peak_bytes} over budget {budget}"
+    assert solution.peak_bytes == peak_bytes(problem, solution.regions), f"{method}: peak not from the simulator"
+    assert math.isclose(solution.recompute_ms, optimum, abs_tol=1e-9), (
+        f"{method}: recompute {solution.recompute_ms} ms at budget {budget}, optimum {optimum} ms "
+        f"(plan {solution.regions})"
+    )
+    assert solution.status == Status.OPTIMAL, f"{method}: status {solution.status} on a small graph"
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(problem=problems(max_nodes=9), data=st.data())
+def test_dp_equals_brute_force(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(problem)
+    for budget in budgets(truth, data):
+        check_against_truth(problem, truth, budget, "dp")
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(problem=problems(max_nodes=8, unread_saves=True), data=st.data())
+def test_ilp_equals_brute_force(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(problem)
+    for budget in budgets(truth, data):
+        check_against_truth(problem, truth, budget, "ilp", hint=False)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(problem=problems(max_nodes=8, unread_saves=True), data=st.data())
+def test_dp_with_unread_saves_fits_and_never_beats_the_optimum(problem: Problem, data: st.DataObject) -> None:
+    # A saver that does not read what it saves makes dp's forward check conservative: its
+    # plans still fit and are reported FEASIBLE unless the graph has no such save.
+    truth = Truth.of(problem)
+    for budget in budgets(truth, data):
+        optimum = truth.optimum(budget)
+        try:
+            solution = solve(problem, budget, method="dp")
+        except InfeasibleBudget as error:
+            assert error.minimum_bytes >= truth.minimum, "dp: minimum below the true minimum"
+            continue
+        assert optimum is not None, "dp: found a plan where none fits"
+        assert solution.peak_bytes <= budget, "dp: plan over budget"
+        assert solution.recompute_ms >= optimum - 1e-9, "dp: cheaper than the optimum"
+        if solution.status == Status.OPTIMAL:
+            assert math.isclose(solution.recompute_ms, optimum, abs_tol=1e-9), "dp: OPTIMAL but not optimal"
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(problem=problems(max_nodes=9), data=st.data())
+def test_sqrt_and_auto_fit_and_sqrt_never_beats_the_optimum(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(problem)
+    for budget in budgets(truth, data):
+        optimum = truth.optimum(budget)
+        for method in ("sqrt", "auto"):
+            try:
+                solution = solve(problem, budget, method=method)
+            except InfeasibleBudget as error:
+                assert error.minimum_bytes >= truth.minimum, f"{method}: minimum below the true minimum"
+                assert method == "sqrt" or optimum is None, f"{method}: no plan, but one fits"
+                continue
+            assert optimum is not None, f"{method}: found a plan where none fits"
+            assert solution.peak_bytes <= budget, f"{method}: plan over budget"
+            assert solution.recompute_ms >= optimum - 1e-9, f"{method}: cheaper than the optimum"
+            if method == "auto":
+                assert math.isclose(solution.recompute_ms, optimum, abs_tol=1e-9), "auto: not optimal"
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(problem=problems(max_nodes=9))
+def test_more_budget_never_costs_more(problem: Problem) -> None:
+    truth = Truth.of(problem)
+    previous = math.inf
+    for budget in range(truth.minimum, truth.maximum + 1, max(1, (truth.maximum - truth.minimum) // 12)):
+        cost = solve(problem, budget, method="dp").recompute_ms
+        assert cost <= previous + 1e-9, f"dp: {cost} ms at budget {budget}, {previous} ms with less"
+        previous = cost
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(problem=problems(max_nodes=7))
+def test_infeasible_budget_raises_for_every_method(problem: Problem) -> None:
+    truth = Truth.of(problem)
+    for method in ("sqrt", "dp", "ilp", "brute_force", "auto"):
+        with pytest.raises(InfeasibleBudget) as raised:
+            solve(problem, truth.minimum - 1, method=method)
+        assert raised.value.budget_bytes == truth.minimum - 1
+        assert raised.value.static_bytes == problem.static_bytes
+        if method != "sqrt":
+            assert raised.value.minimum_bytes == truth.minimum, f"{method}: wrong minimum"
+    assert minimum_peak_bytes(problem) == truth.minimum
+
+
+@settings(max_examples=20, **SETTINGS)
+@given(problem=problems(max_nodes=9), data=st.data())
+def test_results_are_deterministic(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(problem)
+    budget = data.draw(st.integers(truth.minimum, truth.maximum), label="budget")
+    for method in ("dp", "ilp", "auto", "sqrt"):
+        try:
+            first = solve(problem, budget, method=method).regions
+        except InfeasibleBudget:
+            assert method == "sqrt", f"{method}: no plan, but one fits"
+            continue
+        assert solve(problem, budget, method=method).regions == first, f"{method}: not deterministic"

@@ -1,0 +1,215 @@
+"""Solver layer: hand-made cases, the public API, and the graph files of the literature."""
+from __future__ import annotations
+
+import ast
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import solvers
+from solvers import (
+    SOLVERS,
+    InfeasibleBudget,
+    NodeCost,
+    Problem,
+    Status,
+    load_graph,
+    minimum_peak_bytes,
+    peak_bytes,
+    solve,
+)
+from solvers.brute_force import solve_brute_force
+from solvers.structure import Structure
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAPHS = ROOT.parent / "shared" / "data" / "remat-graphs"
+EXACT = ("dp", "ilp", "brute_force")
+
+
+def node(name: str, size: int, ms: float = 1.0, uses=(), saves=(), **extra) -> NodeCost:
+    return NodeCost(name, compute_ms=ms, output_bytes=size, grad_bytes=size, uses=uses, saves=saves, **extra)
+
+
+def chain(sizes: list[int], costs: list[float]) -> Problem:
+    """Each node reads and saves its predecessor (like a stack of linear layers)."""
+    nodes = [node("n0", sizes[0], costs[0])]
+    for i in range(1, len(sizes)):
+        nodes.append(node(f"n{i}", sizes[i], costs[i], uses=(i - 1,), saves=(i - 1,)))
+    nodes[-1] = NodeCost(**{**nodes[-1].__dict__, "is_output": True})
+    return Problem(tuple(nodes))
+
+
+def test_chain_picks_the_cheap_region():
+    # Budget 40 (one below the unplanned peak 50, see tests/test_simulate.py): recompute some
+    # of a, b, c. a is expensive, so the optimum recomputes {b, c} (cost 2) and nothing else.
+    problem = chain([10, 10, 10, 10], [5.0, 1.0, 1.0, 1.0])
+    assert peak_bytes(problem) == 50
+    for method in EXACT:
+        solution = solve(problem, 40, method=method)
+        assert solution.regions == (range(1, 3),), method
+        assert solution.recompute_ms == 2.0 and solution.peak_bytes == 40 and solution.status == Status.OPTIMAL
+
+
+def test_budget_at_the_unplanned_peak_needs_no_regions():
+    problem = chain([10, 20, 30], [1.0, 1.0, 1.0])
+    for method in (*EXACT, "sqrt", "auto"):
+        solution = solve(problem, peak_bytes(problem), method=method)
+        assert solution.regions == () and solution.recompute_ms == 0.0, method
+
+
+def test_skip_connection_input_is_counted_once():
+    # a feeds b and d; b, c and d form a region that keeps a once, as its input.
+    problem = Problem((
+        node("a", 10),
+        node("b", 10, uses=(0,), saves=(0,)),
+        node("c", 10, uses=(1,), saves=(1,)),
+        node("d", 10, uses=(0, 2), saves=(0, 2), is_output=True),
+    ))
+    for budget in range(minimum_peak_bytes(problem), peak_bytes(problem) + 1):
+        truth = solve_brute_force(problem, budget)
+        for method in ("dp", "ilp"):
+            assert solve(problem, budget, method=method).recompute_ms == truth.recompute_ms, method
+
+
+def test_in_place_writes_forbid_region_starts():
+    # relu_ writes b in place, so no region may start at relu_ or c (they would recompute
+    # from the mutated b).
+    problem = Problem((
+        node("a", 10),
+        node("b", 10, uses=(0,), saves=(0,)),
+        NodeCost("relu_", 0.1, uses=(1,), mutates=(1,)),
+        node("c", 10, uses=(1,), saves=(1,), is_output=True),
+    ))
+    minimum = minimum_peak_bytes(problem)
+    for method in EXACT:
+        solution = solve(problem, minimum, method=method)
+        assert all(problem.can_start_region(region.start) for region in solution.regions), method
+
+
+def test_infeasible_budget_carries_the_minimum():
+    problem = chain([10, 10, 10, 10], [1.0, 1.0, 1.0, 1.0])
+    minimum = minimum_peak_bytes(problem)
+    assert minimum == min(peak_bytes(problem, plan) for plan in solvers.brute_force.all_plans(problem))
+    for method in (*EXACT, "auto"):
+        with pytest.raises(InfeasibleBudget) as raised:
+            solve(problem, minimum - 1, method=method)
+        assert raised.value.minimum_bytes == minimum and raised.value.proven, method
+        assert method.replace("auto", "dp") in str(raised.value)
+
+
+def test_budget_below_static_memory():
+    problem = Problem((node("a", 10, saves=(0,), is_output=True),), static_bytes=1000)
+    for method in (*EXACT, "sqrt"):
+        with pytest.raises(InfeasibleBudget, match="static memory dominates"):
+            solve(problem, 500, method=method)
+
+
+def test_empty_graph():
+    problem = Problem((), static_bytes=7)
+    for method in EXACT:
+        assert solve(problem, 7, method=method).regions == ()
+        with pytest.raises(InfeasibleBudget):
+            solve(problem, 6, method=method)
+
+
+def test_api_errors():
+    problem = chain([1] * 13, [1.0] * 13)
+    with pytest.raises(ValueError, match="refuses graphs over 12 nodes"):
+        solve(problem, 100, method="brute_force")
+    with pytest.raises(ValueError, match="unknown solver"):
+        solve(problem, 100, method="greedy")
+    with pytest.raises(TypeError, match="dp got unknown options"):
+        solve(problem, 100, method="dp", time_limit_s=3)
+    with pytest.raises(TypeError, match="ilp got unknown options"):
+        solve(problem, 100, method="ilp", max_states=3)
+    assert set(SOLVERS) == {"sqrt", "dp", "ilp", "brute_force"}
+
+
+def test_ilp_reports_gap_and_time_limit():
+    problem = chain([4, 9, 3, 8, 7, 2, 9, 5], [1.0, 2.0, 0.5, 3.0, 1.0, 1.5, 2.0, 1.0])
+    budget = (minimum_peak_bytes(problem) + peak_bytes(problem)) // 2
+    solution = solve(problem, budget, method="ilp")
+    assert solution.status == Status.OPTIMAL and solution.gap == 0.0
+    assert solution.recompute_ms == solve(problem, budget, method="dp").recompute_ms
+
+
+def test_ilp_without_ortools_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
+    monkeypatch.setitem(sys.modules, "ortools.sat.python.cp_model", None)
+    problem = chain([10, 10, 10], [1.0, 1.0, 1.0])
+    with pytest.raises(ImportError, match="OR-Tools"):
+        solve(problem, peak_bytes(problem) - 1, method="ilp")
+
+
+def test_dp_status_on_a_wide_graph_is_honest():
+    # 14 independent branches joined at the end: more frontier sets than dp keeps when capped.
+    branches = [node(f"b{i}", 10 + i, ms=1.0 + i / 8, saves=(i,)) for i in range(14)]
+    problem = Problem((*branches, node("join", 1, uses=tuple(range(14)), saves=tuple(range(14)), is_output=True)))
+    budget = (minimum_peak_bytes(problem) + peak_bytes(problem)) // 2
+    capped = solve(problem, budget, method="dp", max_states=2)
+    exact = solve(problem, budget, method="dp")
+    assert exact.status == Status.OPTIMAL
+    assert capped.recompute_ms >= exact.recompute_ms
+    assert capped.status == Status.OPTIMAL or capped.status == Status.FEASIBLE
+
+
+def test_solvers_never_import_torch_and_never_print():
+    code = "import sys, solvers; assert 'torch' not in sys.modules and 'ortools' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    for path in (ROOT / "solvers").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "print"]
+        assert not calls, f"{path.name} prints"
+
+
+# The graph files of the rematerialization literature (../shared/data/remat-graphs).
+needs_graphs = pytest.mark.skipif(not GRAPHS.is_dir(), reason=f"{GRAPHS} is not there")
+EXPECTED_NODES = {
+    "VGG16_256_224_224_3_train.json": 22,
+    "MobileNet_512_224_224_3_train.json": 92,
+    "ResNet50_256_224_224_3_train.json": 176,
+    "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json": 100,
+    "random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json": 250,
+    "random_layered_n500_w0.36_nlv0.75_ed0.2_scd0.14.json": 500,
+    "random_layered_n1000_w0.31_nlv0.75_ed0.2_scd0.14.json": 1000,
+}
+
+
+@needs_graphs
+@pytest.mark.parametrize("name", sorted(EXPECTED_NODES))
+def test_load_graph(name: str):
+    problem = load_graph(GRAPHS / name)
+    assert len(problem) == EXPECTED_NODES[name]
+    assert all(owner < i for i, n in enumerate(problem.nodes) for owner in n.uses)  # topological
+    assert all(n.saves in ((), (i,)) for i, n in enumerate(problem.nodes))
+    assert problem.nodes[-1].is_output and sum(n.saves == (i,) for i, n in enumerate(problem.nodes)) > len(problem) // 2
+    assert all(n.grad_bytes == n.output_bytes >= 0 and n.compute_ms >= 0 for n in problem.nodes)
+    assert Structure.of(problem).saves_only_what_it_reads
+
+
+@needs_graphs
+def test_checkmate_graph_fields():
+    problem = load_graph(GRAPHS / "VGG16_256_224_224_3_train.json")
+    first = problem.nodes[0]
+    assert (first.name, first.compute_ms, first.output_bytes) == ("block1_conv1", 385.0, 3288334336)
+    assert problem.nodes[1].uses == (0,)
+    # Narrow graph: dp is exact and agrees with ilp.
+    budget = int(0.7 * peak_bytes(problem))
+    dp = solve(problem, budget, method="dp")
+    ilp = solve(problem, budget, method="ilp", time_limit_s=30)
+    assert dp.status == ilp.status == Status.OPTIMAL
+    assert math.isclose(dp.recompute_ms, ilp.recompute_ms)
+    assert dp.recompute_ms <= solve(problem, int(0.9 * peak_bytes(problem)), method="sqrt").recompute_ms
+
+
+def test_load_graph_rejects_other_json(tmp_path):
+    path = tmp_path / "graph.json"
+    path.write_text('{"nodes": [{"id": 0, "weight": 3}], "links": []}')
+    with pytest.raises(ValueError, match="unknown node fields"):
+        load_graph(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="node-link"):
+        load_graph(path)
