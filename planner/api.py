@@ -16,7 +16,7 @@ from torch import nn
 from planner.graph import build_problem, compute_nodes, module_path
 from planner.memory import preserved_state
 from planner.profile import GraphProfile, profile
-from planner.report import format_report
+from planner.report import PlanFigures, format_report
 from planner.rewrite import CheckpointedModule, build_module
 from planner.trace import Traced, split_sample, trace
 from planner.verify import Verification, verify_modules
@@ -53,7 +53,7 @@ def check_gb(name: str, value: Any, allow_zero: bool = False) -> float:
     return value
 
 
-class Plan:
+class Plan(PlanFigures):
     """A checkpointing plan for one model and input shape.
 
     Example:
@@ -89,27 +89,9 @@ class Plan:
         )
 
     @property
-    def predicted_peak_bytes(self) -> int:
-        """Simulated peak of one forward+backward with the plan (static memory included)."""
-        return self.solution.peak_bytes
-
-    @property
     def baseline_peak_bytes(self) -> int:
         """Simulated peak of one forward+backward without any checkpointing."""
         return peak_bytes(self.problem)
-
-    @property
-    def recompute_ms(self) -> float:
-        """Forward time added to every training step by recomputation."""
-        return self.solution.recompute_ms
-
-    @property
-    def forward_ms(self) -> float:
-        return sum(node.compute_ms for node in self.problem.nodes)
-
-    @property
-    def solver(self) -> str:
-        return self.solution.solver
 
     @property
     def model(self) -> nn.Module:

@@ -31,7 +31,7 @@ from torch import nn
 
 from planner.graph import compute_nodes, module_path
 from planner.profile import META_KEY, NodeProfile
-from planner.report import format_report
+from planner.report import PlanFigures, format_report
 from planner.rewrite import CheckpointedModule, build_module
 from planner.trace import bind_arguments, split_sample, trace
 from planner.verify import Verification
@@ -250,7 +250,7 @@ def _profile_record(record: dict[str, Any]) -> NodeProfile:
 
 
 @dataclass(frozen=True)
-class SavedPlan:
+class SavedPlan(PlanFigures):
     """A plan read from JSON: its report, its figures, and `apply(model)`.
 
     Example:
@@ -279,23 +279,6 @@ class SavedPlan:
     source: str | None = None  # the file it was read from
 
     # -- figures, as on Plan ------------------------------------------------------------------
-
-    @property
-    def predicted_peak_bytes(self) -> int:
-        """Simulated peak of one forward+backward with the plan, as predicted when it was made."""
-        return self.solution.peak_bytes
-
-    @property
-    def recompute_ms(self) -> float:
-        return self.solution.recompute_ms
-
-    @property
-    def forward_ms(self) -> float:
-        return sum(node.compute_ms for node in self.problem.nodes)
-
-    @property
-    def solver(self) -> str:
-        return self.solution.solver
 
     @property
     def regions(self) -> list[list[str]]:

@@ -6,6 +6,33 @@ from typing import Any, Sequence
 from solvers import Problem, Solution, format_bytes
 
 
+class PlanFigures:
+    """The figures every plan derives from its problem and solution (`Plan`, `SavedPlan`)."""
+
+    problem: Problem
+    solution: Solution
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """Simulated peak of one forward+backward with the plan (static memory included)."""
+        return self.solution.peak_bytes
+
+    @property
+    def recompute_ms(self) -> float:
+        """Forward time added to every training step by recomputation."""
+        return self.solution.recompute_ms
+
+    @property
+    def forward_ms(self) -> float:
+        """Measured forward time of the whole graph."""
+        return sum(node.compute_ms for node in self.problem.nodes)
+
+    @property
+    def solver(self) -> str:
+        """The solver that produced the plan."""
+        return self.solution.solver
+
+
 def span(modules: Sequence[str]) -> str:
     """The first and last of the model submodules a region touches, for one report column.
 

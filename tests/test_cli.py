@@ -68,7 +68,7 @@ def tight_budget_gb() -> str:
 def test_plan_prints_the_report_and_progress(capsys):
     code, out, err = run(capsys, "plan", "mlp", "--budget-gb", "1", "--sample", "32x256", *FAST)
     assert code == 0
-    assert out.startswith("Checkpoint plan for Sequential (solver sqrt")
+    assert out.startswith("Checkpoint plan for Sequential (solver ")  # whichever "auto" picks
     assert "budget            1.00 GiB" in out and "regions           0" in out
     for step in ("model mlp: Sequential", "sample 32x256 float32", "tracing", "timing forward pass 1/2", "solving"):
         assert step in err
