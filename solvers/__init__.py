@@ -109,7 +109,7 @@ def minimum_peak_bytes(problem: Problem) -> int:
 
     Exact on graphs where dp's search is (chains, CNNs, transformers; see `solve`) and on
     graphs of at most 12 nodes (enumerated). On wide DAGs it is the smallest peak dp's bounded
-    search reaches, within 0.1%: a budget some plan does fit, not proven minimal.
+    search reaches (to within 2%): a budget some plan does fit, not proven minimal.
 
     Example:
         >>> minimum_peak_bytes(problem) <= peak_bytes(problem)

@@ -219,6 +219,7 @@ class _Search:
         bucket_bytes = 0 if self.max_front is None else max(1, live_budget // self.max_front)
         pending: list[dict[int, list[_Stair]] | None] = [{} for _ in range(n + 1)]
         pending[0][0] = [(_Front([_Entry(0, 0.0, None, None)]), 0, 1, 0, 0.0, None)]
+        self._mask_bytes[0] = 0
         for t in range(n):
             states = pending[t]
             pending[t] = None
@@ -234,22 +235,27 @@ class _Search:
                     fronts[key] = front
             next_states = pending[t + 1]
             # Node t outside every region.
-            saves_mask = 0
-            for j in structure.saves_of[t]:
-                saves_mask |= 1 << j
             forward_need = structure.forward_fixed[t]
             backward_fixed = saved[t] + structure.gradient_backward[t]
+            mask_bytes = self._mask_bytes
             for key, front in fronts.items():
-                kept = key | saves_mask
-                limit = live_budget - max(forward_need, self.mask_bytes(kept) + backward_fixed)
+                kept = key
+                kept_bytes = mask_bytes[key]
+                for j in structure.saves_of[t]:
+                    if not kept >> j & 1:
+                        kept |= 1 << j
+                        kept_bytes += out[j]
+                limit = live_budget - max(forward_need, kept_bytes + backward_fixed)
                 hi = bisect_right(front.helds, limit)
                 if hi == 0:
                     continue
-                resolved = saved[t]
+                resolved = 0
                 for g in structure.graduates[t]:
                     if kept >> g & 1:
                         resolved += out[g]
-                next_states.setdefault(kept & frontier[t + 1], []).append((front, 0, hi, resolved, 0.0, None))
+                new_key = kept & frontier[t + 1]
+                mask_bytes[new_key] = kept_bytes - resolved
+                next_states.setdefault(new_key, []).append((front, 0, hi, resolved + saved[t], 0.0, None))
                 if t + 1 == n and not feasibility_only:
                     bound = min(bound, front.entries[hi - 1].cost + slack)
             # A region [t, b).
@@ -258,7 +264,7 @@ class _Search:
             scan = _Scan(structure, self.problem, t, self.min_recompute_gradients)
             for key, front in fronts.items():
                 inputs = key
-                inputs_bytes = self.mask_bytes(key)
+                inputs_bytes = mask_bytes[key]
                 released = 0  # kept bytes of inputs whose last reference has passed
                 forward_max = 0
                 for k in range(t, n if self.max_region_nodes is None else min(n, t + self.max_region_nodes)):
@@ -288,9 +294,9 @@ class _Search:
                     hi = bisect_right(front.helds, limit)
                     if lo >= hi:
                         continue
-                    pending[b].setdefault(inputs & frontier[b], []).append(
-                        (front, lo, hi, released, region_ms, (t, b))
-                    )
+                    new_key = inputs & frontier[b]
+                    mask_bytes[new_key] = inputs_bytes - released
+                    pending[b].setdefault(new_key, []).append((front, lo, hi, released, region_ms, (t, b)))
                     if b == n and not feasibility_only:
                         bound = min(bound, front.entries[hi - 1].cost + region_ms + slack)
         best: _Entry | None = None
@@ -328,8 +334,10 @@ class DpSettings:
         structure = Structure.of(problem)
         if structure.frontier_width <= EXACT_FRONTIER_WIDTH:
             return DpSettings()
+        if structure.n <= 150:
+            return DpSettings(max_states=32)
         if structure.n <= 300:
-            return DpSettings(max_states=8, max_front=32)
+            return DpSettings(max_states=16, max_front=64)
         return DpSettings(max_states=2, max_front=16, stride=-(-structure.n // 250))
 
     @property
@@ -362,7 +370,7 @@ def minimum_peak_dp(problem: Problem, above: int | None = None, **options: objec
 
     A binary search on the budget with dp's feasibility check. When dp's search is exact (few
     frontier sets, saves read by their savers) this is the true minimum over all plans;
-    otherwise it is the peak of a plan that exists (an upper bound), found to 0.1%.
+    otherwise it is the peak of a plan that exists (an upper bound), found to within 2%.
     `above` is a live budget (static excluded) already known not to fit; `options` as for
     `solve_dp`.
 
@@ -370,25 +378,45 @@ def minimum_peak_dp(problem: Problem, above: int | None = None, **options: objec
         >>> minimum_peak_dp(problem)[0] <= peak_bytes(problem)
         True
     """
+    peak, exact, _ = minimum_peak_plan_dp(problem, above, **options)
+    return peak, exact
+
+
+def minimum_peak_plan_dp(
+    problem: Problem, above: int | None = None, **options: object
+) -> tuple[int, bool, tuple[range, ...]]:
+    """`minimum_peak_dp` plus a plan that reaches that peak.
+
+    Example:
+        >>> peak, exact, regions = minimum_peak_plan_dp(problem)
+        >>> peak_bytes(problem, regions) == peak
+        True
+    """
     settings = _settings(problem, options)
     search = _search(problem, settings)
     structure = search.structure
     high = peak_bytes(problem) - problem.static_bytes  # the empty plan fits this
+    best: tuple[range, ...] = ()
     low = max([-1, *(value - 1 for value in structure.gradient_backward)])
     if above is not None:
         low = max(low, min(above, high - 1))
     exact = settings.complete and structure.saves_only_what_it_reads
+    step = max(1, high // 50)
+    galloping = True  # probe just above `low` first: feasibility checks at small budgets are cheap
     while high - low > 1:
-        if not exact and high - low <= high // 1000:
+        if not exact and high - low <= high // 50:
             break
-        middle = (low + high) // 2
+        middle = min(low + step, high - 1) if galloping else (low + high) // 2
+        step *= 2
         found, middle_exact = search.run(middle, feasibility_only=True)
         exact = exact and middle_exact
         if found is not None:
-            high = middle
+            best = found.regions()
+            high = peak_bytes(problem, best) - problem.static_bytes  # may land below middle
+            galloping = False
         else:
             low = middle
-    return high + problem.static_bytes, exact
+    return high + problem.static_bytes, exact, best
 
 
 def solve_dp(problem: Problem, budget_bytes: int, cost_bound_ms: float | None = None, **options: object) -> Solution:

@@ -360,10 +360,14 @@ def solve_ilp(
         status = solver.solve(built.model)
         logger.debug("ilp: CP-SAT %s in %.2f s", solver.status_name(status), solver.wall_time)
     if built is None or status == cp_model.INFEASIBLE:
-        minimum, proven = minimum_peak_ilp(problem, time_limit_s, workers)
+        from solvers.dp import minimum_peak_plan_dp  # the warm start
+
+        dp_minimum, _, dp_plan = minimum_peak_plan_dp(problem)
+        minimum, proven = minimum_peak_ilp(problem, time_limit_s, workers, hint=dp_plan)
         if not proven:
+            minimum = min(minimum, dp_minimum)
             logger.warning("ilp: minimum peak %d bytes is the best found, not proven", minimum)
-        raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "ilp")
+        raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "ilp", proven=proven)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if hint_regions is None:
             raise TimeoutError(
