@@ -259,7 +259,7 @@ class _Search:
                 if t + 1 == n and not feasibility_only:
                     bound = min(bound, front.entries[hi - 1].cost + slack)
             # A region [t, b).
-            if not structure.startable[t] or t % self.stride:
+            if not structure.useful_start[t] or t % self.stride:
                 continue
             scan = _Scan(structure, self.problem, t, self.min_recompute_gradients)
             for key, front in fronts.items():

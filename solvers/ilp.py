@@ -1,28 +1,34 @@
 """An exact model of the simulator's peak for OR-Tools CP-SAT, with per-node decisions.
 
-Decision per node i: `start[i]`, the first node of the region that contains i, or n when i is
-in no region (its domain only holds startable nodes). From it: `in_region[i]`, `starts[i]`,
-`continues[i]` (in the same region as i - 1) and `ends[i]`.
+Decisions, per node i: `member[i][a]` = 1 iff node i is in the region that starts at node a
+(for the starts a <= i that could hold i under the budget; at most one is 1, `in_region[i]` is
+their sum, and `member[i][a] <= member[i - 1][a]` keeps regions contiguous). `prefix[k, i]`
+(k's region starts at or before i) is the running sum of member[k][.]: an order encoding that
+makes "k's region starts after j" a linear expression.
 
-Keeping: `keeper[j]` is the smallest index that keeps output j alive into backward (see
-solvers/structure.py): a saver outside any region, or the start of a region that contains a
-consumer of j but not j itself. The model only bounds it from above (`keeper[j] <= k` for every
-active keeper); the solver gains nothing by lowering it, since memory only grows when it does.
-`alive[j][i]` (output j held at the backward of node i) is then forced to 1 whenever
-`keeper[j] <= i`, for i up to j's last possible keeper, and equals `kept[j]` after that.
+Outputs held into backward (see solvers/structure.py): `alive[j][i]` = output j is held at the
+backward of node i, for i from j to j's last possible keeper (from there on it is `kept[j]`).
+It is monotone in i and bounded below by every keeper: `alive[j][k] >= 1 - in_region[k]` for
+a saver k, and `alive[j][i] >= prefix[k, i] - prefix[k, j]` for a consumer k and i in (j, k]
+(k's region starts in (j, i], so j is that region's input, held from its start's backward on).
+Memory only grows with `alive`, so lower bounds are all the model needs.
 
-Memory: one linear constraint per forward step, per backward step and per region end:
+Memory: linear constraints, no big-M:
 
-* forward t: outputs still read (constant) + kept outputs past their last forward use +
-  saved tensors of earlier nodes outside regions + node t's saved tensors and temporaries;
-* backward i: kept outputs with `keeper <= i` + saved tensors of nodes <= i outside regions +
-  gradients in flight + (if i is in a region starting at a) a table entry RL(a, i) picked by an
-  element constraint on `start[i]`;
-* region [a, e] ends at e: what the backward of e holds from earlier nodes + gradients in
-  flight during recomputation + a table entry W(a, e), the region's own recomputation peak.
+* forward step t: outputs still read (a constant) + kept outputs past their last read + saved
+  tensors of earlier nodes outside regions + node t's saved tensors and temporaries;
+* backward of i: held outputs + saved tensors of nodes <= i outside regions + gradients in
+  flight + sum over a of member[i][a] * RL(a, i), the region's own recomputed tensors;
+* recomputation of a region ending at i: what the backward of i holds from earlier nodes +
+  gradients in flight then + sum over a of (member[i][a] - member[i + 1][a]) * W(a, i), the
+  region's own recomputation peak (zero where i does not end a region, and then implied by
+  the backward constraint).
 
-Tables come from `solvers.structure.scan_regions`. Byte sizes are divided by their gcd and
-compute times scaled to integers (a power of two, so multiples of 1/2^k ms stay exact).
+RL and W come from `solvers.structure.scan_regions`. Starts that cannot hold node i (its
+backward would not fit with only the region's inputs held), regions that cannot end at i for
+the same reason, and starts at memoryless nodes (`Structure.useful_start`) are left out. Byte
+sizes are divided by their gcd, compute times scaled by a power of two to integers (so
+multiples of 1/2^k ms stay exact).
 """
 from __future__ import annotations
 
@@ -78,7 +84,7 @@ def _tables(
     backward: list[dict[int, int]] = [{} for _ in range(n)]
     recompute: list[dict[int, int]] = [{} for _ in range(n)]
     for a in range(n):
-        if not structure.startable[a]:
+        if not structure.useful_start[a]:
             continue
         inputs: set[int] = set()
         inputs_bytes = 0
@@ -205,8 +211,12 @@ def _build(problem: Problem, live_budget: int | None, upper_live: int) -> _Model
         own = sum(scaled(value) * member[i][a] for a, value in backward_table[i].items() if value)
         model.add(held + scaled(structure.gradient_backward[i]) + own <= budget)
         for a, var in member[i].items():
-            if a not in recompute_table[i]:  # the region [a, i] cannot end at i
-                model.add_implication(var, member[i + 1][a]) if i + 1 < n and a in member[i + 1] else model.add(var == 0)
+            if a in recompute_table[i]:
+                continue
+            if i + 1 < n and a in member[i + 1]:  # the region [a, i] cannot end at i
+                model.add_implication(var, member[i + 1][a])
+            else:
+                model.add(var == 0)
         ending = sum(
             scaled(value) * (member[i][a] - (member[i + 1].get(a, 0) if i + 1 < n else 0))
             for a, value in recompute_table[i].items()

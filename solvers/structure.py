@@ -48,6 +48,8 @@ class Structure:
         forward_fixed: bytes at forward step t that are alive whatever the plan (outputs with
             `last_ref >= t`, node t's saved tensors and temporaries).
         graduates: nodes j with `last_ref[j] == t`, per t.
+        startable: `Problem.can_start_region`, per node.
+        useful_start: startable, and not a start that another plan beats for sure (see _build).
     """
 
     n: int
@@ -66,6 +68,7 @@ class Structure:
     forward_fixed: tuple[int, ...]
     graduates: tuple[tuple[int, ...], ...]
     startable: tuple[bool, ...]
+    useful_start: tuple[bool, ...]
 
     @staticmethod
     def of(problem: Problem) -> "Structure":
@@ -167,6 +170,19 @@ def _build(problem: Problem) -> Structure:
     for j in range(n):
         graduates[last_ref[j]].append(j)
 
+    # A region never needs to start at a node that holds no memory and saves nothing (a view,
+    # a shape query): starting one node later, or dropping a one-node region, recomputes less
+    # and keeps less (its inputs are no longer region inputs), at the same recomputation time.
+    startable = [problem.can_start_region(i) for i in range(n)]
+    useful_start = []
+    for i, node in enumerate(nodes):
+        memoryless = not (
+            node.output_bytes or node.grad_bytes or node.saved_bytes or node.transient_bytes
+            or node.param_grad_bytes or node.saves
+        )
+        later = i == n - 1 or startable[i + 1]
+        useful_start.append(startable[i] and not (memoryless and later))
+
     return Structure(
         n=n,
         output_bytes=tuple(node.output_bytes for node in nodes),
@@ -183,7 +199,8 @@ def _build(problem: Problem) -> Structure:
         gradient_recompute=tuple(gradient_recompute),
         forward_fixed=tuple(forward_fixed),
         graduates=tuple(map(tuple, graduates)),
-        startable=tuple(problem.can_start_region(i) for i in range(n)),
+        startable=tuple(startable),
+        useful_start=tuple(useful_start),
     )
 
 

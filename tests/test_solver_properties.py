@@ -1,8 +1,8 @@
 """Property tests: every exact solver against brute force on random small graphs.
 
 Graphs are random chains and DAGs of at most 9 nodes (at most 4 181 plans, so enumerating them
-stays fast) with random output, saved, temporary and gradient bytes, skip connections, several
-consumers per output, in-place writes, returned outputs and static memory. Compute times are
+stays fast) with random output, saved, temporary and gradient bytes, memoryless views, skip
+connections, several consumers per output, in-place writes, returned outputs and static memory. Compute times are
 multiples of 1/4 ms, so sums are exact and ties are real ties.
 """
 from __future__ import annotations
@@ -38,6 +38,9 @@ def problems(draw: st.DrawFn, max_nodes: int = 8, unread_saves: bool = False) ->
         savable = sorted({*uses, i} | ({*range(i)} if unread_saves else set()))
         saves = tuple(sorted(draw(st.sets(st.sampled_from(savable), max_size=3))))
         mutates = (uses[-1],) if uses and draw(st.integers(0, 9)) == 0 else ()
+        if draw(st.integers(0, 4)) == 0:  # a view or shape query: no memory of its own
+            nodes.append(NodeCost(f"view{i}", compute_ms=draw(st.integers(0, 2)) / 4, uses=uses, mutates=mutates))
+            continue
         nodes.append(
             NodeCost(
                 f"n{i}",
