@@ -20,7 +20,12 @@ outputs and the DP is exact and fast. On wide DAGs the number of frontier sets c
 past `max_states` sets at a boundary, the DP keeps the cheapest ones and merges the rest into
 their common subset, counting the dropped members as always kept. That over-estimates memory
 (plans stay within budget, and the simulator re-checks them) and the result is reported as
-FEASIBLE instead of OPTIMAL.
+FEASIBLE instead of OPTIMAL. `DpSettings.for_problem` picks exact settings for narrow graphs
+and bounded ones (fewer sets, thinned Pareto fronts, region boundaries on a grid) for wide
+DAGs, where dp is a fast heuristic and `ilp` is the exact solver.
+
+Regions never start at memoryless nodes (views, shape queries) when the next node could start
+them instead: that plan recomputes less and keeps less, so no optimum is lost.
 """
 from __future__ import annotations
 
@@ -134,16 +139,10 @@ def _merge(stairs: list[_Stair], cost_limit: float, feasibility_only: bool, buck
 
 
 class _Search:
-    def __init__(
-        self,
-        problem: Problem,
-        max_states: int,
-        max_front: int | None = None,
-        max_region_nodes: int | None = None,
-        stride: int = 1,
-    ):
+    """The DP over boundaries for one problem; `run` solves it for one budget."""
+
+    def __init__(self, problem: Problem, max_states: int, max_front: int | None = None, stride: int = 1):
         self.problem = problem
-        self.max_region_nodes = max_region_nodes
         self.stride = stride
         self.structure = structure = Structure.of(problem)
         self.max_states = max_states
@@ -267,7 +266,7 @@ class _Search:
                 inputs_bytes = mask_bytes[key]
                 released = 0  # kept bytes of inputs whose last reference has passed
                 forward_max = 0
-                for k in range(t, n if self.max_region_nodes is None else min(n, t + self.max_region_nodes)):
+                for k in range(t, n):
                     for j in structure.uses_before[k]:
                         if j < t and not inputs >> j & 1:
                             inputs |= 1 << j
@@ -393,6 +392,11 @@ def minimum_peak_plan_dp(
         True
     """
     settings = _settings(problem, options)
+    if settings.stride > 1:  # big graphs: probe on a coarser grid, it only needs to be quick
+        settings = DpSettings(settings.max_states, settings.max_front, 2 * settings.stride)
+    cache = problem.__dict__.setdefault("_minimum_peak_dp", {})
+    if settings in cache:
+        return cache[settings]
     search = _search(problem, settings)
     structure = search.structure
     high = peak_bytes(problem) - problem.static_bytes  # the empty plan fits this
@@ -416,7 +420,8 @@ def minimum_peak_plan_dp(
             galloping = False
         else:
             low = middle
-    return high + problem.static_bytes, exact, best
+    cache[settings] = result = (high + problem.static_bytes, exact, best)
+    return result
 
 
 def solve_dp(problem: Problem, budget_bytes: int, cost_bound_ms: float | None = None, **options: object) -> Solution:
@@ -450,7 +455,9 @@ def solve_dp(problem: Problem, budget_bytes: int, cost_bound_ms: float | None = 
         if found is None and cost_bound_ms is not None:  # the bound, not the budget, may be why
             found, exact = search.run(live_budget)
     if found is None:
-        minimum, proven = minimum_peak_dp(problem, above=max(live_budget, -1), **options)
+        minimum, proven, plan = minimum_peak_plan_dp(problem, above=max(live_budget, -1), **options)
+        if minimum <= budget_bytes:  # the bounded search for the minimum found what the other missed
+            return make_solution(problem, plan, budget_bytes, Status.FEASIBLE, "dp", started)
         raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "dp", proven=proven)
     exact = exact and settings.complete and structure.saves_only_what_it_reads
     status = Status.OPTIMAL if exact else Status.FEASIBLE

@@ -300,8 +300,9 @@ def minimum_peak_ilp(
     """Smallest peak over all plans by CP-SAT, and whether it is proven (else the best found).
 
     Example:
-        >>> minimum_peak_ilp(problem)[0] <= peak_bytes(problem)
-        (True)
+        >>> peak, proven = minimum_peak_ilp(problem, time_limit_s=10)
+        >>> peak <= peak_bytes(problem)
+        True
     """
     cp_model = _cp_model()
     unplanned = peak_bytes(problem)
