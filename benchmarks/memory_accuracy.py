@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+# This folder holds solvers.py (the solver benchmark): put the project first so that
+# `import solvers` finds the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
@@ -18,8 +23,7 @@ from planner.api import GIB
 from planner.examples import cnn, gpt, mlp, skip_transformer
 from solvers import format_bytes
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-from results import append_results  # noqa: E402
+from benchmarks.results import append_results  # noqa: E402
 
 MODELS = {
     "transformer (built-in GPT, 8 blocks)": lambda: gpt(batch=8, length=128),
