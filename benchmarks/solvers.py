@@ -108,7 +108,7 @@ def main() -> int:
 
     header = "| graph | nodes | budget | sqrt | dp | ilp | dp/sqrt | ilp/sqrt |"
     lines = [header, "|---|---|---|---|---|---|---|---|"]
-    print(header, flush=True)
+    print("\n".join(lines), flush=True)
     misses: list[str] = []
     dp_cpu_1000: list[float] = []
     for name, problem in graphs:

@@ -329,9 +329,13 @@ class DpSettings:
     @staticmethod
     def for_problem(problem: Problem) -> "DpSettings":
         """Exact settings for narrow graphs (chains, CNNs, transformers: frontier <= 16
-        outputs); bounded ones for wide DAGs, so that dp stays a fast heuristic there."""
+        outputs, and always room for every set when it is <= 12); bounded ones for wide DAGs,
+        so that dp stays a fast heuristic there."""
         structure = Structure.of(problem)
-        if structure.frontier_width <= EXACT_FRONTIER_WIDTH:
+        width = structure.frontier_width
+        if width <= 12:  # room for every frontier set there can be: exact for sure
+            return DpSettings(max_states=max(64, 2**width))
+        if width <= EXACT_FRONTIER_WIDTH:
             return DpSettings()
         if structure.n <= 150:
             return DpSettings(max_states=32)

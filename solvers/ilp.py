@@ -331,7 +331,9 @@ def solve_ilp(
     Options:
         time_limit_s: wall-clock limit (default 60 s); on reaching it the best plan found is
             returned with status TIME_LIMIT and `gap` = (cost - proven bound) / cost.
-        workers: CP-SAT workers (default 2; interleaved search keeps results deterministic).
+        workers: CP-SAT workers (default 2). The search is interleaved, so results are
+            deterministic whenever CP-SAT finishes; when the time limit stops it, the plan
+            returned can depend on how fast the machine was.
         hint: True to warm-start from the dp solver's plan, a tuple of regions to use those,
             or False for none.
 
