@@ -19,7 +19,7 @@ from planner.profile import GraphProfile, profile
 from planner.report import PlanFigures, format_report
 from planner.rewrite import CheckpointedModule, build_module
 from planner.trace import Traced, split_sample, trace
-from planner.verify import Verification, verify_modules
+from planner.verify import Verification, training_loss, verify_modules
 from solvers import Problem, Solution, held_after_forward, peak_bytes, solve
 
 logger = logging.getLogger(__name__)
@@ -256,7 +256,8 @@ def plan(
     args, kwargs = split_sample(sample)
     inputs = traced.graph_inputs(args, kwargs)
     with preserved_state(model, [device]):
-        summary = profile(traced.gm, inputs, repeats=repeats, progress=say)
+        summary = profile(traced.gm, inputs, repeats=repeats, progress=say,
+                          loss=lambda flat: training_loss(traced.structure_output(flat)))
     problem = build_problem(traced.gm, summary, reserved_bytes)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()

@@ -55,6 +55,7 @@ def build_problem(gm: fx.GraphModule, summary: GraphProfile, reserved_bytes: int
                 saved_bytes=record.saved_bytes,
                 transient_bytes=record.transient_bytes,
                 param_grad_bytes=record.param_grad_bytes,
+                backward_transient_bytes=record.backward_transient_bytes,
                 uses=tuple(index[name] for name in record.uses),
                 saves=tuple(index[name] for name in record.saves),
                 mutates=tuple(index[name] for name in record.mutates),

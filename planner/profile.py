@@ -18,6 +18,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
 from planner.memory import LiveBytesTracker, storage_bytes
+from planner.verify import training_loss
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class NodeProfile:
     saves: tuple[str, ...] = ()
     mutates: tuple[str, ...] = ()
     mutated_buffers: tuple[str, ...] = ()  # qualified names of buffers written (BatchNorm statistics)
+    backward_transient_bytes: int = 0  # temporaries of this node's backward (freed when it ends)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class ProfileInterpreter(fx.Interpreter):
         self.owner: dict[int, str] = {}  # storage address -> name of the node that created it
         self.tracker = LiveBytesTracker()
         self.buffer_names = {id(buffer): name for name, buffer in gm.named_buffers()}
+        self.grad_fn_owner: dict[Any, str] = {}  # autograd node -> fx node that created it
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op not in COMPUTE_OPS:
@@ -129,7 +132,53 @@ class ProfileInterpreter(fx.Interpreter):
         record.param_grad_bytes = self._parameter_grad_bytes(n)
         logger.debug("profiled %s: %s (live %+d bytes)", n.name, record, live_after - live_before)
         n.meta[META_KEY] = record
+        self._claim_grad_fns(_tensors(result), n.name)
         return result
+
+    def _claim_grad_fns(self, outputs: list[torch.Tensor], name: str) -> None:
+        """Attribute to node `name` the autograd nodes its forward created (all those reachable
+        from its outputs that no earlier node created)."""
+        stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+        while stack:
+            grad_fn = stack.pop()
+            if grad_fn is None or grad_fn in self.grad_fn_owner or not hasattr(grad_fn, "next_functions"):
+                continue
+            if type(grad_fn).__name__ == "AccumulateGrad":  # a parameter's, not a node's
+                continue
+            self.grad_fn_owner[grad_fn] = name
+            stack.extend(next_fn for next_fn, _ in grad_fn.next_functions)
+
+    def measure_backward(self, loss: torch.Tensor) -> dict[str, int]:
+        """Run backward from `loss` and return, per node, the bytes its backward allocates and
+        frees again before it ends (workspace, upcasts, gradients passed between the autograd
+        nodes of one fx node). A node's window opens when its first autograd node starts and
+        closes when another fx node's starts."""
+        transient: dict[str, int] = {}
+        window: dict[str, Any] = {"node": None, "live": 0, "mark": 0}
+
+        def close() -> None:
+            if window["node"] is not None:
+                extra = (self.tracker.peak_bytes - window["live"]
+                         - self.tracker.allocated_since(window["mark"]))
+                transient[window["node"]] = max(transient.get(window["node"], 0), extra)
+
+        def opener(owner: str) -> Callable[..., None]:
+            def hook(*_: Any) -> None:
+                if window["node"] != owner:
+                    close()
+                    self.tracker.reset_peak()
+                    window.update(node=owner, live=self.tracker.live_bytes, mark=self.tracker.mark())
+            return hook
+
+        handles = [grad_fn.register_prehook(opener(owner)) for grad_fn, owner in self.grad_fn_owner.items()]
+        try:
+            with self.tracker:
+                loss.backward()
+                close()
+        finally:
+            for handle in handles:
+                handle.remove()
+        return transient
 
     def _buffers_read(self, n: fx.Node, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Buffers a node can write: those passed to it and those of the module it calls."""
@@ -195,10 +244,13 @@ def profile(
     repeats: int = 5,
     warmup: int = 1,
     progress: Callable[[str], None] | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> GraphProfile:
     """Profile `gm` on `inputs` (a forward with autograd on) and annotate its nodes.
 
-    Times are the median of `repeats` runs after `warmup` runs. The caller is responsible for
+    Times are the median of `repeats` runs after `warmup` runs. One backward pass, from
+    `loss(graph output)` (default: `planner.verify.training_loss`), measures each node's backward
+    temporaries; it leaves parameter gradients behind. The caller is responsible for
     restoring state that forward changes (BatchNorm statistics, RNG): see
     `planner.memory.preserved_state`.
 
@@ -215,7 +267,14 @@ def profile(
     with torch.enable_grad():
         if progress:
             progress("measuring sizes and saved tensors")
-        ProfileInterpreter(gm, static_keys).run(*inputs)
+        interpreter = ProfileInterpreter(gm, static_keys)
+        output = interpreter.run(*inputs)
+        if progress:
+            progress("measuring backward temporaries")
+        records = {node.name: node.meta[META_KEY] for node in gm.graph.nodes if META_KEY in node.meta}
+        for name, extra in interpreter.measure_backward((loss or training_loss)(output)).items():
+            records[name].backward_transient_bytes = max(0, extra)
+        del interpreter, output
         times: dict[str, list[float]] = {}
         for run in range(warmup + repeats):
             if progress:

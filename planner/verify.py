@@ -1,6 +1,7 @@
 """Run real training steps of the original and the planned module and compare them."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -80,10 +81,21 @@ def training_loss(output: Any) -> torch.Tensor:
     loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor):
         return loss
-    tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    tensors = [t for t in _leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
     if not tensors:
         raise ValueError("the model's output holds no tensor that requires grad: nothing to train")
     return sum(t.sum() for t in tensors)  # type: ignore[return-value]
+
+
+def _leaves(output: Any) -> list[Any]:
+    """Pytree leaves, looking inside dataclass records too (pytree treats them as leaves)."""
+    found = []
+    for leaf in tree_flatten(output)[0]:
+        if dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            found += _leaves([getattr(leaf, f.name) for f in dataclasses.fields(leaf)])
+        else:
+            found.append(leaf)
+    return found
 
 
 def _call(module: nn.Module, sample: Any) -> Any:
@@ -101,7 +113,7 @@ def _outputs_and_grads(module: nn.Module, sample: Any, seed: int) -> tuple[list[
     torch.manual_seed(seed)
     output = _call(module, sample)
     training_loss(output).backward()
-    outputs = [t.detach() for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+    outputs = [t.detach() for t in _leaves(output) if isinstance(t, torch.Tensor)]
     grads = [None if p.grad is None else p.grad.clone() for p in module.parameters()]
     return outputs, grads
 

@@ -25,6 +25,7 @@ class NodeCost:
     saved_bytes: int = 0  # storages saved for backward that the node creates and does not return
     transient_bytes: int = 0  # temporaries alive only while the node's forward runs
     param_grad_bytes: int = 0  # parameter gradients produced by this node's backward
+    backward_transient_bytes: int = 0  # temporaries alive only while the node's backward runs
     uses: tuple[int, ...] = ()  # owners of the storages this node reads in forward
     saves: tuple[int, ...] = ()  # owners of the outputs autograd saves for this node's backward
     mutates: tuple[int, ...] = ()  # owners of the storages this node writes in place

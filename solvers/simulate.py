@@ -133,7 +133,7 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
     for j, node in enumerate(nodes):
         consumer = last_consumer[j] if last_consumer[j] >= 0 else n - 1
         hold(node.grad_bytes, backward_step[consumer], backward_step[j])
-        transient[backward_step[j]] += node.param_grad_bytes
+        transient[backward_step[j]] += node.param_grad_bytes + node.backward_transient_bytes
 
     live: list[int] = []
     running = 0

@@ -143,7 +143,7 @@ def _build(problem: Problem) -> Structure:
     running = 0
     for i, node in enumerate(nodes):
         running += grad_delta[i]
-        gradient_backward.append(running + node.param_grad_bytes)
+        gradient_backward.append(running + node.param_grad_bytes + node.backward_transient_bytes)
     # While a region ending at b recomputes: gradients with j <= b - 1 and last consumer >= b.
     recompute_delta = [0] * (n + 2)
     for j, node in enumerate(nodes):
@@ -178,7 +178,7 @@ def _build(problem: Problem) -> Structure:
     for i, node in enumerate(nodes):
         memoryless = not (
             node.output_bytes or node.grad_bytes or node.saved_bytes or node.transient_bytes
-            or node.param_grad_bytes or node.saves
+            or node.param_grad_bytes or node.backward_transient_bytes or node.saves
         )
         later = i == n - 1 or startable[i + 1]
         useful_start.append(startable[i] and not (memoryless and later))
