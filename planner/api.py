@@ -257,7 +257,7 @@ def plan(
     inputs = traced.graph_inputs(args, kwargs)
     with preserved_state(model, [device]):
         summary = profile(traced.gm, inputs, repeats=repeats, progress=say,
-                          loss=lambda flat: training_loss(traced.structure_output(flat)))
+                          loss=lambda result: training_loss(traced.model_output(result)))
     problem = build_problem(traced.gm, summary, reserved_bytes)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()

@@ -42,8 +42,15 @@ class Traced:
     signature: inspect.Signature | None = None  # of the model's forward, to bind later calls
 
     def structure_output(self, flat: Any) -> Any:
-        """The graph's return value in the model's own output structure."""
+        """A flat graph return value (the planned graph's) in the model's output structure."""
         return flat if self.output_spec is None else tree_unflatten(list(flat), self.output_spec)
+
+    def model_output(self, result: Any) -> Any:
+        """What `gm` itself returned, in the model's output structure: fx graphs traced with
+        fixed arguments rebuild it themselves (pytree codegen), export graphs return it flat."""
+        if isinstance(self.gm.graph._codegen, _PyTreeCodeGen):
+            return result
+        return self.structure_output(result)
 
     def graph_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """Bind a call's arguments to the model's forward and return the graph's inputs."""
