@@ -585,10 +585,16 @@ def noise(result: ModelResult) -> tuple[float, str]:
 
 
 def _place_labels(figure, axes, labels) -> None:
-    """Annotate each point, trying offsets until the label overlaps no label placed before."""
+    """Annotate each point, trying offsets until the label overlaps no marker and no label
+    placed before."""
+    from matplotlib.transforms import Bbox
+
     figure.canvas.draw()
     renderer = figure.canvas.get_renderer()
     placed = []
+    for x, y, _, _ in labels:
+        px, py = axes.transData.transform((x, y))
+        placed.append(Bbox.from_extents(px - 4, py - 4, px + 4, py + 4))
     offsets = [(4, 3), (4, -9), (4, 10), (-4, 3), (-4, -9), (4, -16), (4, 17), (-4, 10), (-4, -16), (4, 24)]
     for x, y, text, color in labels:
         for dx, dy in offsets:
@@ -630,20 +636,22 @@ def plot(result: ModelResult, path: Path) -> None:
     budgets = sorted({c.budget_bytes for c in result.configs if c.budget_bytes is not None})
     for budget in budgets:
         axes.axhline(budget / 2**20, color="#dddddd", linewidth=0.8, zorder=0)
-    _place_labels(figure, axes, labels)
     handles = [plt.Line2D([], [], color="#444444", marker="s", linestyle="", label="baselines")]
     if any(c.kind == "compile" for _, _, c in points):
-        handles.append(plt.Line2D([], [], color="#1f77b4", marker="^", linestyle="", label="torch.compile (budget b)"))
+        handles.append(plt.Line2D([], [], color="#1f77b4", marker="^", linestyle="", label="torch.compile,\nbudget b"))
     handles += [plt.Line2D([], [], color=solver_colors[i % len(solver_colors)], marker="o", linestyle="",
-                           label=f"planner, {name} (budget % of unplanned)") for i, name in enumerate(solvers)]
+                           label=f"planner {name},\n% of unplanned peak") for i, name in enumerate(solvers)]
     handles.append(plt.Line2D([], [], color="#999999", linestyle="--", label="Pareto front"))
-    axes.legend(handles=handles, fontsize=7, loc="best")
-    axes.set_xlabel("median step time, forward+backward (ms)")
-    axes.set_ylabel("measured peak (MiB)")
-    axes.set_title(f"{result.spec.title}: peak vs step time (grey lines: planner budgets)", fontsize=9)
+    handles.append(plt.Line2D([], [], color="#dddddd", label="planner budgets"))
+    axes.margins(x=0.12, y=0.08)
+    axes.set_xlabel("median step time, forward+backward (ms)", fontsize=9)
+    axes.set_ylabel("measured peak (MiB)", fontsize=9)
+    axes.set_title(f"{result.spec.title}: peak vs step time", fontsize=9)
     axes.tick_params(labelsize=8)
     axes.grid(alpha=0.3)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 0.77, 1))
+    _place_labels(figure, axes, labels)  # after the layout: placement works in display coordinates
+    figure.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(0.77, 0.95), frameon=False)
     figure.savefig(path, dpi=90)
     plt.close(figure)
 
