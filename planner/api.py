@@ -8,7 +8,7 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -35,6 +35,25 @@ class Checkpoint:
     recompute_ms: float
     freed_bytes: int  # activation bytes no longer held at the end of forward
     modules: tuple[str, ...] = ()  # the model's submodules the nodes belong to, in order
+
+
+def describe_checkpoints(problem: Problem, regions: tuple[range, ...], modules: Sequence[str]) -> tuple[Checkpoint, ...]:
+    """The report's view of each region: its nodes, the submodules they belong to (`modules`
+    holds one path per node), its recompute time and what it frees at the end of forward.
+
+    Example:
+        >>> describe_checkpoints(p.problem, p.solution.regions, [""] * len(p.problem))[0].nodes
+    """
+    unplanned = held_after_forward(problem)
+    return tuple(
+        Checkpoint(
+            nodes=tuple(problem.nodes[i].name for i in region),
+            modules=tuple(dict.fromkeys(modules[i] for i in region)),
+            recompute_ms=problem.recompute_ms((region,)),
+            freed_bytes=unplanned - held_after_forward(problem, (region,)),
+        )
+        for region in regions
+    )
 
 
 def check_gb(name: str, value: Any, allow_zero: bool = False) -> float:
@@ -76,17 +95,9 @@ class Plan(PlanFigures):
         self.budget_bytes = budget_bytes
         self.reserved_bytes = reserved_bytes
         self.solution = solution
-        names = [node.name for node in problem.nodes]
         fx_nodes = {node.name: node for node in traced.gm.graph.nodes}
-        self.checkpoints = tuple(
-            Checkpoint(
-                nodes=tuple(names[i] for i in region),
-                modules=tuple(dict.fromkeys(module_path(fx_nodes[names[i]]) for i in region)),
-                recompute_ms=problem.recompute_ms((region,)),
-                freed_bytes=held_after_forward(problem) - held_after_forward(problem, (region,)),
-            )
-            for region in solution.regions
-        )
+        modules = [module_path(fx_nodes[node.name]) for node in problem.nodes]
+        self.checkpoints = describe_checkpoints(problem, solution.regions, modules)
 
     @property
     def baseline_peak_bytes(self) -> int:

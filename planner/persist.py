@@ -35,7 +35,7 @@ from planner.report import PlanFigures, format_report
 from planner.rewrite import CheckpointedModule, build_module
 from planner.trace import bind_arguments, split_sample, trace
 from planner.verify import Verification
-from solvers import NodeCost, Problem, Solution, Status, held_after_forward
+from solvers import NodeCost, Problem, Solution, Status
 
 if TYPE_CHECKING:
     from planner.api import Checkpoint, Plan
@@ -288,19 +288,10 @@ class SavedPlan(PlanFigures):
 
     @property
     def checkpoints(self) -> tuple["Checkpoint", ...]:
-        from planner.api import Checkpoint
+        from planner.api import describe_checkpoints
 
-        problem = self.problem
         modules = [node.get("module", "") for node in self.graph]
-        return tuple(
-            Checkpoint(
-                nodes=tuple(names),
-                modules=tuple(dict.fromkeys(modules[i] for i in region)),
-                recompute_ms=problem.recompute_ms((region,)),
-                freed_bytes=held_after_forward(problem) - held_after_forward(problem, (region,)),
-            )
-            for names, region in zip(self.regions, self.solution.regions)
-        )
+        return describe_checkpoints(self.problem, self.solution.regions, modules)
 
     # -- JSON -------------------------------------------------------------------------------
 
