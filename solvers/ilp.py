@@ -4,7 +4,8 @@ Decisions, per node i: `member[i][a]` = 1 iff node i is in the region that start
 (for the starts a <= i that could hold i under the budget; at most one is 1, `in_region[i]` is
 their sum, and `member[i][a] <= member[i - 1][a]` keeps regions contiguous). `prefix[k, i]`
 (k's region starts at or before i) is the running sum of member[k][.]: an order encoding that
-makes "k's region starts after j" a linear expression.
+makes "k's region starts after j" a linear expression; each prefix is defined from the
+previous one (a chain of three-term equalities, not one long sum each, with the same LP).
 
 Outputs held into backward (see solvers/structure.py): `alive[j][i]` = output j is held at the
 backward of node i, for i from j to j's last possible keeper (from there on it is `kept[j]`).
@@ -29,6 +30,15 @@ backward would not fit with only the region's inputs held), regions that cannot 
 the same reason, and starts at memoryless nodes (`Structure.useful_start`) are left out. Byte
 sizes are divided by their gcd, compute times scaled by a power of two to integers (so
 multiples of 1/2^k ms stay exact).
+
+Bound from dp: when the warm start is dp's plan and dp proved it OPTIMAL (its search was exact:
+no frontier sets merged, every boundary and Pareto point kept, saves read by their savers), its
+cost is the minimum over the same decision space (contiguous regions in the fixed order whose
+starts pass `Problem.can_start_region`, judged by the same simulator), so `objective >= that
+cost` (less a rounding slack of about one scaled unit per node) is a valid bound, and CP-SAT
+stops once it has a plan within the slack. Status OPTIMAL then means optimal up to the rounding
+of times to the integer scale (relative error below 1e-9). Without it (wide DAGs where dp is
+only FEASIBLE) the bound is CP-SAT's own.
 """
 from __future__ import annotations
 
@@ -69,6 +79,8 @@ class _Model:
     prefix: dict[tuple[int, int], Any]  # (k, i): k's region starts at or before i
     objective_scale: float
     budget: Any  # scaled live bytes: an int, or the variable minimised in minimum-peak mode
+    costs: list[int]  # scaled compute time per node: the objective is their sum over in_region
+    objective: Any  # the objective expression (recompute mode) or the peak variable
 
 
 def _tables(
@@ -139,14 +151,14 @@ def _build(problem: Problem, live_budget: int | None, upper_live: int) -> _Model
         if not structure.uses_before[k] or not member[k]:
             continue
         earliest = structure.uses_before[k][0]
-        running: Any = 0
+        running: Any = 0  # a chain of short sums, not one long sum per prefix (same LP)
         for a in range(min(member[k]), k + 1):
             if a in member[k]:
                 running = running + member[k][a]
             if a >= earliest:
                 var = model.new_bool_var(f"prefix_{k}_{a}")
                 model.add(var == running)
-                prefix[k, a] = var
+                prefix[k, a] = running = var
 
     def starts_within(k: int, low: int, high: int) -> Any:
         """1 iff node k's region starts in (low, high]."""
@@ -226,11 +238,22 @@ def _build(problem: Problem, live_budget: int | None, upper_live: int) -> _Model
 
     largest = max([node.compute_ms for node in nodes] + [1e-12])
     objective_scale = 2.0 ** math.floor(math.log2((2**40 / max(1, n)) / largest))
-    if live_budget is None:
-        model.minimize(budget)
-    else:
-        model.minimize(sum(round(node.compute_ms * objective_scale) * in_region[i] for i, node in enumerate(nodes)))
-    return _Model(model, member, in_region, alive, kept, prefix, objective_scale, budget)
+    costs = [round(node.compute_ms * objective_scale) for node in nodes]
+    objective = budget if live_budget is None else sum(cost * in_region[i] for i, cost in enumerate(costs))
+    model.minimize(objective)
+    return _Model(model, member, in_region, alive, kept, prefix, objective_scale, budget, costs, objective)
+
+
+def _bound_by_optimum(built: _Model, regions: tuple[range, ...]) -> int:
+    """Add `objective >= cost of regions - slack`, where `regions` is a plan proven optimal on
+    the same decision space (dp's OPTIMAL plans: every contiguous region with a startable start,
+    judged by the same simulator, which is what this model encodes too). The slack covers the
+    rounding of each node's time to the integer scale (< 1/2 each) and float sums; it is
+    returned so the solver can stop once its gap is within it."""
+    value = sum(built.costs[i] for region in regions for i in region)
+    slack = len(built.costs) + math.ceil(1e-9 * value) + 1
+    built.model.add(built.objective >= value - slack)
+    return slack
 
 
 def _hint(built: _Model, problem: Problem, regions: tuple[range, ...]) -> bool:
@@ -334,8 +357,9 @@ def solve_ilp(
         workers: CP-SAT workers (default 2). The search is interleaved, so results are
             deterministic whenever CP-SAT finishes; when the time limit stops it, the plan
             returned can depend on how fast the machine was.
-        hint: True to warm-start from the dp solver's plan, a tuple of regions to use those,
-            or False for none.
+        hint: True to warm-start from the dp solver's plan (and, when dp proves it optimal,
+            to use its cost as the objective's lower bound; see the module docstring), a tuple
+            of regions to use those (no bound), or False for none.
 
     Raises InfeasibleBudget with the proven minimum peak when no plan fits.
 
@@ -354,13 +378,18 @@ def solve_ilp(
         )
     live_budget = budget_bytes - problem.static_bytes
     hint_regions: tuple[range, ...] | None = None
+    optimum: tuple[range, ...] | None = None  # a plan dp proved optimal, if any
     if hint is True:
         from solvers.dp import solve_dp  # the warm start
 
         try:
-            hint_regions = solve_dp(problem, budget_bytes).regions
+            warm = solve_dp(problem, budget_bytes)
         except InfeasibleBudget:
-            hint_regions = None
+            warm = None
+        if warm is not None:
+            hint_regions = warm.regions
+            if warm.status == Status.OPTIMAL:
+                optimum = warm.regions
     elif hint:
         hint_regions = tuple(hint)
     if live_budget < 0:
@@ -370,6 +399,10 @@ def solve_ilp(
         if hint_regions is not None:
             _hint(built, problem, hint_regions)
         solver = _solver(max(0.0, time_limit_s - (time.perf_counter() - started)), workers)
+        if optimum is not None:
+            # dp's exact search proved this cost minimal over the same plans: a valid bound.
+            slack = _bound_by_optimum(built, optimum)
+            solver.parameters.absolute_gap_limit = max(solver.parameters.absolute_gap_limit, float(slack))
         status = solver.solve(built.model)
         logger.debug("ilp: CP-SAT %s in %.2f s", solver.status_name(status), solver.wall_time)
     if built is None or status == cp_model.INFEASIBLE:
