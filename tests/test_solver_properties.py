@@ -200,3 +200,28 @@ def test_results_are_deterministic(problem: Problem, data: st.DataObject) -> Non
             assert method == "sqrt", f"{method}: no plan, but one fits"
             continue
         assert solve(problem, budget, method=method).regions == first, f"{method}: not deterministic"
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(problem=problems(max_nodes=8), data=st.data())
+def test_ilp_bound_from_dp_never_exceeds_any_plan(problem: Problem, data: st.DataObject) -> None:
+    # ilp takes dp's cost as its objective's lower bound when dp proves it optimal: that bound
+    # (in the model's scaled units, less its rounding slack) must be at most every fitting
+    # plan's scaled cost, and ilp with that bound must still find the true optimum.
+    from solvers.ilp import _bound_by_optimum, _build
+
+    truth = Truth.of(problem)
+    for budget in budgets(truth, data):
+        if truth.optimum(budget) is None or peak_bytes(problem) <= budget:
+            continue
+        dp = solve(problem, budget, method="dp")
+        if dp.status != Status.OPTIMAL:
+            continue
+        live = budget - problem.static_bytes
+        built = _build(problem, live, live)
+        slack = _bound_by_optimum(built, dp.regions)
+        bound = sum(built.costs[i] for region in dp.regions for i in region) - slack
+        for plan, peak, _ in truth.plans:
+            if peak <= budget:
+                assert sum(built.costs[i] for region in plan for i in region) >= bound, plan
+        check_against_truth(problem, truth, budget, "ilp")  # hint=True: dp's bound in use
