@@ -43,8 +43,9 @@ def build_problem(gm: fx.GraphModule, summary: GraphProfile, reserved_bytes: int
         if record is not None and record.output_bytes == 0:
             returned.update(record.uses)  # returns views or a record of tensors made earlier
         returned.add(node.name)
+    shared = _shared_gradients(gm, nodes)
     costs = []
-    for node in nodes:
+    for i, node in enumerate(nodes):
         record = node.meta[META_KEY]
         costs.append(
             NodeCost(
@@ -54,12 +55,30 @@ def build_problem(gm: fx.GraphModule, summary: GraphProfile, reserved_bytes: int
                 grad_bytes=record.grad_bytes,
                 saved_bytes=record.saved_bytes,
                 transient_bytes=record.transient_bytes,
-                param_grad_bytes=record.param_grad_bytes,
+                param_grad_bytes=record.param_grad_bytes - sum(size for _, size in shared.get(i, ())),
                 backward_transient_bytes=record.backward_transient_bytes,
                 uses=tuple(index[name] for name in record.uses),
                 saves=tuple(index[name] for name in record.saves),
                 mutates=tuple(index[name] for name in record.mutates),
+                shared_grads=tuple(shared.get(i, ())),
                 is_output=node.name in returned,
             )
         )
     return Problem(nodes=tuple(costs), static_bytes=summary.static_bytes + reserved_bytes)
+
+
+def _shared_gradients(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[int, list[tuple[int, int]]]:
+    """For parameters read by several nodes (tied weights), what `NodeCost.shared_grads` says:
+    by the last reader's index, (first reader's index, gradient bytes). Autograd sums the
+    readers' gradients in one buffer before adding it to `.grad`, so the last reader's backward
+    (the first to run) creates a buffer that lives until the first reader's has run."""
+    sizes = {name: p.numel() * p.element_size() for name, p in gm.named_parameters()}
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.meta[META_KEY].parameters:
+            readers.setdefault(name, []).append(i)
+    shared: dict[int, list[tuple[int, int]]] = {}
+    for name, users in readers.items():
+        if len(users) > 1:
+            shared.setdefault(users[-1], []).append((users[0], sizes[name]))
+    return shared

@@ -202,6 +202,7 @@ def _cost_record(cost: NodeCost, names: list[str]) -> dict[str, Any]:
     record = dataclasses.asdict(cost)
     for key in _NODE_REFERENCES:
         record[key] = [names[index] for index in record[key]]
+    record["shared_grads"] = [[names[user], size] for user, size in cost.shared_grads]
     del record["name"]
     return record
 
@@ -211,6 +212,7 @@ def _cost(name: str, record: dict[str, Any], index: dict[str, int]) -> NodeCost:
     values = {key: value for key, value in record.items() if key in known}
     for key in _NODE_REFERENCES:
         values[key] = tuple(index[owner] for owner in values.get(key, ()))
+    values["shared_grads"] = tuple((index[user], size) for user, size in values.get("shared_grads", ()))
     return NodeCost(name=name, **values)
 
 

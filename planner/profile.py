@@ -36,6 +36,7 @@ class NodeProfile:
     saved_bytes: int = 0
     transient_bytes: int = 0
     param_grad_bytes: int = 0
+    parameters: tuple[str, ...] = ()  # trainable parameters it reads (first qualified name of each)
     uses: tuple[str, ...] = ()
     saves: tuple[str, ...] = ()
     mutates: tuple[str, ...] = ()
@@ -82,6 +83,7 @@ class ProfileInterpreter(fx.Interpreter):
         self.owner: dict[int, str] = {}  # storage address -> name of the node that created it
         self.tracker = LiveBytesTracker()
         self.buffer_names = {id(buffer): name for name, buffer in gm.named_buffers()}
+        self.parameter_names = {id(p): name for name, p in gm.named_parameters()}  # tied: one name
         self.grad_fn_owner: dict[Any, str] = {}  # autograd node -> fx node that created it
 
     def run_node(self, n: fx.Node) -> Any:
@@ -129,7 +131,9 @@ class ProfileInterpreter(fx.Interpreter):
             nbytes for key, nbytes in saved.items() if key not in self.owner and key not in self.static_keys
         )
         record.transient_bytes = max(0, self.tracker.peak_bytes - live_after)
-        record.param_grad_bytes = self._parameter_grad_bytes(n)
+        parameters = self._parameters_read(n)
+        record.parameters = tuple(self.parameter_names[id(p)] for p in parameters)
+        record.param_grad_bytes = sum(p.numel() * p.element_size() for p in parameters)
         logger.debug("profiled %s: %s (live %+d bytes)", n.name, record, live_after - live_before)
         n.meta[META_KEY] = record
         self._claim_grad_fns(_tensors(result), n.name)
@@ -191,16 +195,17 @@ class ProfileInterpreter(fx.Interpreter):
     def _owners(self, keys: Any) -> tuple[str, ...]:
         return tuple(sorted({self.owner[key] for key in keys if key in self.owner}))
 
-    def _parameter_grad_bytes(self, n: fx.Node) -> int:
-        parameters: list[torch.nn.Parameter] = []
+    def _parameters_read(self, n: fx.Node) -> list[torch.nn.Parameter]:
+        """Trainable parameters whose gradients the node's backward produces, each once."""
+        parameters: dict[int, torch.nn.Parameter] = {}
         if n.op == "call_module":
-            parameters += list(self.module.get_submodule(n.target).parameters())
+            parameters.update((id(p), p) for p in self.module.get_submodule(n.target).parameters())
         for argument in n.all_input_nodes:
             if argument.op == "get_attr":
                 value = self.fetch_attr(argument.target)
                 if isinstance(value, torch.nn.Parameter):
-                    parameters.append(value)
-        return sum(p.numel() * p.element_size() for p in parameters if p.requires_grad)
+                    parameters[id(value)] = value
+        return [p for p in parameters.values() if p.requires_grad]
 
 
 class TimingInterpreter(fx.Interpreter):

@@ -26,6 +26,10 @@ class NodeCost:
     transient_bytes: int = 0  # temporaries alive only while the node's forward runs
     param_grad_bytes: int = 0  # parameter gradients produced by this node's backward
     backward_transient_bytes: int = 0  # temporaries alive only while the node's backward runs
+    # (earlier user, bytes) per parameter this node shares with earlier nodes (tied weights): its
+    # gradient is created by this node's backward, which runs first, and held until the earlier
+    # user's backward has run and autograd adds the sum to `.grad`.
+    shared_grads: tuple[tuple[int, int], ...] = ()
     uses: tuple[int, ...] = ()  # owners of the storages this node reads in forward
     saves: tuple[int, ...] = ()  # owners of the outputs autograd saves for this node's backward
     mutates: tuple[int, ...] = ()  # owners of the storages this node writes in place
@@ -47,7 +51,7 @@ class Problem:
 
     def __post_init__(self) -> None:
         for index, node in enumerate(self.nodes):
-            for owner in (*node.uses, *node.saves, *node.mutates):
+            for owner in (*node.uses, *node.saves, *node.mutates, *(user for user, _ in node.shared_grads)):
                 if not 0 <= owner <= index:
                     raise ValueError(
                         f"node {index} ({node.name!r}) refers to node {owner}, "

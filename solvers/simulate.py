@@ -129,10 +129,13 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
             hold(node.saved_bytes, recompute_step[j], backward_step[j])
             transient[recompute_step[j]] += node.transient_bytes
 
-    # Gradients: created by the backward of the last consumer, freed after the owner's.
+    # Gradients: created by the backward of the last consumer, freed after the owner's; those
+    # of shared parameters from the last user's backward to the first user's.
     for j, node in enumerate(nodes):
         consumer = last_consumer[j] if last_consumer[j] >= 0 else n - 1
         hold(node.grad_bytes, backward_step[consumer], backward_step[j])
+        for user, size in node.shared_grads:
+            hold(size, backward_step[j], backward_step[user])
         transient[backward_step[j]] += node.param_grad_bytes + node.backward_transient_bytes
 
     live: list[int] = []

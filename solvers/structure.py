@@ -133,12 +133,15 @@ def _build(problem: Problem) -> Structure:
         keep_until.append(max([-1, *consumers[j], *savers[j]]))
     last_ref = [max(f, k) for f, k in zip(forward_until, keep_until)]
 
-    # Gradients: j's lives from the backward of its last consumer (n - 1 if none) to its own.
+    # Gradients: j's lives from the backward of its last consumer (n - 1 if none) to its own, a
+    # shared parameter's from the backward of its last user to that of its first.
     last_consumer = [consumers[j][-1] if consumers[j] else n - 1 for j in range(n)]
     grad_delta = [0] * (n + 1)  # over backward positions i: alive for j <= i <= last_consumer
-    for j, node in enumerate(nodes):
-        grad_delta[j] += node.grad_bytes
-        grad_delta[last_consumer[j] + 1] -= node.grad_bytes
+    spans = [(j, last_consumer[j], node.grad_bytes) for j, node in enumerate(nodes)]
+    spans += [(user, k, size) for k, node in enumerate(nodes) for user, size in node.shared_grads]
+    for first, last, size in spans:
+        grad_delta[first] += size
+        grad_delta[last + 1] -= size
     gradient_backward = []
     running = 0
     for i, node in enumerate(nodes):
@@ -146,10 +149,10 @@ def _build(problem: Problem) -> Structure:
         gradient_backward.append(running + node.param_grad_bytes + node.backward_transient_bytes)
     # While a region ending at b recomputes: gradients with j <= b - 1 and last consumer >= b.
     recompute_delta = [0] * (n + 2)
-    for j, node in enumerate(nodes):
-        if last_consumer[j] >= j + 1:
-            recompute_delta[j + 1] += node.grad_bytes
-            recompute_delta[last_consumer[j] + 1] -= node.grad_bytes
+    for first, last, size in spans:
+        if last >= first + 1:
+            recompute_delta[first + 1] += size
+            recompute_delta[last + 1] -= size
     gradient_recompute = []
     running = 0
     for b in range(n + 1):
@@ -178,7 +181,7 @@ def _build(problem: Problem) -> Structure:
     for i, node in enumerate(nodes):
         memoryless = not (
             node.output_bytes or node.grad_bytes or node.saved_bytes or node.transient_bytes
-            or node.param_grad_bytes or node.backward_transient_bytes or node.saves
+            or node.param_grad_bytes or node.backward_transient_bytes or node.saves or node.shared_grads
         )
         later = i == n - 1 or startable[i + 1]
         useful_start.append(startable[i] and not (memoryless and later))

@@ -71,6 +71,15 @@ def test_round_trip_reapplies_to_a_fresh_model_with_the_same_gradients(name, pla
         torch.testing.assert_close(grads[key], expected_grads[key], msg=f"{name}: gradient of {key}")
 
 
+def test_tied_weights_survive_the_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=256, width=32, heads=4, blocks=2, context=32)
+    model.head.weight = model.token_embedding.weight
+    p = tight(model, torch.randint(0, 256, (2, 32)))
+    assert [node.shared_grads for node in p.problem.nodes if node.shared_grads] == [((4, 256 * 32 * 4),)]
+    assert load_plan(p.save(tmp_path / "plan.json")).problem == p.problem
+
+
 def test_loaded_plan_prints_the_same_report_without_the_model(tmp_path):
     model, x = small_cnn()
     p = tight(model, x)

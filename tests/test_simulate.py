@@ -88,6 +88,24 @@ def test_static_saved_transient_and_parameter_gradients():
     assert simulate(problem, (range(0, 1),)).peak_bytes == 1000 + 117
 
 
+def test_shared_parameter_gradient_lives_from_last_to_first_user():
+    # A weight read by a (an embedding) and c (the tied output layer): c's backward, which runs
+    # first, creates a 40-byte gradient that is held until B0, where autograd adds a's
+    # contribution (a temporary of B0, param_grad_bytes) and hands the sum to `.grad`.
+    problem = Problem((
+        node("a", 10, param_grad_bytes=40),
+        node("b", 10, uses=(0,), saves=(0,)),
+        node("c", 10, uses=(1,), saves=(1,), is_output=True, shared_grads=((0, 40),)),
+    ))
+    # Without sharing: F 10,20,30; B2: a,b + grads b,c = 40; B1: a + grads a,b = 30; B0: 10.
+    # With it: 40 more from B2 to B0, and B0's 40-byte temporary on top of its 50.
+    timeline = simulate(problem, ())
+    assert timeline.live_bytes == (10, 20, 30, 80, 70, 50)
+    assert timeline.peak_bytes == 90
+    # In a region, the hold is the same: it does not depend on the plan.
+    assert simulate(problem, (range(1, 2),)).live_bytes[-1] == 50
+
+
 def test_regions_must_be_disjoint_sorted_and_startable():
     problem = Problem((
         node("a", 10),
