@@ -225,3 +225,20 @@ def test_ilp_bound_from_dp_never_exceeds_any_plan(problem: Problem, data: st.Dat
             if peak <= budget:
                 assert sum(built.costs[i] for region in plan for i in region) >= bound, plan
         check_against_truth(problem, truth, budget, "ilp")  # hint=True: dp's bound in use
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(problem=problems(max_nodes=9), data=st.data())
+def test_ilp_greedy_warm_start_fits_and_never_beats_the_optimum(problem: Problem, data: st.DataObject) -> None:
+    from solvers.ilp import _greedy_single_nodes
+
+    truth = Truth.of(problem)
+    for budget in budgets(truth, data):
+        plan = _greedy_single_nodes(problem, budget)
+        if plan is None:
+            continue
+        optimum = truth.optimum(budget)
+        assert optimum is not None, "greedy: a plan where none fits"
+        assert peak_bytes(problem, plan) <= budget, "greedy: plan over budget"  # also validates starts
+        assert all(len(region) == 1 for region in plan)
+        assert problem.recompute_ms(plan) >= optimum - 1e-9, "greedy: cheaper than the optimum"
