@@ -20,11 +20,11 @@ measured once, and then all configurations take one timed step per round, round 
 so that machine noise hits them alike. Step time is the median over rounds.
 
 Peaks count static storages (parameters, gradients, buffers, inputs) plus the peak of what the
-step allocates (as `planner/verify.py` does). Eager configurations are measured with
-`planner.memory.PeakMemory` (a TorchDispatchMode tracker) *and* with the profiler;
-compiled ones only with the profiler (`benchmarks/profiler_memory.py`), because Dynamo skips
-compiled code while a dispatch mode is active. The profiler's view without kernel scratch is
-checked against the tracker on every eager configuration.
+step allocates, as `p.verify()` does: `planner.memory.PeakMemory`, which replays the
+allocator's events from `torch.profiler` (kernel scratch included) and works for compiled code
+too. Eager configurations are also measured with `planner.memory.LiveBytesTracker` (a
+TorchDispatchMode: tensors only; Dynamo skips compiled code under it), and the allocator's view
+without kernel scratch is checked against it.
 
     .venv/bin/python benchmarks/compare.py [--quick] [--models gpt,gpt2,cnn,vit] [--rounds 3]
                                            [--no-save] [--warm-cache]
@@ -250,9 +250,9 @@ class Config:
     note: str = ""
     compile_s: float | None = None
     predicted_peak_bytes: int | None = None
-    tracker_peak: int | None = None
-    profiler_peak: int | None = None
-    profiler_peak_without_scratch: int | None = None
+    peak: int | None = None  # the allocator's, kernel scratch included
+    peak_without_scratch: int | None = None
+    tensor_peak: int | None = None  # LiveBytesTracker's (eager configurations only)
     times_ms: list[float] = field(default_factory=list)
     backend: Any = None
     regions: tuple[tuple[str, ...], ...] | None = None  # planner: the recomputed node ranges
@@ -260,11 +260,6 @@ class Config:
     @property
     def eager(self) -> bool:
         return self.kind != "compile"
-
-    @property
-    def peak(self) -> int | None:
-        """The headline peak: the tracker for eager code, the profiler for compiled code."""
-        return self.tracker_peak if self.eager else self.profiler_peak
 
     @property
     def step_ms(self) -> float | None:
@@ -296,18 +291,18 @@ def static_bytes(module, sample) -> int:
     return storage_bytes((parameters, [p.grad for p in parameters], list(module.buffers()), sample))
 
 
-def measure_tracker(module, sample) -> int:
-    import torch
-    from planner.memory import PeakMemory
+def measure_tensors(module, sample) -> int:
+    from planner.memory import LiveBytesTracker
 
     gc.collect()
-    with PeakMemory(torch.device("cpu")) as memory:
+    with LiveBytesTracker() as tracker:
         step(module, sample)
-    return static_bytes(module, sample) + memory.peak_bytes
+    return static_bytes(module, sample) + tracker.peak_bytes
 
 
-def measure_profiler(module, sample) -> tuple[int, int]:
-    from profiler_memory import ProfiledPeakMemory
+def measure_allocator(module, sample) -> tuple[int, int]:
+    """The peak as p.verify() measures it (PeakMemory on the CPU), and without kernel scratch."""
+    from planner.allocations import ProfiledPeakMemory
 
     gc.collect()
     with ProfiledPeakMemory() as memory:
@@ -371,8 +366,8 @@ def run_model(spec: Spec, args) -> ModelResult:
 
     none = Config("none", "baseline", model)
     step(model, sample)  # gradients allocated from here on
-    none.tracker_peak = measure_tracker(model, sample)
-    unplanned = none.tracker_peak
+    none.peak, none.peak_without_scratch = measure_allocator(model, sample)
+    unplanned = none.peak
     log(f"{spec.key}: unplanned peak {mib(unplanned)}")
 
     block_module, how = every_block(spec, model)
@@ -448,9 +443,9 @@ def run_model(spec: Spec, args) -> ModelResult:
     log(f"{spec.key}: measuring peaks of {len(runnable)} configurations")
     for config in runnable:
         if config.eager:
-            if config.tracker_peak is None:
-                config.tracker_peak = measure_tracker(config.module, sample)
-        config.profiler_peak, config.profiler_peak_without_scratch = measure_profiler(config.module, sample)
+            config.tensor_peak = measure_tensors(config.module, sample)
+        if config.peak is None:
+            config.peak, config.peak_without_scratch = measure_allocator(config.module, sample)
     for round_index in range(args.rounds):
         shift = round_index % len(runnable)
         order = runnable[shift:] + runnable[:shift]
@@ -469,7 +464,7 @@ def table(result: ModelResult) -> str:
     configs = {c.name: c for c in result.configs}
     none, every = configs["none"], configs["every block"]
     every_overhead = every.step_ms - none.step_ms if every.step_ms and none.step_ms else None
-    rows = ["| configuration | peak | peak, profiler | step: median [min-max] | vs none | recompute overhead "
+    rows = ["| configuration | peak | peak, tensors only | step: median [min-max] | vs none | recompute overhead "
             "| share of every-block overhead | budget | under budget | notes |",
             "|" + "---|" * 10]
     for c in result.configs:
@@ -481,9 +476,7 @@ def table(result: ModelResult) -> str:
         share = (f"{overhead / every_overhead:.2f}" if every_overhead and every_overhead > 0 and c is not none
                  else "-")
         if c.budget_bytes is not None:
-            under = "yes" if c.tracker_peak <= c.budget_bytes else "NO"
-            if c.profiler_peak > c.budget_bytes:
-                under += " (profiler: NO)"
+            under = "yes" if c.peak <= c.budget_bytes else "NO"
         else:
             under = "-"
         notes = c.note
@@ -493,8 +486,8 @@ def table(result: ModelResult) -> str:
                 notes += "; = auto"
         if c.kind == "compile":
             notes = f"compile + first step {c.compile_s:.1f} s; {notes}"
-        peak = mib(c.peak) + ("" if c.eager else " (profiler)")
-        rows.append(f"| {c.name} | {peak} | {mib(c.profiler_peak)} | {c.step_ms:.0f} ms "
+        tensors = mib(c.tensor_peak) if c.tensor_peak is not None else "-"
+        rows.append(f"| {c.name} | {mib(c.peak)} | {tensors} | {c.step_ms:.0f} ms "
                     f"[{min(c.times_ms):.0f}-{max(c.times_ms):.0f}] | {c.step_ms / none.step_ms:.2f}x "
                     f"| {overhead:+.0f} ms | {share} | {budget} | {under} | {notes} |")
     return "\n".join(rows)
@@ -511,29 +504,25 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
     flags: dict[str, bool] = {}
     noise_ms, noise_line = noise(result)
 
-    over = [c for c in ran if c.tracker_peak > c.budget_bytes]
+    over = [c for c in ran if c.peak > c.budget_bytes]
     flags["under budget"] = not over if ran else None
     infeasible = [c for c in planner if c.module is None]
     text = (f"every planner run measured under its budget ({len(ran)} runs)" if not over else
-            "OVER budget: " + ", ".join(f"{c.name} {mib(c.tracker_peak)} > {mib(c.budget_bytes)}" for c in over))
+            "OVER budget: " + ", ".join(f"{c.name} {mib(c.peak)} > {mib(c.budget_bytes)}" for c in over))
     if infeasible:
         text += "; not run: " + ", ".join(f"{c.name} ({c.infeasible})" for c in infeasible)
     lines.append(f"- Under budget: {text}.")
-    profiler_over = [c for c in ran if c.profiler_peak > c.budget_bytes]
-    if profiler_over:
-        lines.append("  Counting kernel scratch (profiler), over budget: "
-                     + ", ".join(f"{c.name} {mib(c.profiler_peak)}" for c in profiler_over) + ".")
 
-    at_or_above = [c for c in ran if c.budget_bytes >= every.tracker_peak]
+    at_or_above = [c for c in ran if c.budget_bytes >= every.peak]
     faster = [c for c in at_or_above if c.step_ms < every.step_ms]
     flags["faster than every block"] = len(faster) == len(at_or_above) if at_or_above else None
     if not at_or_above:
-        lines.append(f"- Faster than every block at budgets >= its peak ({mib(every.tracker_peak)}): "
+        lines.append(f"- Faster than every block at budgets >= its peak ({mib(every.peak)}): "
                      "no planner budget was at or above it.")
     else:
         slower = [c for c in at_or_above if c.step_ms >= every.step_ms]
         lines.append(
-            f"- Faster than every block at budgets >= its peak ({mib(every.tracker_peak)}, {every.step_ms:.0f} ms): "
+            f"- Faster than every block at budgets >= its peak ({mib(every.peak)}, {every.step_ms:.0f} ms): "
             f"{len(faster)}/{len(at_or_above)}"
             + ("" if not slower else "; not faster: " + ", ".join(
                 f"{c.name} {c.step_ms:.0f} ms ({'within' if c.step_ms - every.step_ms <= noise_ms else 'beyond'} noise)"
@@ -657,17 +646,17 @@ def plot(result: ModelResult, path: Path) -> None:
 
 
 def validation(results: list[ModelResult]) -> str:
-    """How the profiler's view (kernel scratch left out) compares with the tracker's."""
+    """How the allocator's view (kernel scratch left out) compares with the tensor tracker's."""
     lines = []
     for result in results:
         eager = [c for c in result.configs if c.module is not None and c.eager]
-        exact = [c for c in eager if c.profiler_peak_without_scratch == c.tracker_peak]
-        deviation = max(eager, key=lambda c: abs(c.profiler_peak_without_scratch - c.tracker_peak))
-        difference = deviation.profiler_peak_without_scratch - deviation.tracker_peak
-        scratch = [(c.profiler_peak - c.tracker_peak) / c.tracker_peak for c in eager]
+        exact = [c for c in eager if c.peak_without_scratch == c.tensor_peak]
+        deviation = max(eager, key=lambda c: abs(c.peak_without_scratch - c.tensor_peak))
+        difference = deviation.peak_without_scratch - deviation.tensor_peak
+        scratch = [(c.peak - c.tensor_peak) / c.tensor_peak for c in eager]
         lines.append(
             f"- {result.spec.key}: {len(eager)} eager configurations, {len(exact)} identical to the byte; largest "
-            f"difference {difference:+d} B ({100 * difference / deviation.tracker_peak:+.3f}%, {deviation.name}); "
+            f"difference {difference:+d} B ({100 * difference / deviation.tensor_peak:+.3f}%, {deviation.name}); "
             f"kernel scratch adds {100 * min(scratch):+.1f}% to {100 * max(scratch):+.1f}% to the peak")
     return "\n".join(lines)
 
@@ -760,17 +749,16 @@ def main() -> int:
     wall = time.perf_counter() - STARTED
     body = "\n\n".join([
         "Peak: static storages (parameters, gradients, buffers, inputs) + the highest point of what one "
-        "forward+backward step allocates, gradients already allocated. *peak* is the tracker "
-        "(`planner.memory.PeakMemory`) for eager configurations and the profiler "
-        "(`benchmarks/profiler_memory.py`, kernel scratch included) for compiled ones (Dynamo skips compiled "
-        "code under a TorchDispatchMode); *peak, profiler* is the profiler for all, kernel scratch included. "
-        "*under budget* uses the tracker (what the planner models). Step time: median over "
+        "forward+backward step allocates, gradients already allocated, as `p.verify()` measures it: "
+        "`planner.memory.PeakMemory`, the allocator's events from the profiler, kernel scratch included, for "
+        "eager and compiled code alike; *under budget* uses it. *peak, tensors only* is the TorchDispatchMode "
+        "tracker's (eager only: Dynamo skips compiled code under a dispatch mode). Step time: median over "
         f"{args.rounds} rounds, configurations alternating, {args.threads} intra-op thread(s). Recompute "
         "overhead = step time - none's; for compiled configurations it also holds the compiler's speed-up "
         "or slow-down. Batch sizes were picked for about one second per unplanned step on this machine with "
         "one thread; each model's *none* row gives what this run measured (the machine was shared).",
         *sections,
-        "### Profiler vs tracker on eager configurations",
+        "### Allocator vs tensor tracker on eager configurations",
         "Same configurations, separate steps. Differences left after removing kernel scratch are storages "
         "made outside the dispatcher: `checkpoint(preserve_rng_state=True)` keeps the CPU RNG state "
         "(`torch.get_rng_state()`, 5056 B) per checkpointed call, which the tracker cannot see.",
@@ -780,7 +768,7 @@ def main() -> int:
         f"Wall time of the run: {wall / 60:.1f} min; solvers in solvers.SOLVERS: {', '.join(sorted(SOLVERS))}"
         + (f" (ilp under a {args.ilp_time_limit:g} s time limit)" if "ilp" in SOLVERS else "") + ".",
     ])
-    print("Profiler vs tracker on eager configurations:\n" + validation(results))
+    print("Allocator vs tensor tracker on eager configurations:\n" + validation(results))
     print("Targets:\n" + summary)
     print(f"Wall time {wall / 60:.1f} min; plots in {image_dir}")
     if save:

@@ -1,7 +1,9 @@
 """Measure peak memory of a piece of work: one interface, a CPU and a CUDA implementation.
 
-On CUDA the caching allocator's own statistics are exact. On CPU there are none, so a
-`TorchDispatchMode` follows every storage an op creates until it is freed.
+On CUDA the caching allocator's own statistics are exact. On CPU there are none: `PeakMemory`
+replays the allocator events `torch.profiler` records (`planner.allocations`), kernel scratch
+included, and `LiveBytesTracker`, a `TorchDispatchMode`, follows every storage an op creates
+until it is freed, which is what attributing memory to graph nodes needs.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from planner.allocations import ProfiledPeakMemory
 
 
 class LiveBytesTracker(TorchDispatchMode):
@@ -78,8 +82,8 @@ class LiveBytesTracker(TorchDispatchMode):
 class PeakMemory:
     """Peak bytes allocated during a `with` block, on the CPU or on a CUDA device.
 
-    `peak_bytes` counts what was allocated inside the block at its highest point; what was
-    already allocated before is `baseline_bytes` on CUDA, and is not seen at all on CPU.
+    `peak_bytes` counts what was allocated inside the block at its highest point, kernel
+    scratch included; what was allocated before the block is not counted.
 
     Example:
         >>> with PeakMemory(torch.device("cpu")) as memory:
@@ -90,7 +94,7 @@ class PeakMemory:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.peak_bytes = 0
-        self._tracker: LiveBytesTracker | None = None
+        self._allocator: ProfiledPeakMemory | None = None
         self._baseline = 0
 
     def __enter__(self) -> "PeakMemory":
@@ -99,8 +103,8 @@ class PeakMemory:
             self._baseline = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
-            self._tracker = LiveBytesTracker()
-            self._tracker.__enter__()
+            self._allocator = ProfiledPeakMemory(self.device)
+            self._allocator.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -108,9 +112,9 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._baseline
         else:
-            assert self._tracker is not None
-            self._tracker.__exit__(*exc)
-            self.peak_bytes = self._tracker.peak_bytes
+            assert self._allocator is not None
+            self._allocator.__exit__(*exc)
+            self.peak_bytes = self._allocator.peak_bytes
 
 
 def storage_bytes(tensors: Any) -> int:

@@ -4,6 +4,8 @@
 writes one `NodeProfile` per node into `node.meta["planner.profile"]`. Saved tensors are seen
 through `torch.autograd.graph.saved_tensors_hooks` and deduplicated by storage; every storage
 is attributed to the node that created it, so views and in-place results point to their owner.
+Memory that kernels allocate and free for themselves (scratch) is invisible to tensors; the
+profiler's allocator events add it to each node's forward and backward temporaries.
 """
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
+from planner.allocations import memory_profile, operator_scratch
 from planner.memory import LiveBytesTracker, storage_bytes
 from planner.verify import training_loss
 
 logger = logging.getLogger(__name__)
 
 META_KEY = "planner.profile"
+NODE_LABEL = "planner.node:"  # record_function label of each node's forward, for the profiler
 COMPUTE_OPS = ("call_function", "call_method", "call_module")
 
 
@@ -104,7 +108,8 @@ class ProfileInterpreter(fx.Interpreter):
         self.tracker.reset_peak()
         live_before = self.tracker.live_bytes
         try:
-            with self.tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with (self.tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+                  torch.profiler.record_function(NODE_LABEL + n.name)):
                 result = getattr(self, n.op)(n.target, args, kwargs)
         except Exception as error:
             raise RuntimeError(f"profiling node {n.name!r} ({n.format_node()}) failed: {error}") from error
@@ -272,13 +277,23 @@ def profile(
     with torch.enable_grad():
         if progress:
             progress("measuring sizes and saved tensors")
-        interpreter = ProfileInterpreter(gm, static_keys)
-        output = interpreter.run(*inputs)
-        if progress:
-            progress("measuring backward temporaries")
+        # The profiler sees what kernels allocate for themselves, which the tracker cannot.
+        with memory_profile() as allocations:
+            interpreter = ProfileInterpreter(gm, static_keys)
+            output = interpreter.run(*inputs)
+            if progress:
+                progress("measuring backward temporaries")
+            backward_extra = interpreter.measure_backward((loss or training_loss)(output))
         records = {node.name: node.meta[META_KEY] for node in gm.graph.nodes if META_KEY in node.meta}
-        for name, extra in interpreter.measure_backward((loss or training_loss)(output)).items():
-            records[name].backward_transient_bytes = max(0, extra)
+        scratch = operator_scratch(allocations, device.type, NODE_LABEL)
+        for name, extra in scratch.forward.items():
+            records[name].transient_bytes += extra
+        backward_scratch: dict[str, int] = {}
+        for grad_fn, name in interpreter.grad_fn_owner.items():  # a node's autograd nodes run one by one
+            extra = scratch.backward.get(grad_fn._sequence_nr(), 0)
+            backward_scratch[name] = max(backward_scratch.get(name, 0), extra)
+        for name in backward_extra.keys() | backward_scratch.keys():
+            records[name].backward_transient_bytes = max(0, backward_extra.get(name, 0)) + backward_scratch.get(name, 0)
         del interpreter, output
         times: dict[str, list[float]] = {}
         for run in range(warmup + repeats):
