@@ -46,6 +46,7 @@ class NodeProfile:
     mutates: tuple[str, ...] = ()
     mutated_buffers: tuple[str, ...] = ()  # qualified names of buffers written (BatchNorm statistics)
     backward_transient_bytes: int = 0  # temporaries of this node's backward (freed when it ends)
+    random: bool = True  # draws random numbers (dropout): a region holding it must replay the RNG
 
 
 @dataclass(frozen=True)
@@ -58,14 +59,24 @@ class GraphProfile:
     input_bytes: int
     device: torch.device
     timing: str  # how forward times were measured
+    # Checkpoint keeps a copy of the RNG state for each region that draws random numbers, from
+    # its forward to its backward: at most one per random node, counted as if always held.
+    rng_state_bytes: int = 0
 
     @property
     def static_bytes(self) -> int:
-        return self.parameter_bytes + self.gradient_bytes + self.buffer_bytes + self.input_bytes
+        return (self.parameter_bytes + self.gradient_bytes + self.buffer_bytes + self.input_bytes
+                + self.rng_state_bytes)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
     return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor) and v.layout == torch.strided]
+
+
+def _rng_states() -> list[torch.Tensor]:
+    """The CPU generator's state and, once CUDA is in use, every device's."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+    return [torch.get_rng_state(), *cuda]
 
 
 def _key(tensor: torch.Tensor) -> int:
@@ -105,6 +116,7 @@ class ProfileInterpreter(fx.Interpreter):
                 saved[_key(tensor)] = tensor.untyped_storage().nbytes()
             return tensor
 
+        rng_before = _rng_states()
         self.tracker.reset_peak()
         live_before = self.tracker.live_bytes
         try:
@@ -115,7 +127,7 @@ class ProfileInterpreter(fx.Interpreter):
             raise RuntimeError(f"profiling node {n.name!r} ({n.format_node()}) failed: {error}") from error
         live_after = self.tracker.live_bytes
 
-        record = NodeProfile()
+        record = NodeProfile(random=any(not torch.equal(a, b) for a, b in zip(rng_before, _rng_states())))
         for tensor in _tensors(result):
             key = _key(tensor)
             if key not in self.owner and key not in self.static_keys and key != 0:
@@ -307,7 +319,9 @@ def profile(
         if node.op in COMPUTE_OPS:
             node.meta[META_KEY].forward_ms = statistics.median(times[node.name])
     trainable = [p for p in parameters if p.requires_grad]
+    random_nodes = sum(1 for node in gm.graph.nodes if META_KEY in node.meta and node.meta[META_KEY].random)
     return GraphProfile(
+        rng_state_bytes=random_nodes * sum(state.nbytes for state in _rng_states()),
         parameter_bytes=storage_bytes(parameters),
         gradient_bytes=sum(p.numel() * p.element_size() for p in trainable),
         buffer_bytes=storage_bytes(buffers),

@@ -75,7 +75,7 @@ def format_report(
         f"kept whole after tracing failed: {', '.join(leaves) or 'none'}",
         f"  budget            {format_bytes(budget_bytes)}"
         + (f" (of which reserved {format_bytes(reserved_bytes)})" if reserved_bytes else ""),
-        f"  static memory     {format_bytes(problem.static_bytes)} (parameters, gradients, buffers, inputs, reserve)",
+        f"  static memory     {format_bytes(problem.static_bytes)} (parameters, gradients, buffers, inputs, RNG states, reserve)",
         f"  peak, no plan     {format_bytes(baseline_peak_bytes)}",
         f"  peak, this plan   {format_bytes(solution.peak_bytes)} (predicted)",
         f"  recompute         {solution.recompute_ms:.2f} ms per step "

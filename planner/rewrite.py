@@ -63,21 +63,25 @@ def restored_buffers(root: nn.Module, names: tuple[str, ...]) -> Iterator[None]:
 
 
 class CheckpointRegion(nn.Module):
-    """Runs `body` under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`."""
+    """Runs `body` under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`; the RNG
+    state is saved for recomputation only where the body draws random numbers (it costs a
+    copy of the generator's state per call, 5 KB on the CPU, and time)."""
 
-    def __init__(self, body: fx.GraphModule, written_buffers: tuple[str, ...]):
+    def __init__(self, body: fx.GraphModule, written_buffers: tuple[str, ...], random: bool = True):
         super().__init__()
         self.body = body
         self.written_buffers = written_buffers
+        self.random = random
 
     def _contexts(self) -> tuple[Any, Any]:
         return contextlib.nullcontext(), restored_buffers(self.body, self.written_buffers)
 
     def forward(self, *args: Any) -> Any:
         if self.written_buffers and not torch.compiler.is_compiling():
-            return checkpoint(self.body, *args, use_reentrant=False, context_fn=self._contexts)
+            return checkpoint(self.body, *args, use_reentrant=False, preserve_rng_state=self.random,
+                              context_fn=self._contexts)
         # Under torch.compile buffer writes are functionalised and applied once, in forward.
-        return checkpoint(self.body, *args, use_reentrant=False)
+        return checkpoint(self.body, *args, use_reentrant=False, preserve_rng_state=self.random)
 
 
 def _extract_region(
@@ -140,7 +144,8 @@ def rewrite(traced: Traced, regions: list[list[str]], clone: nn.Module) -> fx.Gr
         }))
         target = f"{REGION_PREFIX}{index}"
         body = graph_module(clone, body_graph, traced.extras, f"Region{index}")
-        region_modules[target] = CheckpointRegion(body, written)
+        random = any(n.meta[META_KEY].random if META_KEY in n.meta else True for n in members)
+        region_modules[target] = CheckpointRegion(body, written, random)
         call = graph.call_module(target, tuple(env[n] for n in inputs))
         for position, output in enumerate(outputs):
             env[output] = graph.call_function(_item, (call, position))

@@ -72,11 +72,13 @@ class Verification:
 
 def training_loss(output: Any) -> torch.Tensor:
     """A scalar to call backward on: the model's own `loss` if it returns one, else the sum of
-    its floating-point outputs (a sum adds no memory of its own to backward).
+    its floating-point outputs, whose backward hands each output a gradient of ones as a loss
+    function would: materialised (`t.sum()` passes an expanded scalar, which kernels such as
+    matmul's backward then copy into scratch of their own, memory no real loss causes).
 
     Example:
         >>> training_loss(torch.ones(3, requires_grad=True))
-        tensor(3., grad_fn=<SumBackward0>)
+        tensor(3., grad_fn=<AddBackward0>)
     """
     loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor):
@@ -84,7 +86,20 @@ def training_loss(output: Any) -> torch.Tensor:
     tensors = [t for t in _leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
     if not tensors:
         raise ValueError("the model's output holds no tensor that requires grad: nothing to train")
-    return sum(t.sum() for t in tensors)  # type: ignore[return-value]
+    return sum(_SumOfOnes.apply(t) for t in tensors)  # type: ignore[return-value]
+
+
+class _SumOfOnes(torch.autograd.Function):
+    """`x.sum()` whose backward returns a contiguous gradient, as a loss function's does."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.shape = x.shape
+        return x.sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.expand(ctx.shape).clone(memory_format=torch.contiguous_format)
 
 
 def _leaves(output: Any) -> list[Any]:

@@ -10,6 +10,7 @@ from conftest import small_cnn, small_gpt, snapshot, train_step
 from planner import TraceError, plan
 from planner.api import GIB
 from planner.examples import TinyGPT
+from planner.rewrite import CheckpointRegion
 
 
 def planned(model, sample, fraction=0.7, **options):
@@ -33,6 +34,22 @@ def test_dropout_is_replayed_exactly():
     assert not torch.equal(out_a, out_b), "dropout must be active for this test to mean anything"
     p = planned(model, tokens)
     assert p.checkpoints
+    assert_same_step(model, p.module(), tokens)
+
+
+@pytest.mark.parametrize("frontend", ["fx", "export"])
+def test_rng_state_is_kept_only_for_regions_that_draw_random_numbers(frontend):
+    model, tokens = small_gpt()
+    for module in model.blocks[4:].modules():  # no randomness in the last four blocks
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    p = plan(model, tokens, budget_gb=80, repeats=1, frontend=frontend)
+    p = p.replan(budget_gb=0.5 * p.baseline_peak_bytes / GIB)  # many small regions
+    regions = [m for m in p.module().planned_graph.modules() if isinstance(m, CheckpointRegion)]
+    draws = [any(isinstance(m, nn.Dropout) and m.p > 0 for m in map(model.get_submodule, c.modules))
+             for c in p.checkpoints]
+    assert [region.random for region in regions] == draws
+    assert any(draws) and not all(draws), "the plan must hold both kinds for this test to mean anything"
     assert_same_step(model, p.module(), tokens)
 
 
