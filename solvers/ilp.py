@@ -37,7 +37,9 @@ starts pass `Problem.can_start_region`, judged by the same simulator), so `objec
 cost` (less a rounding slack of about one scaled unit per node) is a valid bound, and CP-SAT
 stops once it has a plan within the slack. Status OPTIMAL then means optimal up to that
 rounding (n + 1 scale units, under n^2 * 2^-39 of the largest node time, plus 1e-9 relative).
-Without it (wide DAGs where dp is only FEASIBLE) the bound is CP-SAT's own.
+Without it (wide DAGs where dp is only FEASIBLE) the bound is CP-SAT's own, from its LP (solved
+at the root in one go, see `_solver`), and the warm start is the cheaper of dp's plan and a
+greedy plan of one-node regions (`_greedy_single_nodes`).
 """
 from __future__ import annotations
 
