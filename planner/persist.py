@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 FORMAT = "ckpt-planner plan"
 VERSION = 1
 FX_FRONTEND = "torch.fx.symbolic_trace"  # the value of Traced.frontend for the fx frontend
-APPLICABLE_FRONTENDS = (FX_FRONTEND,)
+EXPORT_FRONTEND = "torch.export"
+APPLICABLE_FRONTENDS = (FX_FRONTEND, EXPORT_FRONTEND)
 _NODE_REFERENCES = ("uses", "saves", "mutates")  # NodeCost fields that hold node indices
 
 
@@ -483,13 +484,12 @@ class SavedPlan(PlanFigures):
         model_name = type(model).__name__
         if self.frontend not in APPLICABLE_FRONTENDS:
             raise ValueError(
-                f"this plan was traced with the {self.frontend!r} frontend; re-applying a saved plan "
-                f"supports {', '.join(APPLICABLE_FRONTENDS)} for now: make a new plan with "
-                "planner.plan(model, sample, ...) instead"
+                f"this plan was traced with an unknown frontend {self.frontend!r} (known: "
+                f"{', '.join(APPLICABLE_FRONTENDS)}): make a new plan with planner.plan(model, sample, ...)"
             )
         try:
             traced = trace(model, self.sample_for(model) if sample is None else sample, self.trace_leaves,
-                           frontend="fx")
+                           frontend="export" if self.frontend == EXPORT_FRONTEND else "fx")
         except TypeError as error:  # the saved arguments do not bind to this model's forward
             raise ValueError(f"{model_name} does not match the saved plan (made for {self.model_class}): "
                              f"{error}") from None

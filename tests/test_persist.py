@@ -146,13 +146,20 @@ def test_another_dtype_warns_and_still_applies(gpt_plan_file):
     assert module(tokens).dtype == torch.float64
 
 
-def test_a_plan_from_another_frontend_loads_but_is_not_applied(tmp_path):
+def test_a_plan_from_the_export_frontend_reapplies_with_the_same_gradients(tmp_path):
     model, x = small_mlp()
-    p = plan(model, x, budget_gb=80.0, solver="sqrt", repeats=1, frontend="export")
+    p = tight(model, x, frontend="export")
+    assert p.checkpoints
     saved = load_plan(p.save(tmp_path / "plan.json"))
     assert saved.frontend == "torch.export" and "via torch.export" in str(saved)
-    with pytest.raises(ValueError, match="'torch.export' frontend"):
-        saved.apply(small_mlp()[0])
+    fresh, _ = small_mlp()
+    module = saved.apply(fresh)
+    _, expected = train_step(model, x)
+    _, got = train_step(module, x)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], msg=key)
+    with pytest.raises(ValueError, match="does not match the saved plan"):
+        saved.apply(nn.Sequential(nn.Linear(64, 64)))
 
 
 class Scaled(nn.Module):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from planner import plan
+from planner import load_plan, plan
 from planner.api import GIB
 from planner.examples import SkipTransformer
 from planner.verify import training_loss
@@ -132,3 +132,20 @@ def test_tied_weights_gradient_is_held_through_backward():
     record = p.verify(steps=1)
     assert record.within_budget, str(record)
     assert abs(record.peak_error) <= 0.01, str(record)
+
+
+def test_saved_plan_reapplies_to_a_fresh_hugging_face_model(tmp_path):
+    torch.manual_seed(0)
+    model, sample = gpt2()
+    p = plan(model, sample, budget_gb=80, repeats=1)
+    p = p.replan(budget_gb=0.7 * p.baseline_peak_bytes / GIB)
+    assert p.frontend == "torch.export" and p.checkpoints
+    saved = load_plan(p.save(tmp_path / "plan.json"))
+    torch.manual_seed(0)
+    fresh, _ = gpt2()  # same weights, new objects
+    module = saved.apply(fresh)
+    expected_output, expected = _step(model, sample)
+    output, grads = _step(module, sample)
+    torch.testing.assert_close(output.loss, expected_output.loss)
+    for key in expected:
+        torch.testing.assert_close(grads[key], expected[key], msg=key)
