@@ -242,3 +242,21 @@ def test_ilp_greedy_warm_start_fits_and_never_beats_the_optimum(problem: Problem
         assert peak_bytes(problem, plan) <= budget, "greedy: plan over budget"  # also validates starts
         assert all(len(region) == 1 for region in plan)
         assert problem.recompute_ms(plan) >= optimum - 1e-9, "greedy: cheaper than the optimum"
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(problem=problems(max_nodes=8), data=st.data())
+def test_ilp_one_node_warm_start_is_the_best_plan_of_one_node_regions(problem: Problem, data: st.DataObject) -> None:
+    from solvers.ilp import _single_node_optimum
+
+    truth = Truth.of(problem)
+    for budget in budgets(truth, data):
+        costs = [cost for plan, peak, cost in truth.plans if peak <= budget and all(len(r) == 1 for r in plan)]
+        plan = _single_node_optimum(problem, budget, None, time_limit_s=10.0, workers=1)
+        if not costs:
+            assert plan is None, "one-node regions: a plan where none fits"
+            continue
+        assert plan is not None, "one-node regions: none found where one fits"
+        assert all(len(region) == 1 for region in plan)
+        assert peak_bytes(problem, plan) <= budget, "one-node regions: plan over budget"
+        assert math.isclose(problem.recompute_ms(plan), min(costs), abs_tol=1e-9), (plan, min(costs))
