@@ -12,8 +12,9 @@ c10's allocators, with pointer, size and a nanosecond timestamp, whoever made it
   highest point of bytes allocated inside the block and not yet freed, scratch included;
   `peak_bytes_without_scratch` leaves out every allocation freed before the outermost `aten::`
   operator that made it returns, which is the tracker's view.
-- `operator_scratch` says, per profiled graph node (forward) and per autograd node (backward),
-  how far one operator's scratch raises the peak above what the tracker sees.
+- `forward_scratch` says, per profiled graph node, how far one operator's scratch raises its
+  forward's peak above what the tracker sees; `backward_temporaries` measures each node's
+  backward from the allocator alone (autograd's own allocations included).
 
 Example:
     >>> with ProfiledPeakMemory() as memory:
@@ -156,50 +157,86 @@ def replay(events: list[AllocationEvent], skip_scratch: bool = False) -> tuple[i
     return peak, live_bytes
 
 
-@dataclass(frozen=True)
-class OperatorScratch:
-    """How far kernel scratch raises one operator's peak above the tracker's view, at most, per
-    forward range (a `record_function` label) and per autograd node (its sequence number)."""
-
-    forward: dict[str, int]
-    backward: dict[int, int]
-
-
-def operator_scratch(profile: torch.profiler.profile, device_type: str, label_prefix: str) -> OperatorScratch:
-    """For every outermost `aten::` operator: peak of all its allocations minus peak of those
-    it does not free before returning (its outputs), both from the operator's start. Operators
-    inside a `record_function(label_prefix + name)` range count for `name`; those an autograd
-    node runs in backward count for that node's sequence number (`grad_fn._sequence_nr()`).
+def forward_scratch(profile: torch.profiler.profile, device_type: str, label_prefix: str) -> dict[str, int]:
+    """How far kernel scratch raises one operator's peak above what the tensor tracker sees,
+    at most, per `record_function(label_prefix + name)` range: for every outermost `aten::`
+    operator, the peak of all its allocations minus the peak of those it does not free before
+    returning (its outputs), both from the operator's start.
 
     Example:
         >>> with memory_profile() as profile:
         ...     with torch.profiler.record_function("node:conv"):
         ...         y = conv(x)
-        ...     y.sum().backward()
-        >>> scratch = operator_scratch(profile, "cpu", "node:")
-        >>> scratch.forward["conv"], scratch.backward[y.grad_fn._sequence_nr()]
+        >>> forward_scratch(profile, "cpu", "node:")["conv"]
     """
-    forward: dict[str, int] = {}
-    backward: dict[int, int] = {}
-    stack = [(root, None, None) for root in profile.profiler.kineto_results.experimental_event_tree()]
+    scratch: dict[str, int] = {}
+    stack = [(root, None) for root in profile.profiler.kineto_results.experimental_event_tree()]
     while stack:
-        node, label, sequence = stack.pop()
-        kind, fields = node.typed
-        if kind != _EventType.TorchOp:
+        node, label = stack.pop()
+        if node.typed[0] != _EventType.TorchOp:
             continue
         if node.name.startswith(label_prefix):
             label = node.name[len(label_prefix):]
         elif node.name.startswith("aten::"):
             extra = _scratch_extra(_subtree_allocations(node, device_type))
             if extra and label is not None:
-                forward[label] = max(forward.get(label, 0), extra)
-            elif extra and sequence is not None:
-                backward[sequence] = max(backward.get(sequence, 0), extra)
+                scratch[label] = max(scratch.get(label, 0), extra)
             continue
-        elif fields.sequence_number >= 0 and not node.name.startswith("autograd::"):
-            sequence = fields.sequence_number  # an autograd node (ConvolutionBackward0, ...)
-        stack.extend((child, label, sequence) for child in node.children)
-    return OperatorScratch(forward, backward)
+        stack.extend((child, label) for child in node.children)
+    return scratch
+
+
+def backward_temporaries(profile: torch.profiler.profile, device_type: str, owners: dict[int, str]) -> dict[str, int]:
+    """Per owner, the most its backward raises memory above what it started with and leaves
+    behind: kernel scratch, temporaries of the autograd formulas, gradients passed between the
+    autograd nodes of one owner. `owners` maps autograd sequence numbers
+    (`grad_fn._sequence_nr()`) to the graph node that created them. An owner's window opens
+    when one of its autograd nodes starts and closes when another owner's does; autograd nodes
+    nobody owns (AccumulateGrad, the loss's) count for the window they run in.
+
+    Example:
+        >>> with memory_profile() as profile:
+        ...     loss.backward()
+        >>> backward_temporaries(profile, "cpu", {y.grad_fn._sequence_nr(): "conv"})["conv"]
+    """
+    starts: list[tuple[int, str]] = []
+    stack = list(profile.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        kind, fields = node.typed
+        if kind != _EventType.TorchOp:
+            continue
+        if node.name.startswith("autograd::engine::evaluate_function") and fields.sequence_number in owners:
+            starts.append((node.start_time_ns, owners[fields.sequence_number]))
+        stack.extend(node.children)
+    starts.sort()
+    windows = [start for index, start in enumerate(starts) if index == 0 or start[1] != starts[index - 1][1]]
+
+    temporaries: dict[str, int] = {}
+    live: dict[int, tuple[int, int]] = {}  # pointer -> (bytes, window it was allocated in)
+    live_bytes = 0
+    window = -1
+    opened_at = peak = 0
+
+    def close() -> None:
+        if window >= 0:
+            kept = sum(size for size, made_in in live.values() if made_in == window)
+            owner = windows[window][1]
+            temporaries[owner] = max(temporaries.get(owner, 0), peak - opened_at - kept)
+
+    for event in allocation_events(profile, device_type):
+        while window + 1 < len(windows) and windows[window + 1][0] <= event.time_ns:
+            close()
+            window += 1
+            opened_at = peak = live_bytes
+        if event.size_bytes > 0:
+            live_bytes += event.size_bytes - live.pop(event.pointer, (0, 0))[0]
+            live[event.pointer] = (event.size_bytes, window)
+            peak = max(peak, live_bytes)
+        else:
+            live_bytes -= live.pop(event.pointer, (0, 0))[0]
+    close()
+    return temporaries
 
 
 def _subtree_allocations(operator: Any, device_type: str) -> list[AllocationEvent]:

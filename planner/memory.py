@@ -35,19 +35,9 @@ class LiveBytesTracker(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self._refs: dict[int, weakref.ref] = {}
-        self._born: dict[int, tuple[int, int]] = {}  # storage key -> (allocation number, bytes)
-        self._allocations = 0
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
-
-    def mark(self) -> int:
-        """A point in the allocation sequence, for `allocated_since`."""
-        return self._allocations
-
-    def allocated_since(self, mark: int) -> int:
-        """Bytes of storages allocated after `mark` that are still alive."""
-        return sum(nbytes for number, nbytes in self._born.values() if number >= mark)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
@@ -68,14 +58,11 @@ class LiveBytesTracker(TorchDispatchMode):
             return
         nbytes = storage.nbytes()
         self._refs[key] = weakref.ref(storage, lambda _, key=key, nbytes=nbytes: self._free(key, nbytes))
-        self._born[key] = (self._allocations, nbytes)
-        self._allocations += 1
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
     def _free(self, key: int, nbytes: int) -> None:
         self._refs.pop(key, None)
-        self._born.pop(key, None)
         self.live_bytes -= nbytes
 
 

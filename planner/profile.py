@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
-from planner.allocations import memory_profile, operator_scratch
+from planner.allocations import backward_temporaries, forward_scratch, memory_profile
 from planner.memory import LiveBytesTracker, storage_bytes
 from planner.verify import training_loss
 
@@ -169,38 +169,6 @@ class ProfileInterpreter(fx.Interpreter):
             self.grad_fn_owner[grad_fn] = name
             stack.extend(next_fn for next_fn, _ in grad_fn.next_functions)
 
-    def measure_backward(self, loss: torch.Tensor) -> dict[str, int]:
-        """Run backward from `loss` and return, per node, the bytes its backward allocates and
-        frees again before it ends (workspace, upcasts, gradients passed between the autograd
-        nodes of one fx node). A node's window opens when its first autograd node starts and
-        closes when another fx node's starts."""
-        transient: dict[str, int] = {}
-        window: dict[str, Any] = {"node": None, "live": 0, "mark": 0}
-
-        def close() -> None:
-            if window["node"] is not None:
-                extra = (self.tracker.peak_bytes - window["live"]
-                         - self.tracker.allocated_since(window["mark"]))
-                transient[window["node"]] = max(transient.get(window["node"], 0), extra)
-
-        def opener(owner: str) -> Callable[..., None]:
-            def hook(*_: Any) -> None:
-                if window["node"] != owner:
-                    close()
-                    self.tracker.reset_peak()
-                    window.update(node=owner, live=self.tracker.live_bytes, mark=self.tracker.mark())
-            return hook
-
-        handles = [grad_fn.register_prehook(opener(owner)) for grad_fn, owner in self.grad_fn_owner.items()]
-        try:
-            with self.tracker:
-                loss.backward()
-                close()
-        finally:
-            for handle in handles:
-                handle.remove()
-        return transient
-
     def _buffers_read(self, n: fx.Node, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Buffers a node can write: those passed to it and those of the module it calls."""
         found = {self.buffer_names[id(t)]: t for t in inputs if id(t) in self.buffer_names}
@@ -289,23 +257,20 @@ def profile(
     with torch.enable_grad():
         if progress:
             progress("measuring sizes and saved tensors")
-        # The profiler sees what kernels allocate for themselves, which the tracker cannot.
+        # The profiler sees what kernels and autograd allocate for themselves, which the
+        # tensor tracker cannot: scratch, and backward's temporaries.
         with memory_profile() as allocations:
             interpreter = ProfileInterpreter(gm, static_keys)
             output = interpreter.run(*inputs)
             if progress:
                 progress("measuring backward temporaries")
-            backward_extra = interpreter.measure_backward((loss or training_loss)(output))
+            (loss or training_loss)(output).backward()
         records = {node.name: node.meta[META_KEY] for node in gm.graph.nodes if META_KEY in node.meta}
-        scratch = operator_scratch(allocations, device.type, NODE_LABEL)
-        for name, extra in scratch.forward.items():
+        for name, extra in forward_scratch(allocations, device.type, NODE_LABEL).items():
             records[name].transient_bytes += extra
-        backward_scratch: dict[str, int] = {}
-        for grad_fn, name in interpreter.grad_fn_owner.items():  # a node's autograd nodes run one by one
-            extra = scratch.backward.get(grad_fn._sequence_nr(), 0)
-            backward_scratch[name] = max(backward_scratch.get(name, 0), extra)
-        for name in backward_extra.keys() | backward_scratch.keys():
-            records[name].backward_transient_bytes = max(0, backward_extra.get(name, 0)) + backward_scratch.get(name, 0)
+        owners = {grad_fn._sequence_nr(): name for grad_fn, name in interpreter.grad_fn_owner.items()}
+        for name, extra in backward_temporaries(allocations, device.type, owners).items():
+            records[name].backward_transient_bytes = max(0, extra)
         del interpreter, output
         times: dict[str, list[float]] = {}
         for run in range(warmup + repeats):
