@@ -774,6 +774,8 @@ def main() -> int:
     if save:
         command = "python benchmarks/compare.py" + (f" --models {args.models}" if args.models != ",".join(SPECS) else "") \
             + (f" --rounds {args.rounds}" if args.rounds != 3 else "")
+        if args.compile_budgets != (0.1, 0.3, 0.5, 0.7, 0.9):
+            command += " --compile-budgets " + ",".join(f"{budget:g}" for budget in args.compile_budgets)
         from results import append_results
 
         append_results("Planner vs. today's options", command, body)
