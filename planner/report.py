@@ -83,10 +83,11 @@ def format_report(
         f"  regions           {len(checkpoints)}",
     ]
     if checkpoints:
-        lines.append(f"    {'#':>3}  {'first node':<24} {'last node':<24} {'nodes':>5} "
+        width = max(len("first node"), *(len(name) for c in checkpoints for name in (c.nodes[0], c.nodes[-1])))
+        lines.append(f"    {'#':>3}  {'first node':<{width}} {'last node':<{width}} {'nodes':>5} "
                      f"{'recompute':>12} {'freed':>11}  modules")
         for index, c in enumerate(checkpoints):
-            lines.append(f"    {index:>3}  {c.nodes[0]:<24} {c.nodes[-1]:<24} {len(c.nodes):>5} "
+            lines.append(f"    {index:>3}  {c.nodes[0]:<{width}} {c.nodes[-1]:<{width}} {len(c.nodes):>5} "
                          f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}  {span(c.modules)}")
     if verification is not None:
         lines += ["", str(verification)]
