@@ -345,9 +345,10 @@ def _single_node_optimum(
     """The cheapest plan of one-node regions, from the same model restricted to them (about a
     quarter of the variables, and an LP that solves in well under a second where the full one
     takes 20 s), or the best found within `time_limit_s`; None if none was found (or none
-    exists). A warm start for the full model, never a bound. Only the LP-guided worker runs:
-    on random_layered_n250 at 70% it proves 14 134 ms optimal in under a second, where the
-    default mix of workers needs 17 s."""
+    exists). A warm start for the full model, never a bound. Of CP-SAT's full-problem workers
+    only the LP-guided one (`max_lp`) runs, beside the neighbourhood searches: on
+    random_layered_n250 at 70% that proves 14 134 ms optimal in under a second on one core,
+    where the default mix of workers needs 17 s."""
     built = _build(problem, budget_bytes - problem.static_bytes, budget_bytes - problem.static_bytes, 1)
     if hint is not None and all(len(region) == 1 for region in hint):
         _hint(built, problem, hint)
