@@ -50,6 +50,8 @@ def problems(draw: st.DrawFn, max_nodes: int = 8, unread_saves: bool = False) ->
                 saved_bytes=draw(st.sampled_from([0, 0, 2, 5])),
                 transient_bytes=draw(st.sampled_from([0, 0, 0, 7])),
                 param_grad_bytes=draw(st.sampled_from([0, 0, 3])),
+                # a weight shared with an earlier node (tied embeddings): its gradient is held
+                shared_grads=((draw(st.integers(0, i - 1)), 4),) if i and draw(st.integers(0, 5)) == 0 else (),
                 uses=uses,
                 saves=saves,
                 mutates=mutates,
