@@ -83,11 +83,12 @@ class Plan(PlanFigures):
 
     def __init__(self, model: nn.Module, sample: Any, traced: Traced, problem: Problem,
                  summary: GraphProfile, solution: Solution, budget_bytes: int, reserved_bytes: int,
-                 requested_solver: str):
+                 requested_solver: str, solver_options: dict[str, Any] | None = None):
         self._model = model
         self._sample = sample
         self.verification: Verification | None = None
         self.requested_solver = requested_solver
+        self.solver_options = dict(solver_options or {})
         self._traced = traced
         self._module: CheckpointedModule | None = None
         self.problem = problem
@@ -130,19 +131,25 @@ class Plan(PlanFigures):
         return self._traced.leaves
 
     def replan(self, budget_gb: float | None = None, solver: str | None = None,
-               reserved_gb: float | None = None) -> "Plan":
-        """Solve again for another budget or solver, reusing the measurements.
+               reserved_gb: float | None = None, solver_options: dict[str, Any] | None = None) -> "Plan":
+        """Solve again for another budget or solver, reusing the measurements. `solver_options`
+        go to the solver (see `solvers.solve`); by default the plan's own, unless `solver`
+        names another solver.
 
         Example:
             >>> tighter = p.replan(budget_gb=1.0)
+            >>> proven = p.replan(solver="ilp", solver_options={"time_limit_s": 120})
         """
         budget_bytes = int(check_gb("budget_gb", budget_gb) * GIB) if budget_gb is not None else self.budget_bytes
         reserved_bytes = (int(check_gb("reserved_gb", reserved_gb, allow_zero=True) * GIB)
                           if reserved_gb is not None else self.reserved_bytes)
         problem = replace(self.problem, static_bytes=self.problem.static_bytes - self.reserved_bytes + reserved_bytes)
-        solution = solve(problem, budget_bytes, method=solver or self.requested_solver)
+        method = solver or self.requested_solver
+        if solver_options is None:
+            solver_options = self.solver_options if method == self.requested_solver else {}
+        solution = solve(problem, budget_bytes, method=method, **solver_options)
         return Plan(self._model, self._sample, self._traced, problem, self.profile, solution, budget_bytes,
-                    reserved_bytes, solver or self.requested_solver)
+                    reserved_bytes, method, solver_options)
 
     def verify(self, sample: Any = None, steps: int = 3) -> Verification:
         """Run real forward+backward steps of the original and the planned module and measure
@@ -233,6 +240,7 @@ def plan(
     frontend: str = "auto",
     repeats: int = 5,
     progress: Callable[[str], None] | None = None,
+    solver_options: dict[str, Any] | None = None,
 ) -> Plan:
     """Choose which parts of `model` to recompute so one training step fits `budget_gb`.
 
@@ -241,6 +249,7 @@ def plan(
     set aside for anything else (optimizer state, say). `sample` is a Tensor, a tuple of
     positional arguments or a dict of keyword arguments for `model.forward`, on the device the
     model trains on. The model is traced, measured on the sample, and left as it was.
+    `solver_options` go to the solver (for example `{"time_limit_s": 120}` for "ilp").
 
     Example:
         >>> from planner import plan
@@ -272,6 +281,7 @@ def plan(
     problem = build_problem(traced.gm, summary, reserved_bytes)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()
-    solution = solve(problem, budget_bytes, method=solver)
+    solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))
     logger.info("solved in %.2f s", time.perf_counter() - started)
-    return Plan(model, sample, traced, problem, summary, solution, budget_bytes, reserved_bytes, solver)
+    return Plan(model, sample, traced, problem, summary, solution, budget_bytes, reserved_bytes, solver,
+                solver_options)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import snapshot, train_step
+from conftest import small_gpt, snapshot, train_step
 from planner import Plan, plan
 from planner.api import GIB
 from solvers import peak_bytes
@@ -138,3 +138,14 @@ def test_plan_str_is_a_readable_report():
     text = str(p)
     assert "TinyGPT" in text and "sqrt" in text and "predicted" in text
     assert "regions" in text and "recompute" in text
+
+
+def test_solver_options_reach_the_solver_and_stay_with_the_plan():
+    model, tokens = small_gpt()
+    p = plan(model, tokens, budget_gb=80, repeats=1, solver="ilp", solver_options={"time_limit_s": 5})
+    assert p.solver_options == {"time_limit_s": 5}
+    tight = p.replan(budget_gb=0.6 * p.baseline_peak_bytes / GIB)
+    assert tight.solver_options == {"time_limit_s": 5} and tight.checkpoints
+    assert p.replan(solver="dp").solver_options == {}  # another solver: not its options
+    with pytest.raises(TypeError, match="unknown options"):
+        p.replan(solver_options={"no_such_option": 1})
