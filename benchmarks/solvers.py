@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from solvers import InfeasibleBudget, Problem, Solution, Status, load_graph, peak_bytes, solve  # noqa: E402
+from solvers import InfeasibleBudget, Problem, Solution, load_graph, peak_bytes, solve  # noqa: E402
 
 GRAPHS = ROOT.parent / "shared" / "data" / "remat-graphs"
 FRACTIONS = (0.3, 0.5, 0.7, 0.9)
@@ -154,7 +154,7 @@ def main() -> int:
         "where dp proves it optimal (same decision space; see solvers/ilp.py).",
         "",
         "Targets:",
-        f"- dp under 2 s on the 1000-node graph: "
+        "- dp under 2 s on the 1000-node graph: "
         + ("no graph of 1000 nodes" if not dp_cpu_1000 else f"max CPU {max(dp_cpu_1000):.2f} s"),
         "- ilp proves optimality or a gap <= 1% within the limit on graphs up to 300 nodes",
         "- dp and ilp never cost more than sqrt",

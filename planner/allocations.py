@@ -58,6 +58,7 @@ class ProfiledPeakMemory:
         self.live_bytes = 0
         self.allocations = 0
         self._running: Any = None
+        self._profile: torch.profiler.profile | None = None
 
     def __enter__(self) -> "ProfiledPeakMemory":
         self._running = memory_profile()
@@ -214,27 +215,34 @@ def backward_temporaries(profile: torch.profiler.profile, device_type: str, owne
 
     temporaries: dict[str, int] = {}
     live: dict[int, tuple[int, int]] = {}  # pointer -> (bytes, window it was allocated in)
-    live_bytes = 0
     window = -1
-    opened_at = peak = 0
+    live_bytes = opened_at = peak = kept = 0  # kept: bytes the open window allocated, still live
 
     def close() -> None:
         if window >= 0:
-            kept = sum(size for size, made_in in live.values() if made_in == window)
             owner = windows[window][1]
             temporaries[owner] = max(temporaries.get(owner, 0), peak - opened_at - kept)
+
+    def forget(pointer: int) -> int:
+        nonlocal kept
+        size, made_in = live.pop(pointer, (0, -1))
+        if made_in == window and window >= 0:
+            kept -= size
+        return size
 
     for event in allocation_events(profile, device_type):
         while window + 1 < len(windows) and windows[window + 1][0] <= event.time_ns:
             close()
             window += 1
             opened_at = peak = live_bytes
+            kept = 0
         if event.size_bytes > 0:
-            live_bytes += event.size_bytes - live.pop(event.pointer, (0, 0))[0]
+            live_bytes += event.size_bytes - forget(event.pointer)  # seen twice: a free was missed
             live[event.pointer] = (event.size_bytes, window)
+            kept += event.size_bytes if window >= 0 else 0
             peak = max(peak, live_bytes)
         else:
-            live_bytes -= live.pop(event.pointer, (0, 0))[0]
+            live_bytes -= forget(event.pointer)
     close()
     return temporaries
 
