@@ -24,6 +24,10 @@ Memory: linear constraints, no big-M:
   region's own recomputation peak (zero where i does not end a region, and then implied by
   the backward constraint).
 
+Valid inequalities: on graphs whose nodes save their own outputs (the literature's), two nodes
+of a producer-consumer triangle can both have their outputs freed only if they share a region
+(`_add_triangle_cuts`); the LP relaxation misses this, and the cuts tighten it.
+
 RL and W come from `solvers.structure.scan_regions`. Starts that cannot hold node i (its
 backward would not fit with only the region's inputs held), regions that cannot end at i for
 the same reason, and starts at memoryless nodes (`Structure.useful_start`) are left out. Byte
@@ -212,6 +216,14 @@ def _build(
             return 0
         return row[min(i, structure.keep_until[j])]
 
+    def same_region(j: int, k: int) -> Any:
+        """1 iff consumer k's region starts at or before j (so j and k share a region)."""
+        if not member[k] or j < min(member[k]):
+            return 0
+        return prefix[k, j]
+
+    _add_triangle_cuts(model, structure, held_output, same_region)
+
     saved_outside = [0]
     for t in range(n):
         saved_outside.append(saved_outside[-1] + scaled(nodes[t].saved_bytes) * (1 - in_region[t]))
@@ -256,6 +268,32 @@ def _build(
     objective = budget if live_budget is None else sum(cost * in_region[i] for i, cost in enumerate(costs))
     model.minimize(objective)
     return _Model(model, member, in_region, alive, kept, prefix, objective_scale, budget, costs, objective)
+
+
+def _add_triangle_cuts(model: Any, structure: Structure, held: Any, same_region: Any) -> None:
+    """Valid inequalities that the LP relaxation misses, one per triangle u -> v -> w with
+    u -> w in the graph, where each node saves its own output (as in the literature graphs).
+
+    An output freed before the backward of w (`1 - held(u, w)`) needs its node in a region
+    (its own saver would keep it otherwise) and each consumer up to w outside regions or in
+    the same region (a later region reading it would keep it). So two nodes of the triangle can
+    both be freed only if they share a region, and
+    `sum of freed over {u, v, w} <= 1 + same(u, v) + same(v, w)` (u and w share a region
+    only if v does too).
+    The LP meets it with halves (two regions at one half each free three halves); on
+    random_layered_n250 at 50% these 108 cuts raise the LP bound from 53 291 to 53 792 ms
+    (the optimum is 54 470) and steer it to the optimum's long region."""
+    for u in range(structure.n):
+        if u not in structure.savers[u]:
+            continue
+        for v in structure.consumers[u]:
+            if v not in structure.savers[v]:
+                continue
+            for w in structure.consumers[v]:
+                if w not in structure.savers[w] or w not in structure.consumers[u]:
+                    continue
+                freed = 3 - held(u, w) - held(v, w) - held(w, w)
+                model.add(freed <= 1 + same_region(u, v) + same_region(v, w))
 
 
 def _bound_by_optimum(built: _Model, regions: tuple[range, ...]) -> int:

@@ -21,9 +21,12 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], der
 
 
 @st.composite
-def problems(draw: st.DrawFn, max_nodes: int = 8, unread_saves: bool = False) -> Problem:
+def problems(
+    draw: st.DrawFn, max_nodes: int = 8, unread_saves: bool = False, self_saves: bool = False
+) -> Problem:
     """A random graph in topological order. Saves are owners a node reads or itself (as in
-    traced graphs), unless `unread_saves`, which also lets nodes save outputs they never read."""
+    traced graphs), unless `unread_saves`, which also lets nodes save outputs they never read;
+    `self_saves` makes every node save its own output too (as in the literature graphs)."""
     n = draw(st.integers(1, max_nodes))
     chain = draw(st.booleans())
     sizes = st.sampled_from([0, 1, 2, 3, 8, 16])
@@ -36,7 +39,7 @@ def problems(draw: st.DrawFn, max_nodes: int = 8, unread_saves: bool = False) ->
         else:
             uses = tuple(sorted(draw(st.sets(st.integers(0, i - 1), min_size=1, max_size=min(3, i)))))
         savable = sorted({*uses, i} | ({*range(i)} if unread_saves else set()))
-        saves = tuple(sorted(draw(st.sets(st.sampled_from(savable), max_size=3))))
+        saves = tuple(sorted(draw(st.sets(st.sampled_from(savable), max_size=3)) | ({i} if self_saves else set())))
         mutates = (uses[-1],) if uses and draw(st.integers(0, 9)) == 0 else ()
         if draw(st.integers(0, 4)) == 0:  # a view or shape query: no memory of its own
             nodes.append(NodeCost(f"view{i}", compute_ms=draw(st.integers(0, 2)) / 4, uses=uses, mutates=mutates))
@@ -123,6 +126,40 @@ def test_ilp_equals_brute_force(problem: Problem, data: st.DataObject) -> None:
     truth = Truth.of(problem)
     for budget in budgets(truth, data):
         check_against_truth(problem, truth, budget, "ilp", hint=False)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(problem=problems(max_nodes=8, self_saves=True), data=st.data())
+def test_ilp_equals_brute_force_where_nodes_save_their_outputs(problem: Problem, data: st.DataObject) -> None:
+    # Graphs like the literature's, where the model adds its triangle cuts.
+    truth = Truth.of(problem)
+    for budget in budgets(truth, data):
+        check_against_truth(problem, truth, budget, "ilp", hint=False)
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(problem=problems(max_nodes=7, self_saves=True), data=st.data())
+def test_ilp_model_admits_every_plan_that_fits(problem: Problem, data: st.DataObject) -> None:
+    # Every fitting plan, with the model's variables fixed to its values, satisfies every
+    # constraint of the model, the valid inequalities (triangle cuts) included.
+    # (Regions that start at a memoryless node are left out of the model on purpose: another
+    # plan beats them for sure.)
+    from solvers.ilp import _build, _hint, _solver
+    from solvers.structure import Structure
+
+    truth = Truth.of(problem)
+    budget = data.draw(st.integers(truth.minimum, truth.maximum), label="budget")
+    live = budget - problem.static_bytes
+    useful = Structure.of(problem).useful_start
+    for plan, peak, _ in truth.plans:
+        if peak > budget or not all(useful[region.start] for region in plan):
+            continue
+        built = _build(problem, live, live)
+        assert _hint(built, problem, plan), plan
+        solver = _solver(10.0, 1)
+        solver.parameters.fix_variables_to_their_hinted_value = True
+        status = solver.solve(built.model)
+        assert solver.status_name(status) in ("OPTIMAL", "FEASIBLE"), f"ilp model cuts off plan {plan}"
 
 
 @settings(max_examples=40, **SETTINGS)
