@@ -299,3 +299,33 @@ def test_ilp_one_node_warm_start_is_the_best_plan_of_one_node_regions(problem: P
         assert all(len(region) == 1 for region in plan)
         assert peak_bytes(problem, plan) <= budget, "one-node regions: plan over budget"
         assert math.isclose(problem.recompute_ms(plan), min(costs), abs_tol=1e-9), (plan, min(costs))
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(problem=problems(max_nodes=8, self_saves=True), data=st.data())
+def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st.DataObject) -> None:
+    # The LP relaxation's objective never exceeds any fitting plan's cost (in the model's
+    # scaled units); the LP-guided warm start fits and never beats the optimum.
+    from solvers.ilp import _build, _lp_guided_plan
+    from solvers.lp_relaxation import solve_relaxation
+
+    truth = Truth.of(problem)
+    for budget in budgets(truth, data):
+        live = budget - problem.static_bytes
+        if live < 0:
+            continue
+        built = _build(problem, live, live)
+        relaxation = solve_relaxation(built.model, time_limit_s=10.0)
+        optimum = truth.optimum(budget)
+        if optimum is None:
+            continue  # the LP may or may not be feasible
+        assert relaxation is not None, "LP relaxation: none where a plan fits"
+        for plan, peak, _ in truth.plans:
+            if peak <= budget:
+                cost = sum(built.costs[i] for region in plan for i in region)
+                assert relaxation.objective <= cost, f"LP bound {relaxation.objective} above plan {plan} ({cost})"
+        plan, bound = _lp_guided_plan(problem, budget, built, time_limit_s=10.0, workers=1)
+        assert bound is not None and bound <= sum(built.costs[i] for region in plan or () for i in region) + 1e-6
+        if plan is not None:
+            assert peak_bytes(problem, plan) <= budget, "LP-guided plan over budget"
+            assert problem.recompute_ms(plan) >= optimum - 1e-9, "LP-guided plan cheaper than the optimum"
