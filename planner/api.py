@@ -34,7 +34,12 @@ class Checkpoint:
     nodes: tuple[str, ...]
     recompute_ms: float
     freed_bytes: int  # activation bytes no longer held at the end of forward
-    modules: tuple[str, ...] = ()  # the model's submodules the nodes belong to, in order
+    node_modules: tuple[str, ...] = ()  # the model's submodule of each node ("" for the model)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The submodules the nodes belong to, each once, in order of first appearance."""
+        return tuple(dict.fromkeys(self.node_modules))
 
 
 def describe_checkpoints(problem: Problem, regions: tuple[range, ...], modules: Sequence[str]) -> tuple[Checkpoint, ...]:
@@ -48,7 +53,7 @@ def describe_checkpoints(problem: Problem, regions: tuple[range, ...], modules: 
     return tuple(
         Checkpoint(
             nodes=tuple(problem.nodes[i].name for i in region),
-            modules=tuple(dict.fromkeys(modules[i] for i in region)),
+            node_modules=tuple(modules[i] for i in region),
             recompute_ms=problem.recompute_ms((region,)),
             freed_bytes=unplanned - held_after_forward(problem, (region,)),
         )

@@ -33,17 +33,17 @@ class PlanFigures:
         return self.solution.solver
 
 
-def span(modules: Sequence[str]) -> str:
-    """The first and last of the model submodules a region touches, for one report column.
+def span(node_modules: Sequence[str]) -> str:
+    """The submodules of a region's first and last node, for one report column.
 
     Example:
-        >>> span(("transformer.h.0.attn", "transformer.h.0.mlp"))
+        >>> span(("transformer.h.0.attn", "transformer.h.0.attn.c_attn", "transformer.h.0.mlp"))
         'transformer.h.0.attn .. transformer.h.0.mlp'
     """
-    named = [module or "(model)" for module in modules]
-    if not named:
+    if not node_modules:
         return ""
-    return named[0] if len(named) == 1 else f"{named[0]} .. {named[-1]}"
+    first, last = (module or "(model)" for module in (node_modules[0], node_modules[-1]))
+    return first if first == last else f"{first} .. {last}"
 
 
 def format_report(
@@ -88,7 +88,7 @@ def format_report(
                      f"{'recompute':>12} {'freed':>11}  modules")
         for index, c in enumerate(checkpoints):
             lines.append(f"    {index:>3}  {c.nodes[0]:<{width}} {c.nodes[-1]:<{width}} {len(c.nodes):>5} "
-                         f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}  {span(c.modules)}")
+                         f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}  {span(c.node_modules)}")
     if verification is not None:
         lines += ["", str(verification)]
     return "\n".join(lines)

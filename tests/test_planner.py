@@ -149,3 +149,15 @@ def test_solver_options_reach_the_solver_and_stay_with_the_plan():
     assert p.replan(solver="dp").solver_options == {}  # another solver: not its options
     with pytest.raises(TypeError, match="unknown options"):
         p.replan(solver_options={"no_such_option": 1})
+
+
+def test_report_module_column_names_the_first_and_last_node_modules():
+    # A region that starts and ends in one module but passes through its children is that module.
+    from planner.report import span
+
+    assert span(("blocks.0.attention", "blocks.0.attention.qkv", "blocks.0.attention")) == "blocks.0.attention"
+    assert span(("blocks.0.norm1", "blocks.0.attention.qkv", "blocks.0.attention")) == (
+        "blocks.0.norm1 .. blocks.0.attention"
+    )
+    assert span(("", "head")) == "(model) .. head"
+    assert span(()) == ""
