@@ -194,13 +194,15 @@ def _build(
                 model.add(var == running)
                 prefix[k, a] = var
 
+    def starts_by(k: int, i: int) -> Any:
+        """1 iff node k is in a region that starts at or before i."""
+        if i < min(member[k], default=k + 1):
+            return 0
+        return prefix.get((k, min(i, k)), 0)
+
     def starts_within(k: int, low: int, high: int) -> Any:
         """1 iff node k's region starts in (low, high]."""
-        def upto(i: int) -> Any:
-            if i < min(member[k], default=k + 1):
-                return 0
-            return prefix.get((k, min(i, k)), 0)
-        return upto(high) - upto(low)
+        return starts_by(k, high) - starts_by(k, low)
 
     # Outputs held in backward: alive[j][i] for i from j to its last possible keeper, where it
     # equals kept[j]. A saver k outside regions keeps j from the backward of k on; a region
@@ -232,13 +234,8 @@ def _build(
             return 0
         return row[min(i, structure.keep_until[j])]
 
-    def same_region(j: int, k: int) -> Any:
-        """1 iff consumer k's region starts at or before j (so j and k share a region)."""
-        if not member[k] or j < min(member[k]):
-            return 0
-        return prefix[k, j]
-
-    _add_triangle_cuts(model, structure, held_output, same_region)
+    # A consumer k shares j's region iff k's region starts at or before j.
+    _add_triangle_cuts(model, structure, held_output, lambda j, k: starts_by(k, j))
 
     saved_outside = [0]
     for t in range(n):
@@ -403,14 +400,35 @@ def _single_node_optimum(
     only the LP-guided one (`max_lp`) runs, beside the neighbourhood searches: on
     random_layered_n250 at 70% that proves 14 134 ms optimal in under a second on one core,
     where the default mix of workers needs 17 s."""
-    built = _build(problem, budget_bytes - problem.static_bytes, budget_bytes - problem.static_bytes, 1)
-    if hint is not None and all(len(region) == 1 for region in hint):
+    one_node_hint = hint if hint is not None and all(len(region) == 1 for region in hint) else None
+    return _search_restricted(problem, budget_bytes, 1, frozenset(), one_node_hint, time_limit_s, workers)
+
+
+def _search_restricted(
+    problem: Problem,
+    budget_bytes: int,
+    max_region_nodes: int,
+    long_starts: frozenset[int],
+    hint: tuple[range, ...] | None,
+    time_limit_s: float,
+    workers: int,
+) -> tuple[range, ...] | None:
+    """The best plan CP-SAT finds within `time_limit_s` in the model restricted to regions of
+    at most `max_region_nodes` nodes (except from `long_starts`); None if none. Its plans are
+    plans of the full model. Of the full-problem workers only the LP-guided one (`max_lp`)
+    runs, beside the neighbourhood searches."""
+    live_budget = budget_bytes - problem.static_bytes
+    built = _build(problem, live_budget, live_budget, max_region_nodes, long_starts)
+    if hint is not None:
         _hint(built, problem, hint)
     solver = _solver(time_limit_s, workers)
     solver.parameters.subsolvers.append("max_lp")
     status = solver.solve(built.model)
+    logger.debug(
+        "ilp: regions of at most %d nodes (any length from %d starts): CP-SAT %s in %.2f s",
+        max_region_nodes, len(long_starts), solver.status_name(status), solver.wall_time,
+    )
     cp_model = _cp_model()
-    logger.debug("ilp: one-node regions: CP-SAT %s in %.2f s", solver.status_name(status), solver.wall_time)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return _regions(solver, built, len(problem))
@@ -445,19 +463,9 @@ def _lp_guided_plan(
     )
     # Not hinted with the plans found so far: on random_layered_n250 at 50% dp's plan (a
     # 118-node region) led the search to 55 552 ms in 20 s, the LP alone to 54 567 ms.
-    live_budget = budget_bytes - problem.static_bytes
-    restricted = _build(problem, live_budget, live_budget, short, long_starts)
-    solver = _solver(GUIDED_SHARE * time_limit_s, workers)
-    solver.parameters.subsolvers.append("max_lp")  # as in _single_node_optimum
-    status = solver.solve(restricted.model)
-    logger.debug(
-        "ilp: LP-guided search, %d long starts: CP-SAT %s in %.2f s",
-        len(long_starts), solver.status_name(status), solver.wall_time,
-    )
-    cp_model = _cp_model()
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None, relaxation.objective
-    return _regions(solver, restricted, len(problem)), relaxation.objective
+    share_s = GUIDED_SHARE * time_limit_s
+    plan = _search_restricted(problem, budget_bytes, short, long_starts, None, share_s, workers)
+    return plan, relaxation.objective
 
 
 def _regions(solver: Any, built: _Model, n: int) -> tuple[range, ...]:
