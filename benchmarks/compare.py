@@ -4,8 +4,9 @@ For each model, one run measures these configurations side by side:
 
 - `none`: the model as it is, no checkpointing;
 - `every block`: each block under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`, on a
-  deep copy (Hugging Face models: `gradient_checkpointing_enable()`, which is what transformers
-  users get; the built-in models: each block's `forward` wrapped);
+  deep copy (Hugging Face models: `activation_checkpointing_enable()`, which is what transformers
+  users get, or `gradient_checkpointing_enable()` on transformers older than its 5.x rename;
+  the built-in models: each block's `forward` wrapped);
 - `sqrt(N) segments`: what `checkpoint_sequential` does: the N blocks cut into segments of about
   sqrt(N) blocks, every segment but the last run under one checkpoint call (deep copy);
 - `compile b=...`: `torch.compile` (Inductor) on a deep copy, with
@@ -171,8 +172,13 @@ def every_block(spec: Spec, model):
     """A deep copy with each block checkpointed."""
     copied = copy.deepcopy(model)
     if spec.hugging_face:
-        copied.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        how = "`gradient_checkpointing_enable(use_reentrant=False)` on a deep copy"
+        # transformers 5.x renamed it (the old name warns that it goes in v6); older ones lack it.
+        if hasattr(copied, "activation_checkpointing_enable"):
+            copied.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            how = "`activation_checkpointing_enable(use_reentrant=False)` on a deep copy"
+        else:
+            copied.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            how = "`gradient_checkpointing_enable(use_reentrant=False)` on a deep copy"
     else:
         blocks = spec.blocks(copied)
         for block in blocks:
