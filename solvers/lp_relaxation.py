@@ -1,7 +1,8 @@
-"""The LP relaxation of a CP-SAT model, solved with HiGHS through OR-Tools' pywraplp.
+"""The LP relaxation of a CP-SAT model, solved with CLP through OR-Tools' pywraplp.
 
 CP-SAT solves this relaxation too, but keeps its solution to itself; `solvers.ilp` wants it to
-steer a warm start (which regions the LP would open) and as a bound. Only the
+steer a warm start (which regions the LP would open) and as a bound, and wants the relaxations
+of the two halves of a branch (a variable fixed to 0, and to 1) for a stronger bound. Only the
 constraint kinds that `solvers.ilp` builds are translated: linear constraints, implications
 (`bool_and` with one enforcement literal) and clauses (`bool_or`).
 
@@ -16,6 +17,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,45 +29,86 @@ BOUND_TOLERANCE = 1e-4
 @dataclass(frozen=True)
 class Relaxation:
     """An optimal LP solution: `values[k]` for CP-SAT variable index k, and its objective (in
-    the model's units) lowered by `BOUND_TOLERANCE`: a lower bound on the integer optimum."""
+    the model's units) lowered by `BOUND_TOLERANCE`: a lower bound on the integer optimum.
+    An infeasible LP has no values and objective +inf (no integer solution either)."""
 
     values: tuple[float, ...]
     objective: float
 
+    @property
+    def feasible(self) -> bool:
+        return self.objective < math.inf
+
+
+class LinearRelaxation:
+    """The LP relaxation of a CP-SAT model, kept loaded in CLP so that solving it again with
+    some variables fixed starts from the last basis: on random_layered_n250's model at 50% the
+    LP takes 20 s, and then the two halves of a branch 12 s and 6 s, where each takes 20 s from
+    scratch (HiGHS: 20 s each; GLOP 45 s). GLOP, from scratch, where CLP gives no answer.
+
+    Example:
+        >>> relaxation = LinearRelaxation(built.model)
+        >>> root = relaxation.solve(time_limit_s=30)
+        >>> down, up = relaxation.solve(30, {k: 0.0}), relaxation.solve(30, {k: 1.0})
+        >>> min(down.objective, up.objective) >= root.objective  # each plan is in one half
+        True
+    """
+
+    def __init__(self, model: Any) -> None:
+        self._proto, self._scale = _translate(model)
+        self._offset = float(model.proto.objective.offset)
+        self._warm: Any = None  # the CLP solver, loaded once
+
+    def solve(self, time_limit_s: float, fixed: Mapping[int, float] | None = None) -> Relaxation | None:
+        """The LP with each variable index in `fixed` fixed to its value; None if no answer
+        came within `time_limit_s`."""
+        from ortools.linear_solver import pywraplp
+
+        deadline = time.perf_counter() + time_limit_s
+        fixed = fixed or {}
+        for backend in ("CLP", "GLOP"):
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                break
+            lp = self._warm if backend == "CLP" else None
+            if lp is None:
+                lp = pywraplp.Solver.CreateSolver(backend)
+                if lp is None:
+                    continue
+                error = lp.LoadModelFromProto(self._proto)
+                if error:
+                    raise ValueError(f"solve_relaxation: the translated LP was refused: {error}")
+                if backend == "CLP":
+                    self._warm = lp
+            columns = lp.variables()
+            for index, value in fixed.items():
+                columns[index].SetBounds(value, value)
+            lp.SetTimeLimit(max(1, math.floor(remaining * 1000)))
+            status = lp.Solve()
+            result = None
+            if status == pywraplp.Solver.INFEASIBLE:
+                result = Relaxation((), math.inf)
+            elif status == pywraplp.Solver.OPTIMAL:
+                value = lp.Objective().Value() * self._scale + self._offset
+                value -= BOUND_TOLERANCE * abs(value)
+                result = Relaxation(tuple(column.solution_value() for column in columns), value)
+            for index in fixed:  # back to the model's own bounds, for the next solve
+                variable = self._proto.variable[index]
+                columns[index].SetBounds(variable.lower_bound, variable.upper_bound)
+            if result is not None:
+                return result
+        return None
+
 
 def solve_relaxation(model: Any, time_limit_s: float) -> Relaxation | None:
-    """Solve the LP relaxation of a CP-SAT model; None if the LP is infeasible, or no optimal
-    solution came within `time_limit_s`. HiGHS first (on random_layered_n250's model: 20 s,
-    GLOP 45 s); GLOP where HiGHS gives no answer (it reports none on some tiny models).
+    """Solve the LP relaxation of a CP-SAT model once (see `LinearRelaxation`); None if no
+    answer came within `time_limit_s`.
 
     Example:
         >>> solve_relaxation(built.model, 10).objective / built.objective_scale
         53792.35...
     """
-    from ortools.linear_solver import pywraplp
-
-    deadline = time.perf_counter() + time_limit_s
-    proto, scale = _translate(model)
-    for backend in ("HIGHS", "GLOP"):
-        remaining = deadline - time.perf_counter()
-        lp = pywraplp.Solver.CreateSolver(backend)
-        if lp is None or remaining <= 0:
-            continue
-        if backend == "HIGHS":
-            # No banner on stdout (the setter returns False here, yet the option takes effect).
-            lp.SetSolverSpecificParametersAsString("output_flag=false")
-        error = lp.LoadModelFromProto(proto)
-        if error:
-            raise ValueError(f"solve_relaxation: the translated LP was refused: {error}")
-        lp.SetTimeLimit(max(1, math.floor(remaining * 1000)))
-        status = lp.Solve()
-        if status == pywraplp.Solver.INFEASIBLE:
-            return None
-        if status == pywraplp.Solver.OPTIMAL:
-            value = lp.Objective().Value() * scale + float(model.proto.objective.offset)
-            value -= BOUND_TOLERANCE * abs(value)
-            return Relaxation(tuple(column.solution_value() for column in lp.variables()), value)
-    return None
+    return LinearRelaxation(model).solve(time_limit_s)
 
 
 def _translate(model: Any) -> tuple[Any, float]:
