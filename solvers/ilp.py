@@ -48,8 +48,10 @@ from this same model restricted to them (`_single_node_optimum`, given at most a
 time limit; its plans are plans of the full model, so this is a warm start, never a bound).
 Where no plan of one-node regions fits, the budget needs a long region, which neither those
 warm starts nor CP-SAT's neighbourhood searches place well: the LP relaxation (solved apart
-with HiGHS, `solvers.lp_relaxation`) says where long regions may start, CP-SAT searches the
-model restricted to those (`_lp_guided_plan`), and the LP's objective joins CP-SAT's bound.
+with CLP, `solvers.lp_relaxation`) says where long regions may start, CP-SAT searches the
+model restricted to those (`_lp_guided_plan`), and the LP's objective, raised by one branch
+(the smaller of the LP objectives with one node forced out of regions and forced in, solved
+from the LP's basis beside the search), joins CP-SAT's bound.
 """
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ import heapq
 import logging
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import reduce
 from typing import Any
 
@@ -71,7 +74,8 @@ DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_WORKERS = 2
 SINGLE_NODE_SHARE = 0.1  # of the time limit, at most, for the one-node-regions warm start
 LP_SHARE = 0.5  # ... for the LP relaxation that guides the long-region warm start
-GUIDED_SHARE = 0.3  # ... for the search it guides
+GUIDED_SHARE = 0.3  # ... for the search it guides (twice that on one worker fewer, see below)
+FINAL_SEARCH_MIN_S = 1.0  # with less left after the warm starts, skip the full model's search
 GUIDED_SHORT_REGION_NODES = 4  # regions longer than this start only where the LP opens them
 
 
@@ -401,7 +405,7 @@ def _single_node_optimum(
     random_layered_n250 at 70% that proves 14 134 ms optimal in under a second on one core,
     where the default mix of workers needs 17 s."""
     one_node_hint = hint if hint is not None and all(len(region) == 1 for region in hint) else None
-    return _search_restricted(problem, budget_bytes, 1, frozenset(), one_node_hint, time_limit_s, workers)
+    return _search_restricted(problem, budget_bytes, 1, frozenset(), one_node_hint, time_limit_s, workers)[0]
 
 
 def _search_restricted(
@@ -412,17 +416,23 @@ def _search_restricted(
     hint: tuple[range, ...] | None,
     time_limit_s: float,
     workers: int,
-) -> tuple[range, ...] | None:
+    stop: Future | None = None,
+) -> tuple[tuple[range, ...] | None, bool]:
     """The best plan CP-SAT finds within `time_limit_s` in the model restricted to regions of
-    at most `max_region_nodes` nodes (except from `long_starts`); None if none. Its plans are
-    plans of the full model. Of the full-problem workers only the LP-guided one (`max_lp`)
-    runs, beside the neighbourhood searches."""
+    at most `max_region_nodes` nodes (except from `long_starts`), None if none, and whether
+    it is proven the best of that model. Its plans are plans of the full model. Of the
+    full-problem workers only the LP-guided one (`max_lp`) runs, beside the neighbourhood
+    searches. The search also stops when `stop` is done. Building the model counts against
+    `time_limit_s` too."""
+    began = time.perf_counter()
     live_budget = budget_bytes - problem.static_bytes
     built = _build(problem, live_budget, live_budget, max_region_nodes, long_starts)
     if hint is not None:
         _hint(built, problem, hint)
-    solver = _solver(time_limit_s, workers)
+    solver = _solver(max(0.0, time_limit_s - (time.perf_counter() - began)), workers)
     solver.parameters.subsolvers.append("max_lp")
+    if stop is not None:
+        stop.add_done_callback(lambda _: solver.stop_search())  # (from the thread that did it)
     status = solver.solve(built.model)
     logger.debug(
         "ilp: regions of at most %d nodes (any length from %d starts): CP-SAT %s in %.2f s",
@@ -430,42 +440,121 @@ def _search_restricted(
     )
     cp_model = _cp_model()
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
-    return _regions(solver, built, len(problem))
+        return None, status == cp_model.INFEASIBLE
+    return _regions(solver, built, len(problem)), status == cp_model.OPTIMAL
 
 
 def _lp_guided_plan(
-    problem: Problem, budget_bytes: int, built: _Model, time_limit_s: float, workers: int
+    problem: Problem, budget_bytes: int, built: _Model, time_limit_s: float, workers: int, deadline: float
 ) -> tuple[tuple[range, ...] | None, float | None]:
     """A warm start for budgets that need a long region, steered by the full model's LP
-    relaxation, and the LP's bound (in the model's scaled units; None if no LP solution).
+    relaxation, and a bound from the LP (in the model's scaled units; None if no LP solution).
 
     Regions of at most `GUIDED_SHORT_REGION_NODES` nodes may start anywhere; longer ones only
     where the LP puts weight on one, and CP-SAT searches that restricted model. CP-SAT's own
     neighbourhood searches cannot move a long region: on random_layered_n250 at 50% they stay
     near dp's 67 400 ms, while the LP (with the triangle cuts) puts the optimum's long region
-    at 0.87 and this search finds 54 567 ms (the optimum is 54 470). The LP gets at most
-    `LP_SHARE` of the time limit, the search `GUIDED_SHARE`."""
-    from solvers.lp_relaxation import solve_relaxation
+    at 0.87 and this search finds 54 567 ms (the optimum is 54 470).
+
+    The bound is the LP's, raised by one branch (`_branching_node`): every plan has that node
+    in a region or not, so the smaller of the two halves' LP objectives is a bound too. On
+    that graph the LP mixes 0.87 of a plan that does not fit with 0.13 of one with a far longer
+    region (53 792 ms), and the halves give 54 158 and 54 176. The halves are solved (from the
+    LP's basis, one after the other, until `deadline`) while the search runs beside them on one
+    worker fewer (so with one worker there is no branch), then on all of them, each time for at
+    most twice `GUIDED_SHARE` of the limit; the root LP gets at most `LP_SHARE`."""
+    from solvers.lp_relaxation import LinearRelaxation
 
     started = time.perf_counter()
-    relaxation = solve_relaxation(built.model, LP_SHARE * time_limit_s)
+    relaxation = LinearRelaxation(built.model)
+    root = relaxation.solve(LP_SHARE * time_limit_s)
     took = time.perf_counter() - started
-    logger.debug("ilp: LP relaxation %s in %.2f s", "solved" if relaxation else "not solved", took)
-    if relaxation is None:
+    logger.debug("ilp: LP relaxation %s in %.2f s", "solved" if root else "not solved", took)
+    if root is None or not root.feasible:
         return None, None
     short = GUIDED_SHORT_REGION_NODES
     long_starts = frozenset(
         a
         for i, row in enumerate(built.member)
         for a, var in row.items()
-        if i - a == short and relaxation.values[var.index] > 1e-6
+        if i - a == short and root.values[var.index] > 1e-6
     )
-    # Not hinted with the plans found so far: on random_layered_n250 at 50% dp's plan (a
-    # 118-node region) led the search to 55 552 ms in 20 s, the LP alone to 54 567 ms.
-    share_s = GUIDED_SHARE * time_limit_s
-    plan = _search_restricted(problem, budget_bytes, short, long_starts, None, share_s, workers)
-    return plan, relaxation.objective
+    node = _branching_node(built, root.values)
+
+    def branch() -> float | None:
+        """The smaller LP objective of the two halves of the branch on `node`, if both came."""
+        assert node is not None
+        index = built.in_region[node].index
+        halves = [relaxation.solve(deadline - time.perf_counter(), {index: value}) for value in (0.0, 1.0)]
+        logger.debug(
+            "ilp: branch on node %d: halves %s at %.2f s", node,
+            [half.objective / built.objective_scale if half else None for half in halves],
+            time.perf_counter() - started,
+        )
+        return min(half.objective for half in halves) if halves[0] and halves[1] else None
+
+    def search(hint: tuple[range, ...] | None, workers: int, stop: Future | None = None) -> tuple[Any, bool]:
+        # (Ending a second early: CP-SAT overruns its limit a little on this model's size.)
+        share_s = min(2 * GUIDED_SHARE * time_limit_s, deadline - time.perf_counter() - FINAL_SEARCH_MIN_S)
+        if share_s < FINAL_SEARCH_MIN_S:
+            return None, False
+        return _search_restricted(problem, budget_bytes, short, long_starts, hint, share_s, workers, stop)
+
+    # Hinted with the LP's rounded plan, not with the plans found so far: on
+    # random_layered_n250 at 50% dp's plan (a 118-node region) led the search to 55 552 ms in
+    # 20 s, the LP alone to 54 567 ms. While the halves are solved, on one worker fewer.
+    hint = _rounded_plan(built, root.values)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the LP solvers release the GIL
+        halves = pool.submit(branch) if node is not None and workers > 1 else None
+        plan, proven = search(hint, workers - 1 if halves else workers, halves)
+        if halves is not None and halves.done() and not proven:  # the rest of the time: all workers
+            plan, _ = search(plan or hint, workers)
+        branch_bound = halves.result() if halves is not None else None
+    return plan, root.objective if branch_bound is None else max(root.objective, branch_bound)
+
+
+def _rounded_plan(built: _Model, values: tuple[float, ...]) -> tuple[range, ...]:
+    """The regions that an LP solution puts each node in at more than one half (it may not
+    fit: a hint for a search, not a plan)."""
+    start_of = [next((a for a, var in row.items() if values[var.index] > 0.5), None) for row in built.member]
+    regions = []
+    for i, start in enumerate(start_of):
+        if start == i:
+            stop = i + 1
+            while stop < len(start_of) and start_of[stop] == i:
+                stop += 1
+            regions.append(range(i, stop))
+    return tuple(regions)
+
+
+def _branching_node(built: _Model, values: tuple[float, ...]) -> int | None:
+    """The node to branch on, None if the LP puts every node wholly in or out of regions.
+
+    Where the LP takes a fraction of a long region, its objective is a mix of plans. The
+    region start whose fractional members weigh the most (cost times distance from 0 or 1) is
+    that region's, and of its members the costliest node that the LP puts partly in regions
+    parts the mix the most: forced out, the long region cannot cover it; forced in, its whole
+    cost is paid. (On random_layered_n250 at 50%: node 25 of the region from node 0, halves
+    54 163 / 54 182 ms; the most fractional node, 238, gives 54 085 / 54 028, and node 137 of
+    a shorter region 53 940 / 53 797.)"""
+
+    def fraction(var: Any) -> float:
+        value = values[var.index]
+        return min(value, 1.0 - value) if 1e-6 < value < 1 - 1e-6 else 0.0
+
+    weight: dict[int, float] = {}
+    for i, row in enumerate(built.member):
+        for a, var in row.items():
+            weight[a] = weight.get(a, 0.0) + built.costs[i] * fraction(var)
+    if not weight or max(weight.values()) <= 0:
+        return None
+    start = min(weight, key=lambda a: (-weight[a], a))
+    candidates = [
+        i
+        for i, row in enumerate(built.member)
+        if start in row and fraction(row[start]) > 0 and fraction(built.in_region[i]) > 0
+    ]
+    return min(candidates, key=lambda i: (-built.costs[i], i), default=None)
 
 
 def _regions(solver: Any, built: _Model, n: int) -> tuple[range, ...]:
@@ -560,8 +649,8 @@ def solve_ilp(
     """
     if options:
         raise TypeError(f"ilp got unknown options {sorted(options)}")
-    cp_model = _cp_model()
     started = time.perf_counter()
+    cp_model = _cp_model()
     if peak_bytes(problem) <= budget_bytes:  # nothing to recompute
         return dataclasses.replace(
             make_solution(problem, (), budget_bytes, Status.OPTIMAL, "ilp", started), gap=0.0
@@ -570,7 +659,7 @@ def solve_ilp(
     built = None if live_budget < 0 else _build(problem, live_budget, live_budget)
     hint_regions: tuple[range, ...] | None = None
     optimum: tuple[range, ...] | None = None  # a plan dp proved optimal, if any
-    lp_bound: float | None = None  # the LP relaxation's, where the LP-guided warm start ran
+    lp_bound: float | None = None  # the LP's (with its branch), where the LP-guided warm start ran
 
     def cheaper(plan: tuple[range, ...] | None) -> bool:
         return plan is not None and (
@@ -599,15 +688,21 @@ def solve_ilp(
             if cheaper(single):
                 hint_regions = single
             if built is not None and single is None:  # no plan of one-node regions: long ones
-                guided, lp_bound = _lp_guided_plan(problem, budget_bytes, built, time_limit_s, workers)
+                deadline = started + time_limit_s
+                guided, lp_bound = _lp_guided_plan(
+                    problem, budget_bytes, built, time_limit_s, workers, deadline
+                )
                 if cheaper(guided):
                     hint_regions = guided
     elif hint:
         hint_regions = tuple(hint)
-    if built is not None:
+    remaining_s = time_limit_s - (time.perf_counter() - started)
+    if built is not None and hint_regions is not None and remaining_s < FINAL_SEARCH_MIN_S:
+        status = cp_model.UNKNOWN  # the warm starts used the time: the best of them stands
+    elif built is not None:
         if hint_regions is not None:
             _hint(built, problem, hint_regions)
-        solver = _solver(max(0.0, time_limit_s - (time.perf_counter() - started)), workers)
+        solver = _solver(max(0.0, remaining_s), workers)
         if optimum is not None:
             # dp's exact search proved this cost minimal over the same plans: a valid bound.
             slack = _bound_by_optimum(built, optimum)

@@ -299,10 +299,14 @@ def test_ilp_one_node_warm_start_is_the_best_plan_of_one_node_regions(problem: P
 @settings(max_examples=30, **SETTINGS)
 @given(problem=problems(max_nodes=8, self_saves=True), data=st.data())
 def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st.DataObject) -> None:
-    # The LP relaxation's objective never exceeds any fitting plan's cost (in the model's
-    # scaled units); the LP-guided warm start fits and never beats the optimum.
+    # The LP relaxation's objective, and that of each half of a branch on any node, never
+    # exceed the cost of a fitting plan in it (in the model's scaled units); the LP-guided warm
+    # start fits, never beats the optimum, and its bound (the root's raised by a branch, solved
+    # beside the search) is at most the optimum.
+    import time
+
     from solvers.ilp import _build, _lp_guided_plan
-    from solvers.lp_relaxation import solve_relaxation
+    from solvers.lp_relaxation import LinearRelaxation
 
     truth = Truth.of(problem)
     for budget in budgets(truth, data):
@@ -310,17 +314,30 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
         if live < 0:
             continue
         built = _build(problem, live, live)
-        relaxation = solve_relaxation(built.model, time_limit_s=10.0)
+        relaxation = LinearRelaxation(built.model)
+        root = relaxation.solve(time_limit_s=10.0)
         optimum = truth.optimum(budget)
         if optimum is None:
             continue  # the LP may or may not be feasible
-        assert relaxation is not None, "LP relaxation: none where a plan fits"
+        assert root is not None and root.feasible, "LP relaxation: none where a plan fits"
+        node = data.draw(st.integers(0, len(problem) - 1), label="branch node")
+        index = built.in_region[node].index
+        down, up = (relaxation.solve(10.0, {index: value}) for value in (0.0, 1.0))
+        assert down is not None and up is not None, "LP relaxation: a half of a branch unsolved"
+        costs = []
         for plan, peak, _ in truth.plans:
             if peak <= budget:
                 cost = sum(built.costs[i] for region in plan for i in region)
-                assert relaxation.objective <= cost, f"LP bound {relaxation.objective} above plan {plan} ({cost})"
-        plan, bound = _lp_guided_plan(problem, budget, built, time_limit_s=10.0, workers=1)
-        assert bound is not None and bound <= sum(built.costs[i] for region in plan or () for i in region) + 1e-6
+                costs.append(cost)
+                assert root.objective <= cost, f"LP bound {root.objective} above plan {plan} ({cost})"
+                # Plans the model leaves out (a region starting at a memoryless node) have an
+                # equal or cheaper one in it, so only the smaller half bounds them.
+                if all(region.start in built.member[i] for region in plan for i in region):
+                    half = up if any(node in region for region in plan) else down
+                    assert half.objective <= cost, f"half of the branch on {node}: {half.objective} above {plan}"
+        assert min(down.objective, up.objective) <= min(costs), f"branch on {node}: both halves above the optimum"
+        plan, bound = _lp_guided_plan(problem, budget, built, 10.0, workers=2, deadline=time.perf_counter() + 10.0)
+        assert bound is not None and bound <= min(costs) + 1e-6, f"LP-guided bound {bound} above {min(costs)}"
         if plan is not None:
             assert peak_bytes(problem, plan) <= budget, "LP-guided plan over budget"
             assert problem.recompute_ms(plan) >= optimum - 1e-9, "LP-guided plan cheaper than the optimum"

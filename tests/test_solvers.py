@@ -183,6 +183,30 @@ def test_lp_relaxation_is_silent_and_bounds_the_optimum(capfd):
     assert out == "" and "HiGHS" not in err
 
 
+def test_branching_node_parts_a_mix_of_plans_at_its_long_regions_costliest_node():
+    # Half of region [0, 6) and half of [2, 6): the LP takes half of the long region from node
+    # 0, and of the nodes it leaves half out (0 and 1) the costlier one is where to branch.
+    from solvers.ilp import _branching_node, _build, _hint
+
+    chain = [NodeCost(f"n{i}", [5.0, 9.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0][i], output_bytes=8,
+                      uses=(i - 1,) if i else (), saves=(i,)) for i in range(8)]
+    problem = Problem(tuple(chain))
+    live = peak_bytes(problem) - problem.static_bytes
+    built = _build(problem, live, live)
+
+    def values(plan: tuple[range, ...]) -> list[float]:
+        built.model.clear_hints()
+        assert _hint(built, problem, plan)
+        vector = [0.0] * len(built.model.proto.variables)
+        for index, value in zip(built.model.proto.solution_hint.vars, built.model.proto.solution_hint.values):
+            vector[index] = float(value)
+        return vector
+
+    long, short = values((range(0, 6),)), values((range(2, 6),))
+    assert _branching_node(built, tuple(long)) is None  # an integral solution: nothing to part
+    assert _branching_node(built, tuple(0.5 * a + 0.5 * b for a, b in zip(long, short))) == 1
+
+
 # The graph files of the rematerialization literature (../shared/data/remat-graphs).
 needs_graphs = pytest.mark.skipif(not GRAPHS.is_dir(), reason=f"{GRAPHS} is not there")
 EXPECTED_NODES = {
