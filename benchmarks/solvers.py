@@ -150,9 +150,9 @@ def main() -> int:
         "smallest peak that solver reached, as a fraction of the unplanned peak. "
         f"ilp: CP-SAT, 2 workers, {time_limit_s:.0f} s limit, warm-started from dp (or, where dp is not "
         "proven optimal, from the cheapest of dp's plan, a greedy plan of one-node regions and the best "
-        "plan of one-node regions from the model restricted to them, or where no plan of one-node regions "
-        "fits, from a search steered by the LP relaxation, whose objective, raised by one branch on a node, "
-        "then joins the bound), and "
+        "plan of one-node regions from the model restricted to them, and where the LP relaxation opens a long "
+        "region or no plan of one-node regions fits, from a search steered by the LP; the LP's objective, raised "
+        "by one branch on a node where the search ran, then joins the bound), and "
         "bounded below by dp's cost where dp proves it optimal (same decision space; see solvers/ilp.py).",
         "",
         "Targets:",
