@@ -7,7 +7,7 @@ constraint kinds that `solvers.ilp` builds are translated: linear constraints, i
 (`bool_and` with one enforcement literal) and clauses (`bool_or`).
 
 Example:
-    >>> relaxation = solve_relaxation(built.model, time_limit_s=10)
+    >>> relaxation = LinearRelaxation(built.model).solve(time_limit_s=10)
     >>> relaxation.objective <= optimal_objective
     True
 """
@@ -77,7 +77,7 @@ class LinearRelaxation:
                     continue
                 error = lp.LoadModelFromProto(self._proto)
                 if error:
-                    raise ValueError(f"solve_relaxation: the translated LP was refused: {error}")
+                    raise ValueError(f"lp_relaxation: the translated LP was refused: {error}")
                 if backend == "CLP":
                     self._warm = lp
             columns = lp.variables()
@@ -100,17 +100,6 @@ class LinearRelaxation:
         return None
 
 
-def solve_relaxation(model: Any, time_limit_s: float) -> Relaxation | None:
-    """Solve the LP relaxation of a CP-SAT model once (see `LinearRelaxation`); None if no
-    answer came within `time_limit_s`.
-
-    Example:
-        >>> solve_relaxation(built.model, 10).objective / built.objective_scale
-        53792.35...
-    """
-    return LinearRelaxation(model).solve(time_limit_s)
-
-
 def _translate(model: Any) -> tuple[Any, float]:
     """The LP relaxation of a CP-SAT model as an OR-Tools MPModelProto, and the factor its
     objective was divided by (to 1 at most: both LP solvers gave no answer on small models
@@ -124,7 +113,7 @@ def _translate(model: Any) -> tuple[Any, float]:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "model.pb")
         if not model.export_to_file(path):
-            raise OSError(f"solve_relaxation: could not write the model to {path}")
+            raise OSError(f"lp_relaxation: could not write the model to {path}")
         with open(path, "rb") as file:
             proto = cp_model_pb2.CpModelProto.FromString(file.read())
 
@@ -173,7 +162,7 @@ def _translate(model: Any) -> tuple[Any, float]:
                 coefficients[index] = coefficients.get(index, 0.0) + float(coefficient)
             add_row(coefficients, lower, upper)
         else:
-            raise ValueError(f"solve_relaxation: constraint kind not translated: {constraint}")
+            raise ValueError(f"lp_relaxation: constraint kind not translated: {constraint}")
     scale = float(max((abs(c) for c in proto.objective.coeffs), default=1) or 1)
     for index, coefficient in zip(proto.objective.vars, proto.objective.coeffs):
         lp.variable[index].objective_coefficient += float(coefficient) / scale

@@ -168,14 +168,14 @@ def test_solvers_never_import_torch_and_never_print():
 def test_lp_relaxation_is_silent_and_bounds_the_optimum(capfd):
     # HiGHS prints a banner on stdout unless told not to; the bound is at most the optimum.
     from solvers.ilp import _build
-    from solvers.lp_relaxation import solve_relaxation
+    from solvers.lp_relaxation import LinearRelaxation
 
     chain = [NodeCost(f"n{i}", 1.0 + i, output_bytes=8, uses=(i - 1,) if i else (), saves=(i,)) for i in range(6)]
     problem = Problem(tuple(chain))
     budget = peak_bytes(problem) * 2 // 3
     live = budget - problem.static_bytes
     built = _build(problem, live, live)
-    relaxation = solve_relaxation(built.model, time_limit_s=10.0)
+    relaxation = LinearRelaxation(built.model).solve(time_limit_s=10.0)
     assert relaxation is not None
     optimum = solve(problem, budget, method="brute_force").recompute_ms
     assert relaxation.objective / built.objective_scale <= optimum
