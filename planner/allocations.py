@@ -210,7 +210,20 @@ def backward_temporaries(profile: torch.profiler.profile, device_type: str, owne
         if node.name.startswith("autograd::engine::evaluate_function") and fields.sequence_number in owners:
             starts.append((node.start_time_ns, owners[fields.sequence_number]))
         stack.extend(node.children)
-    starts.sort()
+    return window_temporaries(allocation_events(profile, device_type), starts)
+
+
+def window_temporaries(events: list[AllocationEvent], starts: list[tuple[int, str]]) -> dict[str, int]:
+    """The window algorithm of `backward_temporaries` on any event source: `events` in time
+    order, `starts` as (time, owner) of each autograd node an owner runs. (The fake-tensor
+    profile feeds it the tensor tracker's log and the ticks of autograd pre-hooks.)
+
+    Example:
+        >>> window_temporaries([AllocationEvent(2, 64, 1, None), AllocationEvent(3, -64, 1, None)],
+        ...                    [(1, "relu")])
+        {'relu': 64}
+    """
+    starts = sorted(starts)
     windows = [start for index, start in enumerate(starts) if index == 0 or start[1] != starts[index - 1][1]]
 
     temporaries: dict[str, int] = {}
@@ -230,7 +243,7 @@ def backward_temporaries(profile: torch.profiler.profile, device_type: str, owne
             kept -= size
         return size
 
-    for event in allocation_events(profile, device_type):
+    for event in events:
         while window + 1 < len(windows) and windows[window + 1][0] <= event.time_ns:
             close()
             window += 1

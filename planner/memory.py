@@ -7,9 +7,10 @@ until it is freed, which is what attributing memory to graph nodes needs.
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -18,10 +19,79 @@ from torch.utils._pytree import tree_flatten
 from planner.allocations import ProfiledPeakMemory
 
 
+def storage_key(tensor: torch.Tensor) -> int:
+    """An identity for the storage behind `tensor`, the same for all its views, unique among
+    live storages: the address of its StorageImpl. Unlike `data_ptr()` it also tells apart
+    storages of meta and fake tensors, which have no data (their `data_ptr()` is 0).
+
+    Example:
+        >>> x = torch.zeros(4)
+        >>> storage_key(x) == storage_key(x[1:])
+        True
+    """
+    return tensor.untyped_storage()._cdata
+
+
+def draws_random_numbers(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an ATen call draws from the random generator: an op tagged
+    `nondeterministic_seeded` (dropout, bernoulli, rand*, attention with dropout), unless its
+    dropout probability is 0 or its `train` flag is off, which draw nothing. Decided from the
+    call alone, so it works on fake tensors too, where the generator is never touched.
+
+    Example:
+        >>> draws_random_numbers(torch.ops.aten.native_dropout.default, (x, 0.0, True), {})
+        False
+    """
+    if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+        return False
+    try:
+        bound = dict(zip((a.name for a in func._schema.arguments), args)) | dict(kwargs)
+    except AttributeError:
+        return True
+    probability = bound.get("dropout_p", bound.get("p"))
+    if isinstance(probability, (int, float)) and probability == 0:
+        return False
+    return bound.get("train", True) is not False
+
+
+# Batch norm kernels whose schema does not declare that they update the running statistics
+# (arguments 3 and 4) when `training` (argument 5) is set; nor do they bump their versions.
+_UNDECLARED_WRITES = ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
+
+
+def written_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors an ATen call writes in place: its schema's `Tensor(a!)` arguments, and the
+    running statistics of the batch-norm kernels that write them undeclared.
+
+    Those kernels do not bump the statistics' version counters either, so `_version` cannot
+    say what a call wrote; this works on fake tensors too, where values cannot be compared.
+
+    Example:
+        >>> written_arguments(torch.ops.aten.add_.Tensor, (x, y), {})[0] is x
+        True
+    """
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return []
+    written = []
+    for position, argument in enumerate(schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[position] if position < len(args) else kwargs.get(argument.name)
+        written += [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor)]
+    if schema.name.removeprefix("aten::") in _UNDECLARED_WRITES and len(args) > 5 and args[5]:
+        written += [v for v in args[3:5] if isinstance(v, torch.Tensor)]
+    return written
+
+
 class LiveBytesTracker(TorchDispatchMode):
     """Bytes of storages created by ops while the mode is active and not yet freed.
 
-    Storages that existed before (parameters, inputs) are not counted.
+    Storages that existed before (parameters, inputs) are not counted. It also notes, for the
+    ops it sees, which storages they write in place (`written`, storage keys) and whether any
+    drew random numbers (`random`); the caller resets both. With `log` set, every allocation
+    and free is appended to it as `(tick, signed bytes, storage key)`, ticks from `clock`.
+    It works on real, meta and fake tensors alike.
 
     Example:
         >>> with LiveBytesTracker() as tracker:
@@ -30,17 +100,25 @@ class LiveBytesTracker(TorchDispatchMode):
         True
     """
 
-    def __init__(self) -> None:
+    def __init__(self, log: list[tuple[int, int, int]] | None = None,
+                 clock: Callable[[], int] | None = None) -> None:
         super().__init__()
         self.live_bytes = 0
         self.peak_bytes = 0
+        self.written: set[int] = set()
+        self.random = False
+        self.log = log
+        self.clock = clock or itertools.count().__next__
         self._refs: dict[int, weakref.ref] = {}
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        result = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        self.random = self.random or draws_random_numbers(func, args, kwargs)
+        self.written.update(storage_key(t) for t in written_arguments(func, args, kwargs))
+        result = func(*args, **kwargs)
         inputs = {
             id(value.untyped_storage())
             for value in tree_flatten((args, kwargs))[0]
@@ -60,10 +138,14 @@ class LiveBytesTracker(TorchDispatchMode):
         self._refs[key] = weakref.ref(storage, lambda _, key=key, nbytes=nbytes: self._free(key, nbytes))
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        if self.log is not None:
+            self.log.append((self.clock(), nbytes, key))
 
     def _free(self, key: int, nbytes: int) -> None:
         self._refs.pop(key, None)
         self.live_bytes -= nbytes
+        if self.log is not None:
+            self.log.append((self.clock(), -nbytes, key))
 
 
 class PeakMemory:
@@ -115,9 +197,8 @@ def storage_bytes(tensors: Any) -> int:
     seen: dict[int, int] = {}
     for value in tree_flatten(tensors)[0]:
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
-            storage = value.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-    return sum(nbytes for ptr, nbytes in seen.items() if ptr != 0)
+            seen[storage_key(value)] = value.untyped_storage().nbytes()
+    return sum(seen.values())
 
 
 @contextmanager

@@ -20,7 +20,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
 from planner.allocations import backward_temporaries, forward_scratch, memory_profile
-from planner.memory import LiveBytesTracker, storage_bytes
+from planner.memory import LiveBytesTracker, storage_bytes, storage_key
 from planner.verify import training_loss
 
 logger = logging.getLogger(__name__)
@@ -57,125 +57,127 @@ class GraphProfile:
     gradient_bytes: int
     buffer_bytes: int
     input_bytes: int
-    device: torch.device
-    timing: str  # how forward times were measured
+    device: torch.device  # the device the plan is for
+    timing: str  # how forward times were obtained
     # Checkpoint keeps a copy of the RNG state for each region that draws random numbers, from
     # its forward to its backward: at most one per random node, counted as if always held.
     rng_state_bytes: int = 0
-
-    @property
-    def static_bytes(self) -> int:
-        return (self.parameter_bytes + self.gradient_bytes + self.buffer_bytes + self.input_bytes
-                + self.rng_state_bytes)
+    measurement: str = "whole step"  # or "node by node": sizes on fake tensors, see profile_fake
+    times_estimated: bool = False  # times are roofline estimates for a target GPU, not measured
+    scratch_measured: bool = True  # kernel scratch (workspace the allocator sees) was measured
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The strided tensors in a (nested) structure, in pytree order."""
     return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor) and v.layout == torch.strided]
 
 
-def _rng_states() -> list[torch.Tensor]:
-    """The CPU generator's state and, once CUDA is in use, every device's."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
-    return [torch.get_rng_state(), *cuda]
+def rng_state_bytes(device: torch.device) -> int:
+    """What `checkpoint(preserve_rng_state=True)` copies per call into memory of `device`: the
+    CPU generator's state, a CPU tensor, so nothing on a CUDA device (the CUDA generators'
+    states it also copies are CPU tensors too)."""
+    return torch.get_rng_state().nbytes if device.type == "cpu" else 0
 
 
-def _key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().data_ptr()
+def claim_autograd_nodes(outputs: list[torch.Tensor], name: str, owners: dict[Any, str]) -> None:
+    """Attribute to node `name`, in `owners`, the autograd nodes its forward created: all those
+    reachable from its outputs that no earlier node claimed (parameters' AccumulateGrad aside).
+
+    Example:
+        >>> owners = {}
+        >>> claim_autograd_nodes([torch.ones(2, requires_grad=True) * 2], "mul", owners)
+        >>> list(owners.values())
+        ['mul']
+    """
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while stack:
+        grad_fn = stack.pop()
+        if grad_fn is None or grad_fn in owners or not hasattr(grad_fn, "next_functions"):
+            continue
+        if type(grad_fn).__name__ == "AccumulateGrad":  # a parameter's, not a node's
+            continue
+        owners[grad_fn] = name
+        stack.extend(next_fn for next_fn, _ in grad_fn.next_functions)
 
 
 class ProfileInterpreter(fx.Interpreter):
     """One pass that records sizes, saved tensors and aliasing for every compute node.
 
+    It runs on real tensors (the measured path) and on fake ones under `FakeTensorMode` (the
+    no-run path, `planner.profile_fake`) alike: storages are told apart by `storage_key`,
+    random draws and in-place writes are read off the ATen calls (`LiveBytesTracker`), never
+    off tensor values. `autograd_owners` maps each autograd node a compute node created to
+    that node's name (for backward windows).
+
     Example:
-        >>> ProfileInterpreter(gm).run(*inputs)
+        >>> ProfileInterpreter(gm, static_keys).run(*inputs)
         >>> gm.graph.nodes[1].meta["planner.profile"].saved_bytes
     """
 
-    def __init__(self, gm: fx.GraphModule, static_keys: set[int]):
-        # Keep every value alive so storage addresses stay unique for the whole pass.
+    def __init__(self, gm: fx.GraphModule, static_keys: set[int], tracker: LiveBytesTracker | None = None):
+        # Keep every value alive so storage keys stay unique for the whole pass.
         super().__init__(gm, garbage_collect_values=False)
         self.static_keys = static_keys
-        self.owner: dict[int, str] = {}  # storage address -> name of the node that created it
-        self.tracker = LiveBytesTracker()
-        self.buffer_names = {id(buffer): name for name, buffer in gm.named_buffers()}
+        self.owner: dict[int, str] = {}  # storage key -> name of the node that created it
+        self.tracker = tracker or LiveBytesTracker()
+        self.buffer_names = {storage_key(buffer): name for name, buffer in gm.named_buffers()}
         self.parameter_names = {id(p): name for name, p in gm.named_parameters()}  # tied: one name
-        self.grad_fn_owner: dict[Any, str] = {}  # autograd node -> fx node that created it
+        self.autograd_owners: dict[Any, str] = {}  # autograd node -> fx node that created it
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op not in COMPUTE_OPS:
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
-        inputs = _tensors((args, kwargs))
+        inputs = tensors_in((args, kwargs))
         versions = [t._version for t in inputs]
-        buffers = self._buffers_read(n, inputs)
-        buffers_before = {name: (buffer._version, buffer.clone()) for name, buffer in buffers.items()}
         saved: dict[int, int] = {}
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             if tensor.layout == torch.strided:
-                saved[_key(tensor)] = tensor.untyped_storage().nbytes()
+                saved[storage_key(tensor)] = tensor.untyped_storage().nbytes()
             return tensor
 
-        rng_before = _rng_states()
-        self.tracker.reset_peak()
-        live_before = self.tracker.live_bytes
+        tracker = self.tracker
+        tracker.reset_peak()
+        tracker.written.clear()
+        tracker.random = False
         try:
-            with (self.tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            with (tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
                   torch.profiler.record_function(NODE_LABEL + n.name)):
-                result = getattr(self, n.op)(n.target, args, kwargs)
+                result = self.compute(n, args, kwargs)
         except Exception as error:
             raise RuntimeError(f"profiling node {n.name!r} ({n.format_node()}) failed: {error}") from error
-        live_after = self.tracker.live_bytes
+        live_after = tracker.live_bytes
 
-        record = NodeProfile(random=any(not torch.equal(a, b) for a, b in zip(rng_before, _rng_states())))
-        for tensor in _tensors(result):
-            key = _key(tensor)
-            if key not in self.owner and key not in self.static_keys and key != 0:
+        record = NodeProfile(random=tracker.random)
+        for tensor in tensors_in(result):
+            key = storage_key(tensor)
+            if key not in self.owner and key not in self.static_keys:
                 self.owner[key] = n.name
                 record.output_bytes += tensor.untyped_storage().nbytes()
                 if tensor.requires_grad and tensor.is_floating_point():
                     record.grad_bytes += tensor.numel() * tensor.element_size()
-        record.uses = self._owners(_key(t) for t in inputs)
-        record.mutates = self._owners(
-            _key(t) for t, version in zip(inputs, versions) if t._version != version
-        )
-        record.mutated_buffers = tuple(sorted(
-            name for name, buffer in buffers.items()
-            if buffer._version != buffers_before[name][0] or not torch.equal(buffer, buffers_before[name][1])
-        ))
+        record.uses = self._owners(storage_key(t) for t in inputs)
+        written = {storage_key(t) for t, version in zip(inputs, versions) if t._version != version}
+        record.mutates = tuple(owner for owner in self._owners(written | tracker.written) if owner != n.name)
+        record.mutated_buffers = tuple(sorted({self.buffer_names[key] for key in tracker.written
+                                               if key in self.buffer_names}))
         record.saves = self._owners(saved)
         record.saved_bytes = sum(
             nbytes for key, nbytes in saved.items() if key not in self.owner and key not in self.static_keys
         )
-        record.transient_bytes = max(0, self.tracker.peak_bytes - live_after)
+        record.transient_bytes = max(0, tracker.peak_bytes - live_after)
         parameters = self._parameters_read(n)
         record.parameters = tuple(self.parameter_names[id(p)] for p in parameters)
         record.param_grad_bytes = sum(p.numel() * p.element_size() for p in parameters)
-        logger.debug("profiled %s: %s (live %+d bytes)", n.name, record, live_after - live_before)
+        logger.debug("profiled %s: %s", n.name, record)
         n.meta[META_KEY] = record
-        self._claim_grad_fns(_tensors(result), n.name)
+        claim_autograd_nodes(tensors_in(result), n.name, self.autograd_owners)
         return result
 
-    def _claim_grad_fns(self, outputs: list[torch.Tensor], name: str) -> None:
-        """Attribute to node `name` the autograd nodes its forward created (all those reachable
-        from its outputs that no earlier node created)."""
-        stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
-        while stack:
-            grad_fn = stack.pop()
-            if grad_fn is None or grad_fn in self.grad_fn_owner or not hasattr(grad_fn, "next_functions"):
-                continue
-            if type(grad_fn).__name__ == "AccumulateGrad":  # a parameter's, not a node's
-                continue
-            self.grad_fn_owner[grad_fn] = name
-            stack.extend(next_fn for next_fn, _ in grad_fn.next_functions)
-
-    def _buffers_read(self, n: fx.Node, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Buffers a node can write: those passed to it and those of the module it calls."""
-        found = {self.buffer_names[id(t)]: t for t in inputs if id(t) in self.buffer_names}
-        if n.op == "call_module":
-            for name, buffer in self.module.get_submodule(n.target).named_buffers():
-                found[f"{n.target}.{name}"] = buffer
-        return found
+    def compute(self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run one compute node (a hook for subclasses that run some nodes differently)."""
+        return getattr(self, n.op)(n.target, args, kwargs)
 
     def _owners(self, keys: Any) -> tuple[str, ...]:
         return tuple(sorted({self.owner[key] for key in keys if key in self.owner}))
@@ -246,13 +248,12 @@ def profile(
 
     Example:
         >>> summary = profile(gm, [torch.randn(8, 16)])
-        >>> summary.static_bytes
+        >>> summary.parameter_bytes
     """
     parameters = list(gm.parameters())
     buffers = list(gm.buffers())
     device = inputs[0].device
-    static = _tensors((parameters, buffers, inputs))
-    static_keys = {_key(t) for t in static}
+    static_keys = {storage_key(t) for t in tensors_in((parameters, buffers, inputs))}
 
     with torch.enable_grad():
         if progress:
@@ -268,7 +269,7 @@ def profile(
         records = {node.name: node.meta[META_KEY] for node in gm.graph.nodes if META_KEY in node.meta}
         for name, extra in forward_scratch(allocations, device.type, NODE_LABEL).items():
             records[name].transient_bytes += extra
-        owners = {grad_fn._sequence_nr(): name for grad_fn, name in interpreter.grad_fn_owner.items()}
+        owners = {grad_fn._sequence_nr(): name for grad_fn, name in interpreter.autograd_owners.items()}
         for name, extra in backward_temporaries(allocations, device.type, owners).items():
             records[name].backward_transient_bytes = max(0, extra)
         del interpreter, output
@@ -283,14 +284,26 @@ def profile(
     for node in gm.graph.nodes:
         if node.op in COMPUTE_OPS:
             node.meta[META_KEY].forward_ms = statistics.median(times[node.name])
-    trainable = [p for p in parameters if p.requires_grad]
+    return graph_profile(gm, inputs, device, "CUDA events" if device.type == "cuda" else "time.perf_counter")
+
+
+def graph_profile(gm: fx.GraphModule, inputs: list[torch.Tensor], device: torch.device, timing: str,
+                  **measurement: Any) -> GraphProfile:
+    """The whole-graph figures of a profiled graph (its nodes annotated), on real, meta or fake
+    tensors: `measurement` sets the GraphProfile fields that say how the nodes were measured.
+
+    Example:
+        >>> graph_profile(gm, inputs, torch.device("cpu"), "time.perf_counter").input_bytes
+    """
+    parameters = list(gm.parameters())
     random_nodes = sum(1 for node in gm.graph.nodes if META_KEY in node.meta and node.meta[META_KEY].random)
     return GraphProfile(
-        rng_state_bytes=random_nodes * sum(state.nbytes for state in _rng_states()),
+        rng_state_bytes=random_nodes * rng_state_bytes(device),
         parameter_bytes=storage_bytes(parameters),
-        gradient_bytes=sum(p.numel() * p.element_size() for p in trainable),
-        buffer_bytes=storage_bytes(buffers),
+        gradient_bytes=sum(p.numel() * p.element_size() for p in parameters if p.requires_grad),
+        buffer_bytes=storage_bytes(list(gm.buffers())),
         input_bytes=storage_bytes(inputs),
         device=device,
-        timing="CUDA events" if device.type == "cuda" else "time.perf_counter",
+        timing=timing,
+        **measurement,
     )
