@@ -14,10 +14,13 @@ import torch
 from torch import nn
 
 from planner.graph import build_problem, compute_nodes, module_path
+from planner.measure import PlanDevice, check_measure, measure_model, plan_device
 from planner.memory import preserved_state
-from planner.profile import GraphProfile, profile
+from planner.profile import GraphProfile
 from planner.report import PlanFigures, format_report
 from planner.rewrite import CheckpointedModule, build_module
+from planner.static import check_optimizer, check_world_size, static_breakdown
+from planner.targets import target as find_target
 from planner.trace import Traced, split_sample, trace
 from planner.verify import Verification, training_loss, verify_modules
 from solvers import Problem, Solution, held_after_forward, peak_bytes, solve
@@ -25,6 +28,21 @@ from solvers import Problem, Solution, held_after_forward, peak_bytes, solve
 logger = logging.getLogger(__name__)
 
 GIB = 2**30
+DEFAULT_BUDGET_GB = 80.0  # one 80 GB GPU, where no target says otherwise
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the plan is for besides the budget: the device (and target GPU), how the run holds
+    static memory (FSDP2 ranks, optimizer) and the resulting static memory per rank, by term."""
+
+    where: PlanDevice
+    world_size: int = 1
+    optimizer: str | float | None = None
+    static_breakdown: dict[str, int] | None = None
+
+    def with_reserve(self, reserved_bytes: int) -> "Setup":
+        return replace(self, static_breakdown={**(self.static_breakdown or {}), "reserved": reserved_bytes})
 
 
 @dataclass(frozen=True)
@@ -88,8 +106,9 @@ class Plan(PlanFigures):
 
     def __init__(self, model: nn.Module, sample: Any, traced: Traced, problem: Problem,
                  summary: GraphProfile, solution: Solution, budget_bytes: int, reserved_bytes: int,
-                 requested_solver: str, solver_options: dict[str, Any] | None = None):
+                 requested_solver: str, solver_options: dict[str, Any] | None, setup: Setup):
         self._model = model
+        self.setup = setup
         self._sample = sample
         self.verification: Verification | None = None
         self.requested_solver = requested_solver
@@ -109,6 +128,18 @@ class Plan(PlanFigures):
     def baseline_peak_bytes(self) -> int:
         """Simulated peak of one forward+backward without any checkpointing."""
         return peak_bytes(self.problem)
+
+    @property
+    def static_breakdown(self) -> dict[str, int]:
+        """Static memory per rank, term by term, in bytes (see `planner.static`): parameters,
+        gradients, optimizer state, buffers, inputs, RNG states, FSDP2's unsharded parameters
+        and gradients in flight, the reserve. They sum to `problem.static_bytes`."""
+        return dict(self.setup.static_breakdown or {})
+
+    @property
+    def target(self) -> str | None:
+        """The name of the GPU the plan was made for (None: the model's own device)."""
+        return self.setup.where.target.name if self.setup.where.target else None
 
     @property
     def model(self) -> nn.Module:
@@ -154,7 +185,7 @@ class Plan(PlanFigures):
             solver_options = self.solver_options if method == self.requested_solver else {}
         solution = solve(problem, budget_bytes, method=method, **solver_options)
         return Plan(self._model, self._sample, self._traced, problem, self.profile, solution, budget_bytes,
-                    reserved_bytes, method, solver_options)
+                    reserved_bytes, method, solver_options, self.setup.with_reserve(reserved_bytes))
 
     def verify(self, sample: Any = None, steps: int = 3) -> Verification:
         """Run real forward+backward steps of the original and the planned module and measure
@@ -166,6 +197,12 @@ class Plan(PlanFigures):
             >>> record = p.verify(steps=3)
             >>> record.within_budget, record.overhead_percent
         """
+        if self.setup.where.target is not None and not self.setup.where.local:
+            raise ValueError(f"this plan is for {self.setup.where.name}, which is not this machine's device: "
+                             "save it and verify it there (load_plan(path).apply(model), then train)")
+        if any(t.device.type == "meta" for t in (*self._model.parameters(), *self._model.buffers())):
+            raise ValueError("the model is on the meta device and cannot run: save the plan and apply it to "
+                             "the real model (load_plan(path).apply(model)), then train")
         self.verification = verify_modules(
             self._model, self.module(), self._sample if sample is None else sample, steps,
             self.predicted_peak_bytes, self.baseline_peak_bytes, self.budget_bytes,
@@ -224,21 +261,16 @@ class Plan(PlanFigures):
             frontend=self.frontend, leaves=self.leaves, budget_bytes=self.budget_bytes,
             reserved_bytes=self.reserved_bytes, baseline_peak_bytes=self.baseline_peak_bytes,
             timing=self.profile.timing, checkpoints=self.checkpoints, verification=self.verification,
+            static_breakdown=self.static_breakdown, device=self.setup.where.name, world_size=self.setup.world_size,
+            measurement=self.profile.measurement, times_estimated=self.profile.times_estimated,
+            scratch_measured=self.profile.scratch_measured,
         )
-
-
-def _sample_device(sample: Any) -> torch.device:
-    args, kwargs = split_sample(sample)
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value.device
-    raise TypeError("the sample holds no tensor: pass the model's input tensors as the sample")
 
 
 def plan(
     model: nn.Module,
     sample: Any,
-    budget_gb: float = 80.0,
+    budget_gb: float | None = None,
     solver: str = "auto",
     reserved_gb: float = 0.0,
     leaves: tuple[str, ...] = (),
@@ -246,15 +278,28 @@ def plan(
     repeats: int = 5,
     progress: Callable[[str], None] | None = None,
     solver_options: dict[str, Any] | None = None,
+    target: str | None = None,
+    world_size: int = 1,
+    optimizer: str | float | None = None,
+    measure: str = "auto",
 ) -> Plan:
     """Choose which parts of `model` to recompute so one training step fits `budget_gb`.
 
-    The budget is in GiB (2**30 bytes) and bounds the peak of one forward+backward pass:
-    parameters + their gradients + buffers + inputs + activations, plus `reserved_gb` that you
-    set aside for anything else (optimizer state, say). `sample` is a Tensor, a tuple of
-    positional arguments or a dict of keyword arguments for `model.forward`, on the device the
-    model trains on. The model is traced, measured on the sample, and left as it was.
-    `solver_options` go to the solver (for example `{"time_limit_s": 120}` for "ilp").
+    The budget is in GiB (2**30 bytes) and bounds the peak of one forward+backward pass per
+    rank: parameters, gradients and optimizer state (`optimizer=`: "sgd", "sgd-momentum",
+    "adam", "adamw" or bytes per parameter; by default not counted), buffers, inputs,
+    activations, and `reserved_gb` that you set aside for anything else. `sample` is a Tensor, a
+    tuple of positional arguments or a dict of keyword arguments for `model.forward`: the
+    largest batch and length you train on. Model and sample may be on the `meta` device.
+
+    `target` names the GPU the plan is for (`planner.targets()`); without it, the device of
+    the model's tensors. Where the target is not this machine's device, times are roofline
+    estimates, labelled as such. Without `budget_gb` the target's memory is the budget (else
+    80 GiB). `world_size` > 1 plans for FSDP2 over that many ranks (`planner.static`).
+    `measure`: "run" measures the whole step at once (exact; needs more memory than the
+    step), "no-run" measures sizes on fake tensors and runs one node at a time, "auto" (the
+    default) runs the whole step only where it fits in the budget. The model is left as it
+    was. `solver_options` go to the solver (for example `{"time_limit_s": 120}` for "ilp").
 
     Example:
         >>> from planner import plan
@@ -263,9 +308,15 @@ def plan(
         >>> p = plan(model, tokens, budget_gb=0.2, solver="sqrt")
         >>> m = p.module()  # train m instead of model
     """
-    budget = check_gb("budget_gb", budget_gb)
-    reserved = check_gb("reserved_gb", reserved_gb, allow_zero=True)
-    budget_bytes, reserved_bytes = int(budget * GIB), int(reserved * GIB)
+    gpu = find_target(target) if target is not None else None
+    world_size = check_world_size(world_size)
+    optimizer = check_optimizer(optimizer)
+    check_measure(measure)
+    if budget_gb is None:
+        budget_bytes = gpu.memory_bytes if gpu else int(DEFAULT_BUDGET_GB * GIB)
+    else:
+        budget_bytes = int(check_gb("budget_gb", budget_gb) * GIB)
+    reserved_bytes = int(check_gb("reserved_gb", reserved_gb, allow_zero=True) * GIB)
     if not model.training:
         warnings.warn("the model is in eval mode; the plan is for training, where dropout and "
                       "BatchNorm behave differently: call model.train() first", stacklevel=2)
@@ -273,20 +324,25 @@ def plan(
         raise ValueError(f"{type(model).__name__} has no trainable parameters: a training step "
                          "keeps no activations for them, so there is nothing to plan; unfreeze the "
                          "parameters you train (requires_grad=True) first")
-    device = _sample_device(sample)
+    args, kwargs = split_sample(sample)
+    sample_tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+    if not sample_tensors:
+        raise TypeError("the sample holds no tensor: pass the model's input tensors as the sample")
+    where = plan_device([*model.parameters(), *model.buffers(), *sample_tensors], target)
     say = progress or (lambda message: logger.info(message))
 
     say("tracing")
     traced = trace(model, sample, leaves, frontend)
-    args, kwargs = split_sample(sample)
     inputs = traced.graph_inputs(args, kwargs)
-    with preserved_state(model, [device]):
-        summary = profile(traced.gm, inputs, repeats=repeats, progress=say,
+    with preserved_state(model, [where.device] if where.local else []):
+        summary = measure_model(traced.gm, inputs, where, measure, budget_bytes, repeats, say,
                           loss=lambda result: training_loss(traced.model_output(result)))
-    problem = build_problem(traced.gm, summary, reserved_bytes)
+    breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes, summary.rng_state_bytes,
+                                 where.device, optimizer, world_size, reserved_bytes)
+    problem = build_problem(traced.gm, sum(breakdown.values()))
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()
     solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))
     logger.info("solved in %.2f s", time.perf_counter() - started)
     return Plan(model, sample, traced, problem, summary, solution, budget_bytes, reserved_bytes, solver,
-                solver_options)
+                solver_options, Setup(where, world_size, optimizer, breakdown))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from planner.profile import COMPUTE_OPS, META_KEY, GraphProfile
+from planner.profile import COMPUTE_OPS, META_KEY
 from solvers import NodeCost, Problem
 
 
@@ -26,11 +26,12 @@ def module_path(node: fx.Node) -> str:
     return paths[-1] if paths else ""
 
 
-def build_problem(gm: fx.GraphModule, summary: GraphProfile, reserved_bytes: int = 0) -> Problem:
-    """Collect the per-node profiles of `gm` into a Problem (plain ints and floats).
+def build_problem(gm: fx.GraphModule, static_bytes: int) -> Problem:
+    """Collect the per-node profiles of `gm` into a Problem (plain ints and floats), with the
+    static memory the plan does not change (see `planner.static`).
 
     Example:
-        >>> problem = build_problem(gm, profile(gm, inputs))
+        >>> problem = build_problem(gm, sum(static_breakdown(...).values()))
         >>> len(problem) == len(compute_nodes(gm))
         True
     """
@@ -64,7 +65,7 @@ def build_problem(gm: fx.GraphModule, summary: GraphProfile, reserved_bytes: int
                 is_output=node.name in returned,
             )
         )
-    return Problem(nodes=tuple(costs), static_bytes=summary.static_bytes + reserved_bytes)
+    return Problem(nodes=tuple(costs), static_bytes=static_bytes)
 
 
 def _shared_gradients(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[int, list[tuple[int, int]]]:

@@ -60,25 +60,46 @@ def format_report(
     checkpoints: Sequence[Any],
     verification: Any = None,
     origin: str = "",
+    static_breakdown: dict[str, int] | None = None,
+    device: str = "",
+    world_size: int = 1,
+    measurement: str = "whole step",
+    times_estimated: bool = False,
+    scratch_measured: bool = True,
 ) -> str:
     """A readable table of a plan's figures, regions, and measured figures once verified.
+    Whatever was estimated rather than measured says so.
 
     Example:
         >>> print(format_report(model_name="TinyGPT", problem=p.problem, solution=p.solution, ...))
     """
     forward_ms = sum(node.compute_ms for node in problem.nodes)
     overhead = 100 * solution.recompute_ms / forward_ms if forward_ms else 0.0
+    estimate = " (estimate)" if times_estimated else ""
+    per_rank = f" per rank, FSDP2 over {world_size} ranks" if world_size > 1 else ""
     lines = [
         f"Checkpoint plan for {model_name} (solver {solution.solver}, {solution.status.value}, "
         f"solved in {solution.solve_seconds:.2f} s{origin})",
         f"  graph             {len(problem)} nodes via {frontend}; "
         f"kept whole after tracing failed: {', '.join(leaves) or 'none'}",
-        f"  budget            {format_bytes(budget_bytes)}"
+    ]
+    if device:
+        scratch = "" if scratch_measured else "; kernel scratch not measured"
+        lines.append(f"  planned for       {device}; measured: {measurement}{scratch}")
+    lines += [
+        f"  budget            {format_bytes(budget_bytes)}{per_rank}"
         + (f" (of which reserved {format_bytes(reserved_bytes)})" if reserved_bytes else ""),
-        f"  static memory     {format_bytes(problem.static_bytes)} (parameters, gradients, buffers, inputs, RNG states, reserve)",
+        f"  static memory     {format_bytes(problem.static_bytes)}{per_rank}"
+        + ("" if static_breakdown else " (parameters, gradients, buffers, inputs, RNG states, reserve)"),
+    ]
+    if static_breakdown:
+        width = max(len(term) for term in static_breakdown)
+        lines += [f"      {term:<{width}}  {format_bytes(size):>11}" for term, size in static_breakdown.items()
+                  if size or term in ("parameters", "gradients", "optimizer state")]
+    lines += [
         f"  peak, no plan     {format_bytes(baseline_peak_bytes)}",
         f"  peak, this plan   {format_bytes(solution.peak_bytes)} (predicted)",
-        f"  recompute         {solution.recompute_ms:.2f} ms per step "
+        f"  recompute         {solution.recompute_ms:.2f} ms per step{estimate} "
         f"(+{overhead:.0f}% of the {forward_ms:.2f} ms forward, {timing})",
         f"  regions           {len(checkpoints)}",
     ]

@@ -315,3 +315,37 @@ def _drop_fixed_inputs(graph: fx.Graph, tensor_names: tuple[str, ...]) -> None:
         if node in doomed:
             graph.erase_node(node)
     graph.lint()
+
+
+def retarget_devices(gm: fx.GraphModule, old: torch.device, new: torch.device) -> int:
+    """Replace device constant `old` by `new` in the arguments of every node of `gm` and of the
+    graphs it calls (`arange(..., device=...)`, `to(device)`, export's metadata asserts), so
+    that a graph traced on `meta` tensors runs on tensors of another device. Returns how many
+    nodes changed.
+
+    Example:
+        >>> retarget_devices(traced.gm, torch.device("meta"), torch.device("cpu"))
+        12
+    """
+    def swap(value: Any) -> Any:
+        if isinstance(value, torch.device) and value.type == old.type:
+            return new
+        if isinstance(value, str) and value == old.type:
+            return str(new)
+        if isinstance(value, (list, tuple)):
+            return type(value)(swap(item) for item in value)
+        if isinstance(value, dict):
+            return {key: swap(item) for key, item in value.items()}
+        return value
+
+    changed = 0
+    for module in gm.modules():
+        if not isinstance(module, fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            args, kwargs = swap(node.args), swap(node.kwargs)
+            if args != node.args or kwargs != node.kwargs:
+                node.args, node.kwargs = args, kwargs
+                changed += 1
+        module.recompile()
+    return changed

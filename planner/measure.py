@@ -1,0 +1,158 @@
+"""Where the plan is for, and how to measure the model for it: the measure step's facade.
+
+Two paths (see "Measuring without running what does not fit" in DESIGN.md):
+
+* "run": the whole training step on real tensors, every value kept for the analysis
+  (`planner.profile.profile`): exact, but it needs more memory than the unplanned step;
+* "no-run": sizes on fake tensors (`planner.profile_fake`), then each distinct node alone on
+  real tensors made for it (`planner.profile_nodes`), or, for a target GPU that is not this
+  machine's device, roofline estimates of its times (`planner.targets`).
+
+"auto" always takes the sizes on fake tensors first (no memory), and measures the whole step
+only where it can run here and what it holds fits in the budget.
+
+Example:
+    >>> where = plan_device(sample, target="h100")
+    >>> summary = measure_model(traced.gm, inputs, where, "auto", budget_bytes=80 * 2**30)
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from planner.profile import GraphProfile, graph_profile, profile
+from planner.profile_fake import profile_sizes
+from planner.profile_nodes import estimate_nodes, measure_nodes
+from planner.targets import Target, local_target, target as find_target
+from planner.trace import retarget_devices
+from solvers import format_bytes
+
+logger = logging.getLogger(__name__)
+
+MEASURE_MODES = ("auto", "run", "no-run")
+
+
+@dataclass(frozen=True)
+class PlanDevice:
+    """The device a plan is for: `device` (its type decides attention kernels and RNG state
+    memory), the named GPU if one was given, and whether this machine can time nodes there."""
+
+    device: torch.device
+    target: Target | None
+    local: bool
+
+    @property
+    def name(self) -> str:
+        return self.target.title if self.target else str(self.device)
+
+
+def plan_device(tensors: list[torch.Tensor], target: str | None) -> PlanDevice:
+    """The device of a plan for `target` (a name from `planner.targets()`, or None: the
+    device of the model's tensors; for a model on `meta`, this machine's CUDA device if it has
+    one, else its CPU). A named GPU is local only if it is this machine's current CUDA device.
+
+    Example:
+        >>> plan_device([torch.zeros(1)], None)
+        PlanDevice(device=device(type='cpu'), target=None, local=True)
+    """
+    if target is not None:
+        gpu = find_target(target)
+        local = local_target() == gpu
+        return PlanDevice(torch.device("cuda", torch.cuda.current_device()) if local else torch.device("cuda"),
+                          gpu, local)
+    devices = {t.device for t in tensors if t.device.type != "meta"}
+    if len(devices) > 1:
+        raise ValueError(f"the model and sample are on several devices ({', '.join(map(str, sorted(devices, key=str)))}): "
+                         "move them to the device you train on first")
+    if devices:
+        return PlanDevice(devices.pop(), None, True)
+    return PlanDevice(torch.device("cuda" if torch.cuda.is_available() else "cpu"), None, True)
+
+
+def _can_run(tensors: list[torch.Tensor], where: PlanDevice) -> bool:
+    return where.local and all(t.device == where.device for t in tensors)
+
+
+def check_measure(mode: Any) -> str:
+    """Validate `measure=`: "auto", "run" or "no-run".
+
+    Example:
+        >>> check_measure("no-run")
+        'no-run'
+    """
+    if mode not in MEASURE_MODES:
+        raise ValueError(f"measure must be one of {', '.join(repr(m) for m in MEASURE_MODES)}; not {mode!r}")
+    return mode
+
+
+def measure_model(
+    gm: fx.GraphModule,
+    inputs: list[torch.Tensor],
+    where: PlanDevice,
+    mode: str = "auto",
+    budget_bytes: int | None = None,
+    repeats: int = 5,
+    progress: Callable[[str], None] | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+) -> GraphProfile:
+    """Annotate `gm`'s compute nodes with their measurements for a plan on `where` and return
+    the whole-graph figures. `mode`: "run", "no-run" or "auto" (see the module docstring).
+    The caller restores what measuring changes on a real model (BatchNorm statistics, RNG):
+    see `planner.memory.preserved_state`.
+
+    Example:
+        >>> summary = measure_model(traced.gm, inputs, plan_device(inputs, None), "no-run")
+        >>> summary.measurement
+        'node by node'
+    """
+    check_measure(mode)
+    say = progress or (lambda message: logger.info(message))
+    tensors = [*gm.parameters(), *gm.buffers(), *inputs]
+    runnable = _can_run(tensors, where)
+    if mode == "run" and not runnable:
+        here = "meta tensors" if any(t.device.type == "meta" for t in tensors) else "tensors on another device"
+        raise ValueError(f"measure='run' runs the whole step on the plan's device ({where.name}), but the model "
+                         f"or sample holds {here}{'' if where.local else ', and that device is not this machine'}; "
+                         "use measure='no-run' (or 'auto')")
+    if mode != "run":
+        say("measuring sizes on fake tensors")
+        device = where.device if where.local else _fake_device(where)
+        if any(t.device.type == "meta" for t in tensors):  # traced on meta: its constants say so
+            retarget_devices(gm, torch.device("meta"), device)
+        fake = profile_sizes(gm, inputs, device, cuda_attention=where.device.type == "cuda", loss=loss)
+        fits = budget_bytes is not None and fake.needed_bytes <= budget_bytes
+        if mode == "auto" and runnable and fits:
+            logger.info("measuring the whole step: it holds about %s, within the budget", format_bytes(fake.needed_bytes))
+        else:
+            if not where.local:
+                say(f"estimating times on {where.name} (roofline): it is not this machine's device")
+            elif mode == "auto":
+                why = ("the model or sample is on the meta device" if not runnable else
+                       f"measuring the whole step at once would hold about {format_bytes(fake.needed_bytes)}")
+                say(f"measuring node by node: {why}")
+            return _no_run(gm, inputs, fake, where, repeats, say)
+    say("measuring the whole step")
+    return profile(gm, inputs, repeats=repeats, progress=say, loss=loss)
+
+
+def _fake_device(where: PlanDevice) -> torch.device:
+    # On a CPU-only build fake CUDA tensors abort in autograd: measure sizes on fake CPU
+    # tensors, with attention swapped for the CUDA kernel (the one device-dependent choice).
+    return where.device if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _no_run(gm: fx.GraphModule, inputs: list[torch.Tensor], fake: Any, where: PlanDevice, repeats: int,
+            say: Callable[[str], None]) -> GraphProfile:
+    if where.local:
+        count = measure_nodes(gm, fake, where.device, repeats=repeats, progress=say)
+        say(f"ran {count} distinct nodes one at a time")
+        timing = "CUDA events" if where.device.type == "cuda" else "time.perf_counter"
+        return graph_profile(gm, inputs, where.device, f"{timing}, node by node", measurement="node by node")
+    assert where.target is not None
+    estimate_nodes(gm, where.target)
+    return graph_profile(gm, inputs, where.device, f"estimated: roofline on {where.target.title}",
+                         measurement="sizes on fake tensors; times not measured", times_estimated=True, scratch_measured=False)

@@ -1,0 +1,166 @@
+"""Sizes without memory: profile a traced graph on fake tensors (the no-run path's first half).
+
+Running the unplanned step needs more memory than the step itself, so a model that does not
+fit cannot be measured that way. Sizes do not need memory: shapes, dtypes, storages, aliasing
+and what autograd saves are the same under `torch._subclasses.FakeTensorMode` as for real
+tensors. `profile_sizes` runs the graph's forward and backward on fake copies of the model's
+parameters, buffers and inputs (built on the plan's device; a model on the `meta` device works
+the same) and writes every node's `NodeProfile` (outputs, saved tensors, uses, in-place writes,
+random draws, tensor temporaries of forward and backward) into `node.meta`, as the measured
+path does, plus the ATen calls each node makes (`planner.targets.KernelCounter`), for
+roofline times. Kernel scratch and times are left to `planner.profile_nodes`.
+
+The model is reparametrised with the fake tensors only for the duration of the pass and
+left as it was. On a CPU-only PyTorch build fake tensors that require grad must stay on the
+CPU device, so a plan for a CUDA target is profiled on fake CPU tensors with attention swapped
+for the kernel the target runs (`planner.targets.target_attention`).
+
+Example:
+    >>> sizes = profile_sizes(gm, inputs, torch.device("cpu"))
+    >>> gm.graph.nodes[3].meta["planner.profile"].output_bytes
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.nn.utils.stateless import _reparametrize_module
+
+from planner.backward_windows import BackwardWindows
+from planner.memory import LiveBytesTracker, storage_key
+from planner.profile import COMPUTE_OPS, META_KEY, ProfileInterpreter, tensors_in
+from planner.targets import ATTENTION_TARGETS, KernelCost, KernelCounter, target_attention
+from planner.verify import training_loss
+
+logger = logging.getLogger(__name__)
+
+KERNELS_KEY = "planner.kernels"  # node.meta: the node's ATen calls, tuple[KernelCost, ...]
+
+
+@dataclass
+class FakeProfile:
+    """The fake values of a profiled graph, kept for running nodes one at a time later.
+
+    `values` maps each fx node to its fake value; `sources` maps the id of a fake parameter,
+    buffer, constant or input to the tensor (real or meta) it stands for; `inputs` are the fake
+    graph inputs; `needed_bytes` is what measuring the whole step at once would hold (every
+    value kept, plus static memory and gradients).
+    """
+
+    mode: FakeTensorMode
+    values: dict[fx.Node, Any]
+    sources: dict[int, torch.Tensor]
+    inputs: list[torch.Tensor]
+    needed_bytes: int = 0
+    constants: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def fake_like(tensor: torch.Tensor, mode: FakeTensorMode, device: torch.device) -> torch.Tensor:
+    """A fake tensor with `tensor`'s shape, strides and dtype on `device` (no memory).
+
+    Example:
+        >>> fake_like(torch.empty(2, 3, device="meta"), FakeTensorMode(), torch.device("cpu")).device
+        device(type='cpu')
+    """
+    with mode:
+        fake = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
+    return fake.requires_grad_(tensor.requires_grad) if fake.is_floating_point() else fake
+
+
+class _FakeInterpreter(ProfileInterpreter):
+    """The profile interpreter on fake tensors: attributes that are not parameters or buffers
+    (export's lifted constants) are made fake on first use, every node's ATen calls are
+    counted, and attention can run the target's kernel."""
+
+    def __init__(self, gm: fx.GraphModule, static_keys: set[int], tracker: LiveBytesTracker,
+                 fake: Callable[[torch.Tensor], torch.Tensor], attention: Callable[..., Any] | None):
+        super().__init__(gm, static_keys, tracker)
+        self.fake = fake
+        self.attention = attention
+
+    def fetch_attr(self, target: str) -> Any:
+        value = super().fetch_attr(target)
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            return self.fake(value)
+        return value
+
+    def compute(self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with KernelCounter() as counter:
+            if self.attention is not None and n.op == "call_function" and n.target in ATTENTION_TARGETS:
+                result = self.attention(*args, **kwargs)
+            else:
+                result = super().compute(n, args, kwargs)
+        n.meta[KERNELS_KEY] = tuple(counter.kernels)
+        return result
+
+
+def profile_sizes(
+    gm: fx.GraphModule,
+    inputs: list[torch.Tensor],
+    device: torch.device,
+    cuda_attention: bool = False,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+) -> FakeProfile:
+    """Profile `gm` on fake copies of its state and of `inputs` (real or meta) on `device`.
+
+    Writes each compute node's `NodeProfile` (times zero, scratch not included) and its
+    `KernelCost`s into `node.meta`; returns the fake values for `planner.profile_nodes`.
+    `cuda_attention` runs attention as a CUDA GPU would (`planner.targets.target_attention`).
+    One backward pass from `loss(output)` (default `planner.verify.training_loss`) gives the
+    tensor temporaries of each node's backward.
+
+    Example:
+        >>> with torch.device("meta"):
+        ...     model = build_model()
+        >>> traced = trace(model, sample)
+        >>> fake = profile_sizes(traced.gm, traced.graph_inputs((), sample), torch.device("cpu"))
+    """
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    sources: dict[int, torch.Tensor] = {}
+    constants: dict[int, torch.Tensor] = {}
+
+    def fake(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in constants:
+            constants[id(tensor)] = fake_like(tensor, mode, device)
+            sources[id(constants[id(tensor)])] = tensor
+        return constants[id(tensor)]
+
+    state: dict[str, torch.Tensor] = {}
+    for name, parameter in gm.named_parameters():
+        state[name] = nn.Parameter(fake_like(parameter, mode, device), requires_grad=parameter.requires_grad)
+        sources[id(state[name])] = parameter
+    for name, buffer in gm.named_buffers():
+        state[name] = fake_like(buffer, mode, device)
+        sources[id(state[name])] = buffer
+    fake_inputs = [fake_like(tensor, mode, device) for tensor in inputs]
+    sources.update((id(fake_input), tensor) for fake_input, tensor in zip(fake_inputs, inputs))
+
+    tracker = LiveBytesTracker(log=[])
+    static_keys = {storage_key(t) for t in (*state.values(), *fake_inputs)}
+    with _reparametrize_module(gm, state, tie_weights=True), mode, torch.enable_grad():
+        # Built inside: it names the parameters and buffers it sees, the fake ones.
+        interpreter = _FakeInterpreter(gm, static_keys, tracker, fake, target_attention if cuda_attention else None)
+        output = interpreter.run(*fake_inputs)
+        with BackwardWindows(tracker, interpreter.autograd_owners) as windows:
+            (loss or training_loss)(output).backward()
+        static = sum(t.untyped_storage().nbytes() for t in state.values())
+        gradients = sum(p.numel() * p.element_size() for p in state.values()
+                        if isinstance(p, nn.Parameter) and p.requires_grad)
+    records = {node.name: node.meta[META_KEY] for node in gm.graph.nodes if node.op in COMPUTE_OPS}
+    for name, extra in windows.temporaries().items():
+        records[name].backward_transient_bytes = max(0, extra)
+    kept = sum(r.output_bytes + r.saved_bytes for r in records.values())
+    peak_extra = max((r.transient_bytes + r.backward_transient_bytes for r in records.values()), default=0)
+    needed = static + gradients + kept + 2 * sum(r.grad_bytes for r in records.values()) + peak_extra
+    return FakeProfile(mode, dict(interpreter.env), sources, fake_inputs, needed, constants)
+
+
+def kernels_of(node: fx.Node) -> tuple[KernelCost, ...]:
+    """The ATen calls `profile_sizes` saw node `node` make."""
+    return node.meta.get(KERNELS_KEY, ())
+
