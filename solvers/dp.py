@@ -22,7 +22,8 @@ their common subset, counting the dropped members as always kept. That over-esti
 (plans stay within budget, and the simulator re-checks them) and the result is reported as
 FEASIBLE instead of OPTIMAL. `DpSettings.for_problem` picks exact settings for narrow graphs
 and bounded ones (fewer sets, thinned Pareto fronts, region boundaries on a grid) for wide
-DAGs, where dp is a fast heuristic and `ilp` is the exact solver.
+DAGs, where dp is a fast heuristic and `ilp` is the exact solver, and for chains of over 1000
+nodes (regions of at most 128 nodes, bounded at nodes that hold memory, thinned fronts).
 
 Regions never start at memoryless nodes (views, shape queries) when the next node could start
 them instead: that plan recomputes less and keeps less, so no optimum is lost.
@@ -33,7 +34,7 @@ import bisect
 import heapq
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 
 from solvers.problem import InfeasibleBudget, Problem, Solution, Status
@@ -138,12 +139,32 @@ def _merge(stairs: list[_Stair], cost_limit: float, feasibility_only: bool, buck
     return _Front(survivors)
 
 
+def _boundaries(problem: Problem, stride: int, fraction: float = 0.0) -> list[bool]:
+    """Where regions may start and end: everywhere with stride 1 and no `fraction`; else at
+    every `stride`-th node that holds memory, at least `fraction` of the most any node holds
+    (views, shape queries and asserts make poor boundaries), and at n."""
+    n = len(problem)
+    if stride <= 1 and fraction <= 0:
+        return [True] * (n + 1)
+    held = [node.output_bytes + node.saved_bytes for node in problem.nodes]
+    least = max(1, int(fraction * max(held, default=0)))
+    holders = [i for i, size in enumerate(held) if size >= least]
+    allowed = [False] * (n + 1)
+    for i in holders[::stride]:
+        allowed[i] = True
+    allowed[0] = allowed[n] = True
+    return allowed
+
+
 class _Search:
     """The DP over boundaries for one problem; `run` solves it for one budget."""
 
-    def __init__(self, problem: Problem, max_states: int, max_front: int | None = None, stride: int = 1):
+    def __init__(self, problem: Problem, max_states: int, max_front: int | None = None, stride: int = 1,
+                 max_region_nodes: int | None = None, boundary_fraction: float = 0.0):
         self.problem = problem
         self.stride = stride
+        self.max_region_nodes = max_region_nodes
+        self.boundary = _boundaries(problem, stride, boundary_fraction)
         self.structure = structure = Structure.of(problem)
         self.max_states = max_states
         self.max_front = max_front
@@ -258,7 +279,7 @@ class _Search:
                 if t + 1 == n and not feasibility_only:
                     bound = min(bound, front.entries[hi - 1].cost + slack)
             # A region [t, b).
-            if not structure.useful_start[t] or t % self.stride:
+            if not structure.useful_start[t] or not self.boundary[t]:
                 continue
             scan = _Scan(structure, self.problem, t, self.min_recompute_gradients)
             for key, front in fronts.items():
@@ -266,7 +287,7 @@ class _Search:
                 inputs_bytes = mask_bytes[key]
                 released = 0  # kept bytes of inputs whose last reference has passed
                 forward_max = 0
-                for k in range(t, n):
+                for k in range(t, n if self.max_region_nodes is None else min(n, t + self.max_region_nodes)):
                     for j in structure.uses_before[k]:
                         if j < t and not inputs >> j & 1:
                             inputs |= 1 << j
@@ -287,7 +308,7 @@ class _Search:
                     floor = max(forward_max, inputs_bytes + scan.lower[index])
                     if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
                         break
-                    if b % self.stride and b != n:
+                    if not self.boundary[b]:
                         continue
                     limit = live_budget - max(forward_max, inputs_bytes + scan.peak[index])
                     hi = bisect_right(front.helds, limit)
@@ -324,7 +345,9 @@ class DpSettings:
 
     max_states: int = 64  # frontier sets kept per boundary before merging the rest
     max_front: int | None = None  # Pareto points kept per set (None: all of them)
-    stride: int = 1  # regions start and end only at multiples of this (and at n)
+    stride: int = 1  # regions start and end only at every stride-th node that holds memory (and at n)
+    max_region_nodes: int | None = None  # longest region considered (None: any length)
+    boundary_fraction: float = 0.0  # boundaries only at nodes holding this share of the largest
 
     @staticmethod
     def for_problem(problem: Problem) -> "DpSettings":
@@ -333,6 +356,12 @@ class DpSettings:
         so that dp stays a fast heuristic there."""
         structure = Structure.of(problem)
         width = structure.frontier_width
+        if structure.n > EXACT_MAX_NODES and width <= EXACT_FRONTIER_WIDTH:
+            # Long chains (a 70B transformer: 5 000 nodes): the exact search grows with n^2
+            # times its Pareto fronts and took minutes; bounded, it takes seconds and stayed
+            # within 5% of the exact cost on a 32-layer Llama (see RESULTS.md).
+            return DpSettings(max_states=max(64, 2**min(width, 12)), max_front=256, max_region_nodes=128,
+                              boundary_fraction=0.01)
         if width <= 12:  # room for every frontier set there can be: exact for sure
             return DpSettings(max_states=max(64, 2**width))
         if width <= EXACT_FRONTIER_WIDTH:
@@ -346,26 +375,31 @@ class DpSettings:
     @property
     def complete(self) -> bool:
         """No Pareto point or boundary left out (frontier sets may still be merged)."""
-        return self.max_front is None and self.stride == 1
+        return (self.max_front is None and self.stride == 1 and self.max_region_nodes is None
+                and self.boundary_fraction == 0)
 
 
 EXACT_FRONTIER_WIDTH = 16
+EXACT_MAX_NODES = 1000  # longer chains get a bounded search
 
 
 def _settings(problem: Problem, options: dict[str, object]) -> DpSettings:
     defaults = DpSettings.for_problem(problem)
-    unknown = set(options) - {"max_states", "max_front", "stride"}
+    unknown = set(options) - {"max_states", "max_front", "stride", "max_region_nodes", "boundary_fraction"}
     if unknown:
         raise TypeError(f"dp got unknown options {sorted(unknown)}")
     return DpSettings(
         max_states=int(options.get("max_states", defaults.max_states)),  # type: ignore[arg-type]
         max_front=options.get("max_front", defaults.max_front),  # type: ignore[arg-type]
         stride=int(options.get("stride", defaults.stride)),  # type: ignore[arg-type]
+        max_region_nodes=options.get("max_region_nodes", defaults.max_region_nodes),  # type: ignore[arg-type]
+        boundary_fraction=float(options.get("boundary_fraction", defaults.boundary_fraction)),  # type: ignore[arg-type]
     )
 
 
 def _search(problem: Problem, settings: DpSettings) -> _Search:
-    return _Search(problem, settings.max_states, settings.max_front, stride=settings.stride)
+    return _Search(problem, settings.max_states, settings.max_front, settings.stride, settings.max_region_nodes,
+                   settings.boundary_fraction)
 
 
 def minimum_peak_dp(problem: Problem, above: int | None = None, **options: object) -> tuple[int, bool]:
@@ -397,7 +431,7 @@ def minimum_peak_plan_dp(
     """
     settings = _settings(problem, options)
     if settings.stride > 1:  # big graphs: probe on a coarser grid, it only needs to be quick
-        settings = DpSettings(settings.max_states, settings.max_front, 2 * settings.stride)
+        settings = replace(settings, stride=2 * settings.stride)
     cache = problem.__dict__.setdefault("_minimum_peak_dp", {})
     if settings in cache:
         return cache[settings]
@@ -431,10 +465,14 @@ def minimum_peak_plan_dp(
 def solve_dp(problem: Problem, budget_bytes: int, cost_bound_ms: float | None = None, **options: object) -> Solution:
     """The cheapest plan under `budget_bytes` by dynamic programming over region boundaries.
 
-    Options (defaults from `DpSettings.for_problem`: exact on narrow graphs, bounded on wide):
+    Options (defaults from `DpSettings.for_problem`: exact on narrow graphs up to 1000 nodes,
+    bounded on wide DAGs and on longer chains):
         max_states: frontier sets kept per boundary before merging the rest.
         max_front: Pareto points kept per frontier set (None: all).
-        stride: regions start and end only at multiples of it.
+        stride: regions start and end only at every stride-th node that holds memory.
+        max_region_nodes: the longest region considered (None: any).
+        boundary_fraction: regions start and end only at nodes that hold at least this share
+            of the most any node holds (0: anywhere).
         cost_bound_ms: prune partial plans that cost more (e.g. a known plan's recompute ms).
 
     Status OPTIMAL when nothing was left out or merged (always on chains, CNNs and
