@@ -26,6 +26,8 @@ from torch import nn
 
 from planner.api import GIB, plan
 from planner.examples import EXAMPLES
+from planner.measure import MEASURE_MODES
+from planner.targets import targets
 from planner.persist import load_plan
 from planner.trace import FRONTENDS, TraceError, split_sample
 from solvers import SOLVERS, InfeasibleBudget, format_bytes
@@ -36,9 +38,10 @@ EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
 
 MODEL_HELP = (
-    "a built-in example ({examples}) or package.module:factory, a callable that takes no "
-    "arguments and returns (model, sample); path/to/file.py:factory works too, and the current "
-    "directory is importable"
+    "a built-in example ({examples}); package.module:factory, a callable that takes no "
+    "arguments and returns (model, sample) (path/to/file.py:factory works too, and the current "
+    "directory is importable); or hf:TYPE, a Hugging Face architecture (hf:llama, hf:gpt2, "
+    "hf:bert, ...) built from its config on the meta device, nothing downloaded or allocated"
 )
 SAMPLE_HELP = (
     "resize the model's sample: one shape per tensor of the factory's sample, in order, dims "
@@ -96,6 +99,23 @@ def _import_module(module_name: str, spec: str) -> Any:
     finally:
         if added:
             sys.path.remove(cwd)
+
+
+def load_hf_model(spec: str, args: argparse.Namespace) -> tuple[nn.Module, Any]:
+    """Build `hf:TYPE` from `--config`, `--batch`, `--seq` and `--dtype` (see `planner.hf`).
+
+    Example:
+        >>> load_hf_model("hf:gpt2", build_parser().parse_args(["plan", "hf:gpt2", "--target", "h100"]))
+    """
+    from planner import hf
+
+    try:
+        overrides = hf.parse_config(args.config)
+        return hf.build(spec.removeprefix(hf.PREFIX), overrides, batch=args.batch, seq=args.seq or 512, dtype=args.dtype)
+    except ImportError as error:
+        raise UsageError(f"MODEL {spec!r}: {error}") from None
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"MODEL {spec!r}: {_first_line(error)}") from None
 
 
 def load_model(spec: str) -> tuple[nn.Module, Any]:
@@ -275,7 +295,14 @@ def _progress(quiet: bool) -> Say:
 def _plan(args: argparse.Namespace) -> int:
     say = _progress(args.quiet)
     torch.manual_seed(0)
-    model, sample = load_model(args.model)
+    if args.budget_gb is None and args.target is None:
+        raise UsageError("give --budget-gb, or --target (its memory is then the budget)")
+    if args.model.startswith("hf:"):
+        model, sample = load_hf_model(args.model, args)
+    else:
+        if args.config or args.seq or args.batch != 1 or args.dtype:
+            raise UsageError("--config, --seq, --batch and --dtype are for hf: models; use --sample to resize")
+        model, sample = load_model(args.model)
     if args.sample:
         sample = resize_sample(sample, parse_shapes(args.sample))
     if args.device:
@@ -284,13 +311,16 @@ def _plan(args: argparse.Namespace) -> int:
         f"parameters; sample {_describe_sample(sample)}")
     try:
         p = plan(model, sample, budget_gb=args.budget_gb, solver=args.solver, reserved_gb=args.reserved_gb,
-                 frontend=args.frontend, repeats=args.repeats, progress=say)
+                 frontend=args.frontend, repeats=args.repeats, progress=say, target=args.target,
+                 world_size=args.world_size, optimizer=_optimizer(args.optimizer), measure=args.measure)
     except InfeasibleBudget as error:
         return _infeasible(error)
     except (TraceError, RuntimeError, TypeError, ValueError) as error:
         resized = " (its sample was resized by --sample: does the model take that shape?)" if args.sample else ""
         _error(f"planning {args.model} failed{resized}: {_first_line(error)}")
         return EXIT_FAILED
+    if p.profile.times_estimated:
+        say(f"times are estimates (roofline on {p.setup.where.name}), not measurements")
     if args.verify:
         say(f"verifying: {args.verify_steps} training steps of the original and the planned module")
         p.verify(steps=args.verify_steps)
@@ -357,6 +387,16 @@ def _gib(allow_zero: bool) -> Callable[[str], float]:
     return parse
 
 
+def _optimizer(text: str | None) -> str | float | None:
+    """--optimizer: a name, or bytes of state per parameter."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -387,12 +427,34 @@ def build_parser() -> argparse.ArgumentParser:
         description="Trace and measure MODEL on its sample, choose the regions to recompute so one "
         "training step fits the budget, and print the report.",
         epilog="Examples: ckpt-plan plan gpt --budget-gb 0.05 --sample 4x128 --plot memory.png; "
-        "ckpt-plan plan mypackage.models:build --budget-gb 40 --device cuda --json plan.json. "
+        "ckpt-plan plan mypackage.models:build --budget-gb 40 --device cuda --json plan.json; "
+        "ckpt-plan plan hf:llama --config hidden_size=4096,num_hidden_layers=32 --seq 4096 --target h100 "
+        "--world-size 8 --optimizer adamw --json plan.json. "
         "Exit status: 0 done, 1 planning failed, 2 usage error, 3 the budget cannot be met.",
     )
     planning.add_argument("model", metavar="MODEL", help=MODEL_HELP.format(examples=", ".join(sorted(EXAMPLES))))
-    planning.add_argument("--budget-gb", type=_gib(False), required=True, metavar="GIB",
-                          help="memory budget of one training step in GiB (2**30 bytes)")
+    planning.add_argument("--budget-gb", type=_gib(False), default=None, metavar="GIB",
+                          help="memory budget of one training step per rank in GiB (2**30 bytes); "
+                          "default: the --target's memory")
+    planning.add_argument("--target", metavar="GPU", help="the GPU the plan is for: "
+                          f"{', '.join(t.name for t in targets())}; times there are roofline estimates "
+                          "unless it is this machine's GPU (default: the model's own device)")
+    planning.add_argument("--world-size", type=_positive_int, default=1, metavar="N",
+                          help="plan for FSDP2 over N ranks: parameters, gradients and optimizer state "
+                          "sharded, blocks all-gathered in flight (default 1)")
+    planning.add_argument("--optimizer", metavar="NAME|BYTES",
+                          help="count optimizer state: sgd, sgd-momentum, adam, adamw, or bytes per parameter")
+    planning.add_argument("--measure", choices=MEASURE_MODES, default="auto",
+                          help="run: measure the whole step at once; no-run: sizes on fake tensors, then one "
+                          "node at a time; auto (default): the whole step only where it fits the budget")
+    planning.add_argument("--config", metavar="K=V,...", help="hf: models: config overrides, e.g. "
+                          "hidden_size=4096,num_hidden_layers=32")
+    planning.add_argument("--seq", type=_positive_int, default=None, metavar="N",
+                          help="hf: models: sequence length of the sample (default 512)")
+    planning.add_argument("--batch", type=_positive_int, default=1, metavar="N",
+                          help="hf: models: batch size of the sample per rank (default 1)")
+    planning.add_argument("--dtype", help="hf: models: parameter dtype, e.g. bfloat16 (default: the config's, "
+                          "else float32)")
     planning.add_argument("--sample", metavar="SHAPE[,SHAPE...]", help=SAMPLE_HELP)
     planning.add_argument("--solver", choices=solvers, default="auto", help="default: auto")
     planning.add_argument("--reserved-gb", type=_gib(True), default=0.0, metavar="GIB",

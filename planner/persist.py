@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from planner.api import Checkpoint, Plan
 
 FORMAT = "ckpt-planner plan"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 lacks what the plan was for (target, FSDP, optimizer)
 FX_FRONTEND = "torch.fx.symbolic_trace"  # the value of Traced.frontend for the fx frontend
 EXPORT_FRONTEND = "torch.export"
 APPLICABLE_FRONTENDS = (FX_FRONTEND, EXPORT_FRONTEND)
@@ -280,6 +281,8 @@ class SavedPlan(PlanFigures):
     state: dict[str, dict[str, Any]]
     verification: Verification | None = None
     source: str | None = None  # the file it was read from
+    planned_for: dict[str, Any] | None = None  # device, target, world size, optimizer, how measured
+    static_breakdown: dict[str, int] | None = None  # static memory per rank, by term
 
     # -- figures, as on Plan ------------------------------------------------------------------
 
@@ -330,6 +333,16 @@ class SavedPlan(PlanFigures):
             sample=_sample_structure(plan.model, plan.sample, traced.tensor_names, traced.fixed_args),
             state=_state_shapes(plan.model),
             verification=plan.verification,
+            planned_for={
+                "device": plan.setup.where.name,
+                "target": plan.target,
+                "world_size": plan.setup.world_size,
+                "optimizer": plan.setup.optimizer,
+                "measurement": plan.profile.measurement,
+                "times_estimated": plan.profile.times_estimated,
+                "scratch_measured": plan.profile.scratch_measured,
+            },
+            static_breakdown=plan.static_breakdown,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -356,7 +369,10 @@ class SavedPlan(PlanFigures):
             "predicted_peak_bytes": s.peak_bytes,
             "baseline_peak_bytes": self.baseline_peak_bytes,
             "recompute_ms": s.recompute_ms,
+            "times_estimated": bool((self.planned_for or {}).get("times_estimated", False)),
             "timing": self.timing,
+            "planned_for": self.planned_for,
+            "static_breakdown": self.static_breakdown,
             "leaves": list(self.leaves),
             "trace_leaves": list(self.trace_leaves),
             "regions": self.regions,
@@ -381,8 +397,9 @@ class SavedPlan(PlanFigures):
         where = f" in {source}" if source else ""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a saved checkpoint plan{where}: no \"format\": {FORMAT!r} field")
-        if data.get("version") != VERSION:
-            raise ValueError(f"saved plan{where} has version {data.get('version')!r}; this planner reads {VERSION}")
+        if data.get("version") not in READABLE_VERSIONS:
+            raise ValueError(f"saved plan{where} has version {data.get('version')!r}; this planner reads "
+                             f"{', '.join(map(str, READABLE_VERSIONS))}")
         try:
             nodes = data["nodes"]
             index = {node["name"]: i for i, node in enumerate(nodes)}
@@ -424,6 +441,8 @@ class SavedPlan(PlanFigures):
                 state=data["state_dict"],
                 verification=verification,
                 source=source,
+                planned_for=data.get("planned_for"),
+                static_breakdown=data.get("static_breakdown"),
             )
         except KeyError as error:
             raise ValueError(f"saved plan{where} lacks {error.args[0]!r}") from None
@@ -573,7 +592,8 @@ class SavedPlan(PlanFigures):
             frontend=self.frontend, leaves=self.leaves, budget_bytes=self.budget_bytes,
             reserved_bytes=self.reserved_bytes, baseline_peak_bytes=self.baseline_peak_bytes,
             timing=self.timing, checkpoints=self.checkpoints, verification=self.verification,
-            origin=f", loaded from {self.source}" if self.source else "",
+            origin=f", loaded from {self.source}" if self.source else "", static_breakdown=self.static_breakdown,
+            **_report_setup(self.planned_for),
         )
 
     def __repr__(self) -> str:
@@ -590,6 +610,16 @@ def _verification(record: dict[str, Any] | None) -> Verification | None:
         return Verification(**{key: value for key, value in record.items() if key in known})
     except TypeError:
         return None
+
+
+def _report_setup(planned_for: dict[str, Any] | None) -> dict[str, Any]:
+    """The report's arguments about what a saved plan was for (none for version 1 plans)."""
+    if not planned_for:
+        return {}
+    return {"device": planned_for.get("device", ""), "world_size": planned_for.get("world_size", 1),
+            "measurement": planned_for.get("measurement", "whole step"),
+            "times_estimated": planned_for.get("times_estimated", False),
+            "scratch_measured": planned_for.get("scratch_measured", True)}
 
 
 def _json_text(document: dict[str, Any]) -> str:

@@ -159,7 +159,7 @@ def test_a_model_file_path_works(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["plan", "mlp"], "the following arguments are required: --budget-gb"),
+    (["plan", "mlp"], "give --budget-gb, or --target"),
     (["plan", "mlp", "--budget-gb", "-1"], "'-1' must be more than zero"),
     (["plan", "mlp", "--budget-gb", "lots"], "'lots' is not a number of GiB"),
     (["plan", "mlp", "--budget-gb", "1", "--solver", "magic"], "invalid choice: 'magic'"),

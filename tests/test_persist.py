@@ -103,7 +103,9 @@ def test_reapplied_plan_keeps_batchnorm_statistics_right(tmp_path):
 
 def test_saved_json_describes_graph_sample_and_regions(gpt_plan_file):
     data = json.loads(open(gpt_plan_file).read())
-    assert data["format"] == "ckpt-planner plan" and data["version"] == 1
+    assert data["format"] == "ckpt-planner plan" and data["version"] == 2
+    assert data["planned_for"]["device"] == "cpu" and data["times_estimated"] is False
+    assert sum(data["static_breakdown"].values()) == data["static_bytes"]
     assert data["frontend"] == FX_FRONTEND
     assert data["model"] == "planner.examples.TinyGPT"
     assert data["sample"]["arguments"] == [

@@ -1,0 +1,298 @@
+"""Planning without running the unplanned step (issue "Plan the models that do not fit").
+
+Three parts, each printing a table and (unless --no-save) appending it to RESULTS.md:
+
+* `small`: GPT-2, Llama, BERT (small configs) and the built-in GPT, each planned at 40/60/80%
+  of its measured unplanned peak twice: with the measured path (`measure="run"`, real model)
+  and with the no-run path (the same architecture built on the `meta` device, planned for this
+  CPU, the plan saved, loaded and applied to the real model). The no-run plan is measured
+  (`verify_modules`): under budget, its prediction within 3% of the measurement, its
+  recompute cost (both plans costed with the measured path's node times) within 10% of the
+  measured path's plan, gradients equal to the unplanned model's.
+* `memory`: a GPT-2 whose unplanned step needs at least 2 GiB, planned at 40% of that with the
+  real model: the peak resident memory `plan()` adds, in a fresh process after a warm-up plan
+  of a small model, against the budget and against one unplanned step's.
+* `llama`: Llama 7B (32 layers, hidden 4096) for an H100 with FSDP2 over 8 ranks and AdamW, and
+  70B (80 layers, hidden 8192, 64 heads, 8 KV heads) over 32 ranks, built on `meta`: wall time,
+  peak resident memory, both reports, and the static breakdown checked against arithmetic.
+
+    .venv/bin/python benchmarks/no_run.py [--parts small,memory,llama] [--no-save]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import torch  # noqa: E402
+
+from benchmarks.results import append_results  # noqa: E402
+from planner import InfeasibleBudget, load_plan, plan  # noqa: E402
+from planner.api import GIB  # noqa: E402
+from planner.verify import verify_modules  # noqa: E402
+from solvers import format_bytes  # noqa: E402
+
+FRACTIONS = (0.4, 0.6, 0.8)
+
+
+def _transformers():
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def small_models() -> dict:
+    """name -> build(device) -> (model, sample); the same weights' shapes on any device."""
+    t = _transformers()
+    from planner.examples import TinyGPT
+
+    def hf(config_class, model_class, labels=True, **config):
+        def build(device):
+            with torch.device(device):
+                model = model_class(config_class(**config))
+            ids = torch.randint(0, 1000, (4, 256), device=device) if device != "meta" else \
+                torch.zeros(4, 256, dtype=torch.long, device="meta")
+            sample = {"input_ids": ids, "labels": ids}
+            if "use_cache" in model.forward.__code__.co_varnames:
+                sample["use_cache"] = False
+            return model.train(), sample
+        return build
+
+    def gpt(device):
+        with torch.device(device):
+            model = TinyGPT(width=128, heads=4, blocks=6, context=256)
+        tokens = torch.randint(0, 512, (8, 256)) if device != "meta" else torch.zeros(8, 256, dtype=torch.long,
+                                                                                        device="meta")
+        return model.train(), tokens
+
+    return {
+        "GPT-2 (4 layers, 256 wide)": hf(t.GPT2Config, t.GPT2LMHeadModel, n_layer=4, n_embd=256, n_head=4,
+                                         vocab_size=1000, n_positions=256, bos_token_id=0, eos_token_id=0),
+        "Llama (4 layers, 256 wide)": hf(t.LlamaConfig, t.LlamaForCausalLM, num_hidden_layers=4, hidden_size=256,
+                                         intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                                         vocab_size=1000, bos_token_id=0, eos_token_id=0),
+        "BERT (4 layers, 256 wide)": hf(t.BertConfig, t.BertForMaskedLM, num_hidden_layers=4, hidden_size=256,
+                                        intermediate_size=512, num_attention_heads=4, vocab_size=1000),
+        "built-in GPT (6 blocks)": gpt,
+    }
+
+
+def part_small(steps: int) -> str:
+    rows = ["| model | budget | path | regions | predicted peak | measured peak | error | under budget "
+            "| recompute (measured costs) | vs run path | gradients match |", "|" + "---|" * 11]
+    misses = []
+    for name, build in small_models().items():
+        torch.manual_seed(0)
+        model, sample = build("cpu")
+        unplanned = plan(model, sample, budget_gb=80, measure="run")
+        measured_peak = unplanned.verify(steps=steps).original_peak_bytes
+        meta_model, meta_sample = build("meta")
+        for fraction in FRACTIONS:
+            budget = fraction * measured_peak
+            label = f"{fraction:.0%} = {format_bytes(budget)}"
+            try:
+                run = unplanned.replan(budget_gb=budget / GIB)
+                no_run = plan(meta_model, meta_sample, budget_gb=budget / GIB, measure="no-run")
+            except InfeasibleBudget as error:
+                rows.append(f"| {name} | {label} | both | infeasible: minimum {format_bytes(error.minimum_bytes)} "
+                            "| | | | | | | |")
+                continue
+            with tempfile.TemporaryDirectory() as folder:
+                saved = load_plan(no_run.save(Path(folder) / "plan.json"))
+            applied = saved.apply(build("cpu")[0].train())
+            applied.load_state_dict(model.state_dict())
+            record = verify_modules(model, applied, sample, steps, no_run.predicted_peak_bytes,
+                                    no_run.baseline_peak_bytes, no_run.budget_bytes)
+            index = {node.name: i for i, node in enumerate(run.problem.nodes)}
+            regions = tuple(range(index[c.nodes[0]], index[c.nodes[-1]] + 1) for c in no_run.checkpoints)
+            cost = run.problem.recompute_ms(regions)
+            ratio = cost / run.recompute_ms if run.recompute_ms else (1.0 if cost == 0 else math.inf)
+            rows.append(f"| {name} | {label} | run | {len(run.checkpoints)} | {format_bytes(run.predicted_peak_bytes)} "
+                        f"| | | | {run.recompute_ms:.1f} ms | | |")
+            rows.append(
+                f"| {name} | {label} | no-run | {len(no_run.checkpoints)} | {format_bytes(record.predicted_peak_bytes)} "
+                f"| {format_bytes(record.planned_peak_bytes)} | {100 * record.peak_error:+.1f}% "
+                f"| {'yes' if record.within_budget else 'NO'} | {cost:.1f} ms | {ratio:.2f} "
+                f"| {'yes' if record.gradients_match else 'NO'} |")
+            print(rows[-2], rows[-1], sep="\n", flush=True)
+            where = f"{name} at {fraction:.0%}"
+            if not record.within_budget:
+                misses.append(f"{where}: measured over budget")
+            if abs(record.peak_error) > 0.03:
+                misses.append(f"{where}: prediction off by {100 * record.peak_error:+.1f}%")
+            if ratio > 1.10:
+                misses.append(f"{where}: recompute {ratio:.2f}x the run path's plan")
+            if not record.gradients_match:
+                misses.append(f"{where}: gradients differ")
+    verdict = "All targets met." if not misses else "Misses:\n" + "\n".join(f"- {m}" for m in misses)
+    return "\n".join(rows) + "\n\n" + verdict
+
+
+# ---------------------------------------------------------------------------------------------
+# Peak resident memory in fresh processes
+
+_CHILD = r'''
+import json, resource, sys, time, warnings
+warnings.filterwarnings("ignore")
+sys.path.insert(0, {root!r})
+import torch, transformers
+transformers.logging.set_verbosity_error()
+from planner import plan
+from planner.verify import training_loss
+
+def rss(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+
+torch.manual_seed(0)
+small = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, vocab_size=100,
+                                                             n_positions=32))
+ids = torch.randint(0, 100, (1, 32))
+plan(small, {{"input_ids": ids, "labels": ids, "use_cache": False}}, budget_gb=80, measure={warm!r})
+training_loss(small(input_ids=ids, labels=ids, use_cache=False)).backward()  # warm up backward too
+config = transformers.GPT2Config(**{config!r})
+model = transformers.GPT2LMHeadModel(config).train()
+ids = torch.randint(0, config.vocab_size, {shape!r})
+sample = {{"input_ids": ids, "labels": ids, "use_cache": False}}
+open("/proc/self/clear_refs", "w").write("5")  # the high-water mark restarts from here
+before = rss("VmRSS")
+started = time.perf_counter()
+if {budget_gb!r} is None:
+    training_loss(model(**sample)).backward()
+    report = ""
+else:
+    p = plan(model, sample, budget_gb={budget_gb!r})
+    report = str(p)
+print(json.dumps({{"added": rss("VmHWM") - before, "seconds": time.perf_counter() - started, "report": report}}))
+'''
+
+
+def _child(code: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def part_memory() -> str:
+    config = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024, bos_token_id=0,
+                  eos_token_id=0)
+    shape = (4, 1024)
+    root = str(HERE.parent)
+    step = _child(_CHILD.format(root=root, warm="run", config=config, shape=shape, budget_gb=None))
+    torch.manual_seed(0)
+    t = _transformers()
+    model = t.GPT2LMHeadModel(t.GPT2Config(**config)).train()
+    ids = torch.randint(0, config["vocab_size"], shape)
+    unplanned = plan(model, {"input_ids": ids, "labels": ids, "use_cache": False}, budget_gb=80, measure="no-run",
+                     repeats=1)
+    peak = unplanned.baseline_peak_bytes  # the step's peak, static included (params and gradients)
+    del model, unplanned
+    budget_gb = 0.4 * peak / GIB
+    planned = _child(_CHILD.format(root=root, warm="no-run", config=config, shape=shape, budget_gb=budget_gb))
+    rows = [
+        "| what | bytes |", "|---|---|",
+        f"| GPT-2 124M, batch {shape[0]} x {shape[1]}: unplanned step's peak (predicted, static included) "
+        f"| {format_bytes(peak)} |",
+        f"| one unplanned training step: resident memory it adds (fresh process) | {format_bytes(step['added'])} |",
+        f"| budget (40% of the peak) | {format_bytes(budget_gb * GIB)} |",
+        f"| `plan()` with the real model: resident memory it adds (fresh process) | {format_bytes(planned['added'])} "
+        f"({planned['added'] / (budget_gb * GIB):.2f} of the budget) |",
+        f"| `plan()` wall time | {planned['seconds']:.1f} s |",
+    ]
+    verdict = ("plan() added less than the budget." if planned["added"] < budget_gb * GIB
+               else "MISS: plan() added more than the budget.")
+    return "\n".join(rows) + "\n\n" + verdict + "\n\n```\n" + planned["report"] + "\n```"
+
+
+_LLAMA = r'''
+import json, resource, sys, time, warnings
+warnings.filterwarnings("ignore")
+sys.path.insert(0, {root!r})
+started = time.perf_counter()
+import torch, transformers
+from planner import plan
+config = transformers.LlamaConfig(**{config!r}, use_cache=False)
+with torch.device("meta"):
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+tokens = torch.zeros(1, 4096, dtype=torch.long, device="meta")
+p = plan(model, {{"input_ids": tokens, "labels": tokens}}, budget_gb=80, target="h100",
+         world_size={world_size}, optimizer="adamw")
+shapes = [list(t.shape) for t in model.parameters()]
+print(json.dumps({{"seconds": time.perf_counter() - started,
+                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "report": str(p), "breakdown": p.static_breakdown, "shapes": shapes,
+                  "blocks": {layers}}}))
+'''
+
+
+def _expected_breakdown(shapes: list[list[int]], world_size: int, layers: int) -> dict[str, int]:
+    """The arithmetic: bf16 parameters (2 bytes) split on dim 0 across ranks, as many gradients,
+    AdamW's two states; the root (embeddings, output layer, final norm) unsharded with its
+    gradients; two blocks' parameters and one block's gradients in flight."""
+    total = sum(math.prod(s) for s in shapes)
+    per_block = sum(math.prod(s) for s in shapes[1:-2]) // layers  # shapes: embed, blocks..., norm, head
+    root = total - per_block * layers
+    return {"parameters": total * 2 // world_size, "gradients": total * 2 // world_size,
+            "optimizer state": 2 * total * 2 // world_size,
+            "root parameters, unsharded (FSDP)": root * 2, "root gradients, unsharded (FSDP)": root * 2,
+            "block parameters in flight (FSDP, 2 blocks)": 2 * per_block * 2,
+            "block gradients in flight (FSDP, 1 block)": per_block * 2}
+
+
+def part_llama() -> str:
+    sizes = {
+        "Llama 7B, 8 ranks": (dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                   num_attention_heads=32, num_key_value_heads=32, vocab_size=32000), 8, 32, 60),
+        "Llama 70B, 32 ranks": (dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                                     num_attention_heads=64, num_key_value_heads=8, vocab_size=32000), 32, 80, 180),
+    }
+    rows = ["| model | wall time | limit | peak resident memory | static terms equal to the arithmetic |",
+            "|---|---|---|---|---|"]
+    reports = []
+    for name, (config, world_size, layers, limit) in sizes.items():
+        result = _child(_LLAMA.format(root=str(HERE.parent), config=config, world_size=world_size, layers=layers))
+        expected = _expected_breakdown(result["shapes"], world_size, layers)
+        got = result["breakdown"]
+        wrong = [f"{term}: {got.get(term)} != {value}" for term, value in expected.items() if got.get(term) != value]
+        rows.append(f"| {name} | {result['seconds']:.1f} s | {limit} s | {format_bytes(result['rss'])} "
+                    f"| {'yes, all ' + str(len(expected)) if not wrong else 'NO: ' + '; '.join(wrong)} |")
+        print(rows[-1], flush=True)
+        terms = "\n".join(f"  {term}: {got[term]:,} bytes (arithmetic: {expected.get(term, got[term]):,})"
+                          for term in got)
+        reports.append(f"### {name}\n\n```\n{result['report']}\n```\n\nStatic terms per rank:\n```\n{terms}\n```")
+    return "\n".join(rows) + "\n\n" + "\n\n".join(reports)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", default="small,memory,llama")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--no-save", action="store_true")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    parts = {"small": ("Planning without running: measured vs no-run path",
+                       lambda: part_small(args.steps)),
+             "memory": ("Planning without running: memory plan() adds", part_memory),
+             "llama": ("Planning without running: Llama 7B and 70B on meta for H100s", part_llama)}
+    for key in args.parts.split(","):
+        title, run = parts[key]
+        started = time.perf_counter()
+        body = run()
+        print(f"\n## {title} ({time.perf_counter() - started:.0f} s)\n{body}\n", flush=True)
+        if not args.no_save:
+            append_results(title, f"python benchmarks/no_run.py --parts {key}", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

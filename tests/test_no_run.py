@@ -1,0 +1,230 @@
+"""Planning without running the unplanned step: sizes on fake tensors, nodes run one at a time,
+models on the meta device, target GPUs, and static memory as FSDP2 and the optimizer hold it."""
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import MODELS, small_gpt
+from planner import load_plan, plan
+from planner.api import GIB
+from planner.backward_windows import BackwardWindows
+from planner.examples import TinyGPT
+from planner.graph import compute_nodes
+from planner.memory import LiveBytesTracker, preserved_state
+from planner.profile import META_KEY, claim_autograd_nodes, profile
+from planner.profile_fake import profile_sizes
+from planner.static import static_breakdown
+from planner.targets import KernelCounter, target, targets
+from planner.trace import split_sample, trace
+from planner.verify import training_loss
+from test_hazards import _assert_unchanged, _fingerprint
+
+SIZE_FIELDS = ("output_bytes", "grad_bytes", "saved_bytes", "uses", "saves", "mutates", "param_grad_bytes",
+               "random", "mutated_buffers", "parameters")
+
+
+def _records(gm):
+    return {node.name: node.meta[META_KEY] for node in compute_nodes(gm)}
+
+
+def _sizes_both_ways(model, sample):
+    traced = trace(model, sample)
+    inputs = traced.graph_inputs(*split_sample(sample))
+    loss = lambda result: training_loss(traced.model_output(result))  # noqa: E731
+    with preserved_state(model, [torch.device("cpu")]):
+        profile(traced.gm, inputs, repeats=1, loss=loss)
+    real = {name: {f: getattr(r, f) for f in SIZE_FIELDS} for name, r in _records(traced.gm).items()}
+    profile_sizes(traced.gm, inputs, torch.device("cpu"), loss=loss)
+    fake = {name: {f: getattr(r, f) for f in SIZE_FIELDS} for name, r in _records(traced.gm).items()}
+    return real, fake
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_fake_sizes_equal_real_sizes_node_by_node(name):
+    model, sample = MODELS[name]()
+    real, fake = _sizes_both_ways(model, sample)
+    assert real == fake
+    assert any(r["saved_bytes"] or r["saves"] for r in real.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
+def test_fake_sizes_equal_real_sizes_on_hugging_face_models(name):
+    import test_real_models
+
+    torch.manual_seed(0)
+    model, sample = test_real_models.MODELS[name]()
+    real, fake = _sizes_both_ways(model.train(), sample)
+    assert real == fake
+
+
+class Residual(nn.Module):
+    """A tensor read by two consumers: autograd sums their gradients in one buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(64)
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = x * 2
+        return self.fc(self.norm(h)) + h
+
+
+def _tensor_temporaries(model, x):
+    owners = {}
+    tracker = LiveBytesTracker(log=[])
+    with tracker:
+        h = x * 2
+        claim_autograd_nodes([h], "h", owners)
+        y = model.fc(model.norm(h))
+        claim_autograd_nodes([y], "fc", owners)
+        out = y + h
+        claim_autograd_nodes([out], "add", owners)
+    with BackwardWindows(tracker, owners) as windows:
+        out.sum().backward()
+    return windows.temporaries()
+
+
+def test_fake_backward_sums_gradients_in_place_as_real_tensors_do():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(0)
+    model = Residual()
+    real = _tensor_temporaries(model, torch.randn(32, 64, requires_grad=True))
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_model = Residual()
+        x = torch.empty(32, 64, requires_grad=True)
+        fake = _tensor_temporaries(fake_model, x)
+    assert mode is not None
+    assert real == fake  # without replaying the sums in place, "fc" reads 16 640 on fake tensors
+
+
+def test_a_forced_no_run_plan_verifies_under_budget_and_leaves_the_model_unchanged():
+    model, tokens = small_gpt()
+    before = _fingerprint(model)
+    unplanned = plan(model, tokens, budget_gb=80, measure="no-run", repeats=1)
+    assert unplanned.profile.measurement == "node by node"
+    p = unplanned.replan(budget_gb=0.6 * unplanned.baseline_peak_bytes / GIB)
+    assert p.checkpoints
+    record = p.verify(steps=1)
+    assert record.within_budget and record.gradients_match, str(record)
+    assert abs(record.peak_error) <= 0.05, str(record)
+    _assert_unchanged(model, before)
+
+
+def test_auto_measures_node_by_node_when_the_whole_step_would_not_fit():
+    model, tokens = small_gpt()
+    first = plan(model, tokens, budget_gb=80, repeats=1)
+    assert first.profile.measurement == "whole step"
+    tight = plan(model, tokens, budget_gb=0.5 * first.baseline_peak_bytes / GIB, repeats=1)
+    assert tight.profile.measurement == "node by node"
+
+
+def _meta_gpt():
+    with torch.device("meta"):
+        model = TinyGPT(vocab=128, width=32, heads=4, blocks=8, context=32, dropout=0.1)
+    return model.train(), torch.zeros(4, 32, dtype=torch.long, device="meta")
+
+
+def test_a_plan_made_on_meta_applies_to_the_real_model(tmp_path):
+    real, tokens = small_gpt()
+    reference = plan(real, tokens, budget_gb=80, solver="sqrt", repeats=1)
+    budget_gb = 0.6 * reference.baseline_peak_bytes / GIB
+    meta_model, meta_tokens = _meta_gpt()
+    p = plan(meta_model, meta_tokens, budget_gb=budget_gb, repeats=1)
+    assert p.checkpoints and p.profile.measurement == "node by node"
+    assert p.problem.static_bytes == reference.problem.static_bytes  # sizes of nothing no more
+    assert p.baseline_peak_bytes == pytest.approx(reference.baseline_peak_bytes, rel=0.02)
+    with pytest.raises(ValueError, match="meta device"):
+        p.verify()
+    saved = load_plan(p.save(tmp_path / "plan.json"))
+    module = saved.apply(real)
+    from planner.verify import verify_modules
+
+    record = verify_modules(real, module, tokens, 1, p.predicted_peak_bytes, p.baseline_peak_bytes, p.budget_bytes)
+    assert record.gradients_match and record.within_budget, str(record)
+    assert abs(record.peak_error) <= 0.05, str(record)
+
+
+def test_a_plan_for_a_target_gpu_is_labelled_an_estimate(tmp_path):
+    meta_model, meta_tokens = _meta_gpt()
+    p = plan(meta_model, meta_tokens, target="h100")
+    assert p.budget_bytes == target("h100").memory_bytes == 80 * 10**9
+    assert p.profile.times_estimated and not p.profile.scratch_measured
+    assert "(estimate)" in str(p) and "roofline" in str(p)
+    document = json.loads(p.save(tmp_path / "plan.json").read_text())
+    assert document["times_estimated"] is True and document["planned_for"]["target"] == "h100-sxm"
+    assert "(estimate)" in str(load_plan(tmp_path / "plan.json"))
+    assert p.forward_ms > 0
+
+
+def test_the_roofline_is_flops_over_throughput_or_bytes_over_bandwidth():
+    gpu = target("a100-80gb")
+    with KernelCounter() as counter:
+        torch.randn(1024, 1024, dtype=torch.bfloat16) @ torch.randn(1024, 1024, dtype=torch.bfloat16)
+    matmul = counter.kernels[-1]
+    assert matmul.flops == 2 * 1024**3 and matmul.matrix
+    assert gpu.kernel_ms(matmul) == pytest.approx(1000 * max(2 * 1024**3 / 312e12, 3 * 2 * 1024**2 / 2039e9))
+    with KernelCounter() as counter:
+        torch.randn(1 << 20).relu()
+    relu = counter.kernels[-1]
+    assert relu.flops == 0 and gpu.kernel_ms(relu) == pytest.approx(1000 * 8 * 2**20 / 2039e9)
+    assert {t.name for t in targets()} >= {"a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "l4",
+                                            "rtx-4090"}
+
+
+def test_static_breakdown_follows_the_arithmetic():
+    model = nn.ModuleDict({"embed": nn.Embedding(1000, 64),
+                           "blocks": nn.ModuleList(nn.Linear(64, 64) for _ in range(4))})
+    one = static_breakdown(model, 0, 0, 0, torch.device("cuda"), "adamw", 1)
+    params = (1000 * 64 + 4 * (64 * 64 + 64)) * 4
+    assert one["parameters"] == one["gradients"] == params and one["optimizer state"] == 2 * params
+    sharded = static_breakdown(model, 0, 0, 0, torch.device("cuda"), "sgd-momentum", 8)
+    assert sharded["parameters"] == params // 8 and sharded["optimizer state"] == params // 8
+    assert sharded["root parameters, unsharded (FSDP)"] == 1000 * 64 * 4
+    assert sharded["block parameters in flight (FSDP, 2 blocks)"] == 2 * (64 * 64 + 64) * 4
+    odd = static_breakdown(nn.Linear(10, 3), 0, 0, 0, torch.device("cuda"), 6.0, 4)  # 10 rows over 4 ranks
+    assert odd["parameters"] == math.ceil(3 / 4) * 10 * 4 + 4 and odd["optimizer state"] == 6 * (10 + 1)
+    p = plan(*small_gpt(), budget_gb=80, optimizer="adam", repeats=1)
+    assert sum(p.static_breakdown.values()) == p.problem.static_bytes
+    assert "optimizer state" in str(p)
+
+
+@pytest.mark.parametrize("argument, value, message", [
+    ("target", "h1000", "target must be one of a100-40gb"),
+    ("world_size", 0, "world_size must be a whole number"),
+    ("world_size", 2.5, "world_size must be a whole number"),
+    ("optimizer", "lion", "optimizer must be one of 'sgd', 'sgd-momentum', 'adam', 'adamw'"),
+    ("optimizer", -1, "optimizer must be one of"),
+    ("measure", "sometimes", "measure must be one of 'auto', 'run', 'no-run'"),
+])
+def test_bad_arguments_name_the_argument_and_the_accepted_values(argument, value, message):
+    model, tokens = small_gpt()
+    with pytest.raises(ValueError, match=message):
+        plan(model, tokens, **{argument: value})
+
+
+def test_measuring_the_whole_step_of_a_meta_model_is_refused():
+    meta_model, meta_tokens = _meta_gpt()
+    with pytest.raises(ValueError, match="measure='no-run'"):
+        plan(meta_model, meta_tokens, budget_gb=1, measure="run")
+
+
+@pytest.mark.slow
+def test_cli_plans_a_hugging_face_architecture_on_meta(capsys, tmp_path):
+    pytest.importorskip("transformers")
+    from planner.cli import main
+
+    code = main(["plan", "hf:llama", "--config", "hidden_size=64,intermediate_size=128,num_hidden_layers=2,"
+                 "num_attention_heads=4,num_key_value_heads=2,vocab_size=100", "--seq", "64", "--batch", "2",
+                 "--target", "h100", "--world-size", "4", "--optimizer", "adamw", "--budget-gb", "0.01",
+                 "--json", str(tmp_path / "plan.json")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "FSDP2 over 4 ranks" in out and "(estimate)" in out and "optimizer state" in out
+    assert "times are estimates" in err
+    assert json.loads((tmp_path / "plan.json").read_text())["planned_for"]["world_size"] == 4
