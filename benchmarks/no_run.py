@@ -62,10 +62,7 @@ def small_models() -> dict:
                 model = model_class(config_class(**config))
             ids = torch.randint(0, 1000, (4, 256), device=device) if device != "meta" else \
                 torch.zeros(4, 256, dtype=torch.long, device="meta")
-            sample = {"input_ids": ids, "labels": ids}
-            if "use_cache" in model.forward.__code__.co_varnames:
-                sample["use_cache"] = False
-            return model.train(), sample
+            return model.train(), {"input_ids": ids, "labels": ids}
         return build
 
     def gpt(device):
@@ -77,10 +74,10 @@ def small_models() -> dict:
 
     return {
         "GPT-2 (4 layers, 256 wide)": hf(t.GPT2Config, t.GPT2LMHeadModel, n_layer=4, n_embd=256, n_head=4,
-                                         vocab_size=1000, n_positions=256, bos_token_id=0, eos_token_id=0),
+                                         vocab_size=1000, n_positions=256, bos_token_id=0, eos_token_id=0, use_cache=False),
         "Llama (4 layers, 256 wide)": hf(t.LlamaConfig, t.LlamaForCausalLM, num_hidden_layers=4, hidden_size=256,
                                          intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-                                         vocab_size=1000, bos_token_id=0, eos_token_id=0),
+                                         vocab_size=1000, bos_token_id=0, eos_token_id=0, use_cache=False),
         "BERT (4 layers, 256 wide)": hf(t.BertConfig, t.BertForMaskedLM, num_hidden_layers=4, hidden_size=256,
                                         intermediate_size=512, num_attention_heads=4, vocab_size=1000),
         "built-in GPT (6 blocks)": gpt,

@@ -332,7 +332,8 @@ def plan(
     say = progress or (lambda message: logger.info(message))
 
     say("tracing")
-    traced = trace(model, sample, leaves, frontend)
+    on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *sample_tensors))
+    traced = trace(model, sample, leaves, frontend, fake_device=where.profile_device if on_meta else None)
     inputs = traced.graph_inputs(args, kwargs)
     with preserved_state(model, [where.device] if where.local else []):
         summary = measure_model(traced.gm, inputs, where, measure, budget_bytes, repeats, say,

@@ -28,7 +28,6 @@ from planner.profile import GraphProfile, graph_profile, profile
 from planner.profile_fake import profile_sizes
 from planner.profile_nodes import estimate_nodes, measure_nodes
 from planner.targets import Target, local_target, target as find_target
-from planner.trace import retarget_devices
 from solvers import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -44,6 +43,15 @@ class PlanDevice:
     device: torch.device
     target: Target | None
     local: bool
+
+    @property
+    def profile_device(self) -> torch.device:
+        """The device of the fake tensors sizes are measured on: the plan's, except for a
+        CUDA target on a build without CUDA, where fake CUDA tensors abort in autograd: then
+        the CPU, with attention swapped for the CUDA kernel (`planner.targets.target_attention`)."""
+        if self.local or torch.cuda.is_available():
+            return self.device
+        return torch.device("cpu")
 
     @property
     def name(self) -> str:
@@ -120,10 +128,7 @@ def measure_model(
                          "use measure='no-run' (or 'auto')")
     if mode != "run":
         say("measuring sizes on fake tensors")
-        device = where.device if where.local else _fake_device(where)
-        if any(t.device.type == "meta" for t in tensors):  # traced on meta: its constants say so
-            retarget_devices(gm, torch.device("meta"), device)
-        fake = profile_sizes(gm, inputs, device, cuda_attention=where.device.type == "cuda", loss=loss)
+        fake = profile_sizes(gm, inputs, where.profile_device, cuda_attention=where.device.type == "cuda", loss=loss)
         fits = budget_bytes is not None and fake.needed_bytes <= budget_bytes
         if mode == "auto" and runnable and fits:
             logger.info("measuring the whole step: it holds about %s, within the budget", format_bytes(fake.needed_bytes))
@@ -137,12 +142,6 @@ def measure_model(
             return _no_run(gm, inputs, fake, where, repeats, say)
     say("measuring the whole step")
     return profile(gm, inputs, repeats=repeats, progress=say, loss=loss)
-
-
-def _fake_device(where: PlanDevice) -> torch.device:
-    # On a CPU-only build fake CUDA tensors abort in autograd: measure sizes on fake CPU
-    # tensors, with attention swapped for the CUDA kernel (the one device-dependent choice).
-    return where.device if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _no_run(gm: fx.GraphModule, inputs: list[torch.Tensor], fake: Any, where: PlanDevice, repeats: int,

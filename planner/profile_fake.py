@@ -29,9 +29,9 @@ import torch
 import torch.fx as fx
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.nn.utils.stateless import _reparametrize_module
 
 from planner.backward_windows import BackwardWindows
+from planner.fake import fake_like, fake_model_state, fake_state
 from planner.memory import LiveBytesTracker, storage_key
 from planner.profile import COMPUTE_OPS, META_KEY, ProfileInterpreter, tensors_in
 from planner.targets import ATTENTION_TARGETS, KernelCost, KernelCounter, target_attention
@@ -58,18 +58,6 @@ class FakeProfile:
     inputs: list[torch.Tensor]
     needed_bytes: int = 0
     constants: dict[int, torch.Tensor] = field(default_factory=dict)
-
-
-def fake_like(tensor: torch.Tensor, mode: FakeTensorMode, device: torch.device) -> torch.Tensor:
-    """A fake tensor with `tensor`'s shape, strides and dtype on `device` (no memory).
-
-    Example:
-        >>> fake_like(torch.empty(2, 3, device="meta"), FakeTensorMode(), torch.device("cpu")).device
-        device(type='cpu')
-    """
-    with mode:
-        fake = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
-    return fake.requires_grad_(tensor.requires_grad) if fake.is_floating_point() else fake
 
 
 class _FakeInterpreter(ProfileInterpreter):
@@ -130,19 +118,15 @@ def profile_sizes(
             sources[id(constants[id(tensor)])] = tensor
         return constants[id(tensor)]
 
-    state: dict[str, torch.Tensor] = {}
-    for name, parameter in gm.named_parameters():
-        state[name] = nn.Parameter(fake_like(parameter, mode, device), requires_grad=parameter.requires_grad)
-        sources[id(state[name])] = parameter
-    for name, buffer in gm.named_buffers():
-        state[name] = fake_like(buffer, mode, device)
-        sources[id(state[name])] = buffer
+    state = fake_state(gm, mode, device)
+    originals = dict(gm.named_parameters()) | dict(gm.named_buffers())
+    sources.update((id(state[name]), originals[name]) for name in state)
     fake_inputs = [fake_like(tensor, mode, device) for tensor in inputs]
     sources.update((id(fake_input), tensor) for fake_input, tensor in zip(fake_inputs, inputs))
 
     tracker = LiveBytesTracker(log=[])
     static_keys = {storage_key(t) for t in (*state.values(), *fake_inputs)}
-    with _reparametrize_module(gm, state, tie_weights=True), mode, torch.enable_grad():
+    with fake_model_state(gm, mode, device, state), mode, torch.enable_grad():
         # Built inside: it names the parameters and buffers it sees, the fake ones.
         interpreter = _FakeInterpreter(gm, static_keys, tracker, fake, target_attention if cuda_attention else None)
         output = interpreter.run(*fake_inputs)

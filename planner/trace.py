@@ -15,7 +15,10 @@ import torch
 import torch.fx as fx
 from torch.fx.graph import _PyTreeCodeGen
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import TreeSpec, tree_unflatten
+
+from planner.fake import fake_like, fake_model_state
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +151,8 @@ class _LeafTracer(fx.Tracer):
 FRONTENDS = ("auto", "fx", "export")
 
 
-def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = (), frontend: str = "auto") -> Traced:
+def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = (), frontend: str = "auto",
+          fake_device: torch.device | None = None) -> Traced:
     """Trace `model` into an fx graph for calls shaped like `sample`.
 
     Tensor arguments become graph inputs; every other argument (flags, ints, None defaults) is
@@ -159,6 +163,8 @@ def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = (), frontend:
       layer norm, dropout, ...) that follows models fx cannot, such as Hugging Face models
       with decorated forwards and mask code with data-dependent control flow.
     "auto" tries fx and falls back to export when fx cannot trace the model's own forward.
+    With `fake_device`, export runs on fake copies of the model's state and sample on that
+    device (for a model on `meta`: its graph is then the one the real model gives there).
 
     Example:
         >>> traced = trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(2, 4))
@@ -175,7 +181,7 @@ def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = (), frontend:
         raise TypeError("the sample holds no tensor: pass the model's input tensors as the sample")
     fixed_args = {name: value for name, value in bound.items() if name not in tensor_names}
     if frontend == "export":
-        traced = _trace_export(model, bound, tensor_names, fixed_args)
+        traced = _trace_export(model, bound, tensor_names, fixed_args, fake_device)
     else:
         try:
             traced = _trace_fx(model, tensor_names, fixed_args, leaves)
@@ -184,7 +190,7 @@ def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = (), frontend:
                 raise
             logger.info("fx cannot trace %s (%s); trying torch.export", type(model).__name__, fx_error)
             try:
-                traced = _trace_export(model, bound, tensor_names, fixed_args)
+                traced = _trace_export(model, bound, tensor_names, fixed_args, fake_device)
             except TraceError as export_error:
                 raise TraceError(
                     f"{fx_error}\n{export_error}\nMake the failing code traceable, or pass "
@@ -195,11 +201,19 @@ def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = (), frontend:
 
 
 def _trace_export(
-    model: nn.Module, bound: dict[str, Any], tensor_names: tuple[str, ...], fixed_args: dict[str, Any]
+    model: nn.Module, bound: dict[str, Any], tensor_names: tuple[str, ...], fixed_args: dict[str, Any],
+    fake_device: torch.device | None = None,
 ) -> Traced:
     """The torch.export frontend: an ATen-level graph whose inputs are the tensor arguments."""
     try:
-        exported = torch.export.export(model, (), dict(bound), strict=False)
+        if fake_device is None:
+            exported = torch.export.export(model, (), dict(bound), strict=False)
+        else:
+            mode = FakeTensorMode(allow_non_fake_inputs=False)
+            fake_bound = {name: fake_like(value, mode, fake_device) if isinstance(value, torch.Tensor) else value
+                          for name, value in bound.items()}
+            with fake_model_state(model, mode, fake_device):
+                exported = torch.export.export(model, (), fake_bound, strict=False)
     except Exception as error:
         raise TraceError(
             f"torch.export cannot trace {type(model).__name__}: {type(error).__name__}: "
@@ -219,7 +233,10 @@ def _trace_export(
                 raise TraceError(f"the exported graph reads fixed argument {node.target!r}")
             graph.erase_node(node)
         elif node.op in ("get_attr", "call_module") and not _has_path(model, node.target):
-            extras[node.target] = getattr(unlifted, node.target)  # a subgraph or a lifted constant
+            extra = getattr(unlifted, node.target)  # a subgraph or a lifted constant
+            if isinstance(extra, FakeTensor):  # traced on fake tensors: keep its shape only
+                extra = torch.empty_strided(extra.shape, extra.stride(), dtype=extra.dtype, device="meta")
+            extras[node.target] = extra
     graph.lint()
     gm = graph_module(model, graph, extras, f"Exported{type(model).__name__}")
     return Traced(gm, tensor_names, fixed_args, (), "torch.export", exported.call_spec.out_spec, extras)
@@ -316,36 +333,3 @@ def _drop_fixed_inputs(graph: fx.Graph, tensor_names: tuple[str, ...]) -> None:
             graph.erase_node(node)
     graph.lint()
 
-
-def retarget_devices(gm: fx.GraphModule, old: torch.device, new: torch.device) -> int:
-    """Replace device constant `old` by `new` in the arguments of every node of `gm` and of the
-    graphs it calls (`arange(..., device=...)`, `to(device)`, export's metadata asserts), so
-    that a graph traced on `meta` tensors runs on tensors of another device. Returns how many
-    nodes changed.
-
-    Example:
-        >>> retarget_devices(traced.gm, torch.device("meta"), torch.device("cpu"))
-        12
-    """
-    def swap(value: Any) -> Any:
-        if isinstance(value, torch.device) and value.type == old.type:
-            return new
-        if isinstance(value, str) and value == old.type:
-            return str(new)
-        if isinstance(value, (list, tuple)):
-            return type(value)(swap(item) for item in value)
-        if isinstance(value, dict):
-            return {key: swap(item) for key, item in value.items()}
-        return value
-
-    changed = 0
-    for module in gm.modules():
-        if not isinstance(module, fx.GraphModule):
-            continue
-        for node in module.graph.nodes:
-            args, kwargs = swap(node.args), swap(node.kwargs)
-            if args != node.args or kwargs != node.kwargs:
-                node.args, node.kwargs = args, kwargs
-                changed += 1
-        module.recompile()
-    return changed

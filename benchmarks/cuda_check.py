@@ -1,0 +1,103 @@
+"""CUDA truth: plan the models of `benchmarks/real_models.py` on a CUDA GPU twice, with the
+whole step measured (`measure="run"`) and without running it (the model built on `meta`, sizes
+on fake tensors, each node run alone on the GPU, the plan saved, loaded and applied to the real
+model), and verify every plan on the GPU: peaks from `torch.cuda.max_memory_allocated`, step
+times from CUDA events (`Plan.verify` / `verify_modules`), gradients against the unplanned model.
+
+    .venv/bin/python benchmarks/cuda_check.py [--fraction 0.5] [--steps 3] [--no-save]
+
+Without a CUDA device it says so and exits 0 (nothing to check).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import torch  # noqa: E402
+
+from benchmarks.real_models import _models  # noqa: E402
+from benchmarks.results import append_results  # noqa: E402
+from planner import InfeasibleBudget, load_plan, plan  # noqa: E402
+from planner.api import GIB  # noqa: E402
+from planner.verify import verify_modules  # noqa: E402
+from solvers import format_bytes  # noqa: E402
+
+
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: _to(item, device) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(item, device) for item in value)
+    return value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fraction", type=float, default=0.5, help="budget as a share of the measured unplanned peak")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--no-save", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("No CUDA device here: nothing to check. Run this on a machine with a GPU.")
+        return 0
+    warnings.filterwarnings("ignore")
+    device = torch.device("cuda")
+    gpu = torch.cuda.get_device_name(device)
+    rows = ["| model | path | budget | regions | predicted peak | measured peak | error | under budget "
+            "| step ms unplanned -> planned | predicted overhead | gradients match |", "|" + "---|" * 11]
+    misses = []
+    for name, factory in _models().items():
+        torch.manual_seed(0)
+        model, sample = factory()
+        model, sample = model.to(device).train(), _to(sample, device)
+        unplanned = plan(model, sample, budget_gb=80, measure="run")
+        measured_peak = unplanned.verify(steps=args.steps).original_peak_bytes
+        budget = args.fraction * measured_peak
+        with torch.device("meta"):
+            torch.manual_seed(0)
+            meta_model, meta_sample = factory()
+        try:
+            run = unplanned.replan(budget_gb=budget / GIB)
+            no_run = plan(meta_model.train(), meta_sample, budget_gb=budget / GIB, measure="no-run")
+        except InfeasibleBudget as error:
+            rows.append(f"| {name} | both | {format_bytes(budget)} | infeasible: minimum "
+                        f"{format_bytes(error.minimum_bytes)} | | | | | | | |")
+            continue
+        run_record = run.verify(steps=args.steps)
+        with tempfile.TemporaryDirectory() as folder:
+            saved = load_plan(no_run.save(Path(folder) / "plan.json"))
+        applied = saved.apply(model)
+        no_run_record = verify_modules(model, applied, sample, args.steps, no_run.predicted_peak_bytes,
+                                       no_run.baseline_peak_bytes, no_run.budget_bytes)
+        for path, p, record in (("run", run, run_record), ("no-run", no_run, no_run_record)):
+            forward = p.forward_ms or 1.0
+            rows.append(
+                f"| {name} | {path} | {format_bytes(budget)} | {len(p.checkpoints)} "
+                f"| {format_bytes(record.predicted_peak_bytes)} | {format_bytes(record.planned_peak_bytes)} "
+                f"| {100 * record.peak_error:+.1f}% | {'yes' if record.within_budget else 'NO'} "
+                f"| {record.original_step_ms:.1f} -> {record.planned_step_ms:.1f} "
+                f"| {100 * p.recompute_ms / forward:.0f}% of forward | {'yes' if record.gradients_match else 'NO'} |")
+            print(rows[-1], flush=True)
+            if not record.within_budget or abs(record.peak_error) > 0.03 or not record.gradients_match:
+                misses.append(f"{name} ({path}): {record.peak_error:+.1%}, "
+                              f"under budget {record.within_budget}, gradients {record.gradients_match}")
+    verdict = "All plans under budget, predictions within 3%, gradients equal." if not misses else \
+        "Misses:\n" + "\n".join(f"- {miss}" for miss in misses)
+    table = "\n".join(rows)
+    print(table, verdict, sep="\n\n")
+    if not args.no_save:
+        append_results(f"CUDA check on {gpu}", f"python benchmarks/cuda_check.py --fraction {args.fraction}",
+                       f"{table}\n\n{verdict}\n")
+    return 0 if not misses else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
