@@ -148,8 +148,10 @@ def static_breakdown(
         state = math.ceil(optimizer * sum(p.bytes_per_rank(world_size) // p.element_bytes for p in trainable))
     else:
         state = 0
-    breakdown = {"parameters": sharded, "gradients": gradients, "optimizer state": state,
-                 "buffers": buffer_bytes, "inputs": input_bytes, "RNG states": rng_state_bytes}
+    breakdown = {"parameters": sharded, "gradients": gradients}
+    if optimizer is not None:  # not counted unless named
+        breakdown["optimizer state"] = state
+    breakdown.update({"buffers": buffer_bytes, "inputs": input_bytes, "RNG states": rng_state_bytes})
     if world_size > 1:
         blocks = fsdp_blocks(model)
         in_blocks = {f"{path}.{p.name}" for path in blocks for p in _parameters(model.get_submodule(path))}

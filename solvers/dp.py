@@ -358,8 +358,9 @@ class DpSettings:
         width = structure.frontier_width
         if structure.n > EXACT_MAX_NODES and width <= EXACT_FRONTIER_WIDTH:
             # Long chains (a 70B transformer: 5 000 nodes): the exact search grows with n^2
-            # times its Pareto fronts and took minutes; bounded, it takes seconds and stayed
-            # within 5% of the exact cost on a 32-layer Llama (see RESULTS.md).
+            # times its Pareto fronts; on a 32-layer Llama (1 922 nodes) it did not finish in
+            # 300 s. Bounded: 20 s, 65.69 ms of recompute where regions of up to 100 nodes with
+            # full fronts gave 65.39 ms in 86 s (see RESULTS.md).
             return DpSettings(max_states=max(64, 2**min(width, 12)), max_front=256, max_region_nodes=128,
                               boundary_fraction=0.01)
         if width <= 12:  # room for every frontier set there can be: exact for sure

@@ -156,6 +156,20 @@ def test_dp_status_on_a_wide_graph_is_honest():
     assert capped.status == Status.OPTIMAL or capped.status == Status.FEASIBLE
 
 
+def test_dp_bounds_its_search_on_long_chains_and_says_so():
+    import random
+
+    rng = random.Random(0)
+    sizes = [rng.choice([0, 64, 256, 1024]) for _ in range(1200)]
+    problem = chain(sizes, [rng.uniform(0.1, 2.0) for _ in sizes])
+    budget = (minimum_peak_bytes(problem) + peak_bytes(problem)) // 2
+    bounded = solve(problem, budget, method="dp")
+    assert bounded.status == Status.FEASIBLE and bounded.peak_bytes <= budget
+    assert all(len(region) <= 128 for region in bounded.regions)
+    assert all(problem.nodes[region.start].output_bytes >= 1024 * 0.01 for region in bounded.regions)
+    assert bounded.recompute_ms <= solve(problem, budget, method="sqrt").recompute_ms
+
+
 def test_solvers_never_import_torch_and_never_print():
     code = "import sys, solvers; assert 'torch' not in sys.modules and 'ortools' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
