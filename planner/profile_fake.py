@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from planner.backward_windows import BackwardWindows
 from planner.fake import fake_like, fake_model_state, fake_state
 from planner.memory import LiveBytesTracker, storage_key
-from planner.profile import COMPUTE_OPS, META_KEY, ProfileInterpreter, tensors_in
+from planner.profile import COMPUTE_OPS, META_KEY, ProfileInterpreter
 from planner.targets import ATTENTION_TARGETS, KernelCost, KernelCounter, target_attention
 from planner.verify import training_loss
 
@@ -47,17 +47,14 @@ class FakeProfile:
     """The fake values of a profiled graph, kept for running nodes one at a time later.
 
     `values` maps each fx node to its fake value; `sources` maps the id of a fake parameter,
-    buffer, constant or input to the tensor (real or meta) it stands for; `inputs` are the fake
-    graph inputs; `needed_bytes` is what measuring the whole step at once would hold (every
-    value kept, plus static memory and gradients).
+    buffer, constant or input to the tensor (real or meta) it stands for; `needed_bytes` is
+    about what measuring the whole step at once would hold (every value kept, plus static
+    memory and gradients).
     """
 
-    mode: FakeTensorMode
     values: dict[fx.Node, Any]
     sources: dict[int, torch.Tensor]
-    inputs: list[torch.Tensor]
     needed_bytes: int = 0
-    constants: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class _FakeInterpreter(ProfileInterpreter):
@@ -141,7 +138,7 @@ def profile_sizes(
     kept = sum(r.output_bytes + r.saved_bytes for r in records.values())
     peak_extra = max((r.transient_bytes + r.backward_transient_bytes for r in records.values()), default=0)
     needed = static + gradients + kept + 2 * sum(r.grad_bytes for r in records.values()) + peak_extra
-    return FakeProfile(mode, dict(interpreter.env), sources, fake_inputs, needed, constants)
+    return FakeProfile(dict(interpreter.env), sources, needed)
 
 
 def kernels_of(node: fx.Node) -> tuple[KernelCost, ...]:
