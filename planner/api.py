@@ -328,7 +328,7 @@ def plan(
     sample_tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
     if not sample_tensors:
         raise TypeError("the sample holds no tensor: pass the model's input tensors as the sample")
-    where = plan_device([*model.parameters(), *model.buffers(), *sample_tensors], target)
+    where = plan_device([*model.parameters(), *model.buffers(), *sample_tensors], gpu)
     say = progress or (lambda message: logger.info(message))
 
     say("tracing")

@@ -58,7 +58,7 @@ class PlanDevice:
         return self.target.title if self.target else str(self.device)
 
 
-def plan_device(tensors: list[torch.Tensor], target: str | None) -> PlanDevice:
+def plan_device(tensors: list[torch.Tensor], target: str | Target | None) -> PlanDevice:
     """The device of a plan for `target` (a name from `planner.targets()`, or None: the
     device of the model's tensors; for a model on `meta`, this machine's CUDA device if it has
     one, else its CPU). A named GPU is local only if it is this machine's current CUDA device.
