@@ -1,4 +1,4 @@
-"""`plan()`: trace, measure, solve and rewrite; and the `Plan` it returns."""
+"""`plan()`: trace, measure and solve; and the `Plan` it returns, which applies itself to a model."""
 from __future__ import annotations
 
 import logging
@@ -13,12 +13,13 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from planner.graph import build_problem, compute_nodes, module_path
+from planner.apply import ModuleCheckpoint, apply_plan, check_state, sample_shapes, shallow_clone, state_shapes
+from planner.graph import build_problem, compute_nodes, module_calls, module_checkpoint, module_path
 from planner.measure import PlanDevice, check_measure, measure_model, plan_device
 from planner.memory import preserved_state
+from planner.overhead import checkpoint_overhead_ms
 from planner.profile import GraphProfile
 from planner.report import PlanFigures, format_report
-from planner.rewrite import CheckpointedModule, build_module
 from planner.static import check_optimizer, check_world_size, static_breakdown
 from planner.targets import target as find_target
 from planner.trace import Traced, split_sample, trace
@@ -47,12 +48,13 @@ class Setup:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """One recomputed region: consecutive fx nodes run under one checkpoint call."""
+    """One recomputed region: one submodule call, run under checkpoint (its fx nodes listed)."""
 
     nodes: tuple[str, ...]
     recompute_ms: float
     freed_bytes: int  # activation bytes no longer held at the end of forward
     node_modules: tuple[str, ...] = ()  # the model's submodule of each node ("" for the model)
+    wrapped: ModuleCheckpoint | None = None  # the submodule whose forward runs under checkpoint
 
     @property
     def modules(self) -> tuple[str, ...]:
@@ -60,9 +62,11 @@ class Checkpoint:
         return tuple(dict.fromkeys(self.node_modules))
 
 
-def describe_checkpoints(problem: Problem, regions: tuple[range, ...], modules: Sequence[str]) -> tuple[Checkpoint, ...]:
+def describe_checkpoints(problem: Problem, regions: tuple[range, ...], modules: Sequence[str],
+                         wrapped: dict[range, ModuleCheckpoint] | None = None) -> tuple[Checkpoint, ...]:
     """The report's view of each region: its nodes, the submodules they belong to (`modules`
-    holds one path per node), its recompute time and what it frees at the end of forward.
+    holds one path per node), its recompute time, what it frees at the end of forward, and the
+    submodule whose forward it checkpoints (`wrapped`, by node range).
 
     Example:
         >>> describe_checkpoints(p.problem, p.solution.regions, [""] * len(p.problem))[0].nodes
@@ -74,6 +78,7 @@ def describe_checkpoints(problem: Problem, regions: tuple[range, ...], modules: 
             node_modules=tuple(modules[i] for i in region),
             recompute_ms=problem.recompute_ms((region,)),
             freed_bytes=unplanned - held_after_forward(problem, (region,)),
+            wrapped=(wrapped or {}).get(region),
         )
         for region in regions
     )
@@ -106,7 +111,8 @@ class Plan(PlanFigures):
 
     def __init__(self, model: nn.Module, sample: Any, traced: Traced, problem: Problem,
                  summary: GraphProfile, solution: Solution, budget_bytes: int, reserved_bytes: int,
-                 requested_solver: str, solver_options: dict[str, Any] | None, setup: Setup):
+                 requested_solver: str, solver_options: dict[str, Any] | None, setup: Setup,
+                 wrapped: dict[range, ModuleCheckpoint]):
         self._model = model
         self.setup = setup
         self._sample = sample
@@ -114,7 +120,8 @@ class Plan(PlanFigures):
         self.requested_solver = requested_solver
         self.solver_options = dict(solver_options or {})
         self._traced = traced
-        self._module: CheckpointedModule | None = None
+        self._module: nn.Module | None = None
+        self.wrapped = wrapped  # the submodule each allowed region checkpoints, by node range
         self.problem = problem
         self.profile = summary
         self.budget_bytes = budget_bytes
@@ -122,7 +129,7 @@ class Plan(PlanFigures):
         self.solution = solution
         fx_nodes = {node.name: node for node in traced.gm.graph.nodes}
         modules = [module_path(fx_nodes[node.name]) for node in problem.nodes]
-        self.checkpoints = describe_checkpoints(problem, solution.regions, modules)
+        self.checkpoints = describe_checkpoints(problem, solution.regions, modules, wrapped)
 
     @property
     def baseline_peak_bytes(self) -> int:
@@ -185,7 +192,7 @@ class Plan(PlanFigures):
             solver_options = self.solver_options if method == self.requested_solver else {}
         solution = solve(problem, budget_bytes, method=method, **solver_options)
         return Plan(self._model, self._sample, self._traced, problem, self.profile, solution, budget_bytes,
-                    reserved_bytes, method, solver_options, self.setup.with_reserve(reserved_bytes))
+                    reserved_bytes, method, solver_options, self.setup.with_reserve(reserved_bytes), self.wrapped)
 
     def verify(self, sample: Any = None, steps: int = 3) -> Verification:
         """Run real forward+backward steps of the original and the planned module and measure
@@ -209,13 +216,41 @@ class Plan(PlanFigures):
         )
         return self.verification
 
-    def module(self) -> CheckpointedModule:
-        """The rewritten module: same parameters, outputs and gradients as the original.
+    @property
+    def module_checkpoints(self) -> tuple[ModuleCheckpoint, ...]:
+        """The submodules whose forward runs under checkpoint, in order."""
+        loose = [c for c in self.checkpoints if c.wrapped is None]
+        if loose:  # the solvers choose only allowed regions: this is a bug, not a user error
+            raise RuntimeError(f"region {loose[0].nodes[0]}..{loose[0].nodes[-1]} is not a submodule call")
+        return tuple(c.wrapped for c in self.checkpoints if c.wrapped is not None)
 
-        Built once; later calls return the same module.
+    def apply(self, model: nn.Module) -> nn.Module:
+        """Apply the plan in place, like `gradient_checkpointing_enable()`: each planned
+        submodule's forward runs under checkpoint; the model keeps its class, `state_dict()`
+        keys and hooks, and any batch and length it accepts. `model` is the planned model or a
+        freshly built one of the same architecture; a model that does not match is refused,
+        naming the first difference. Returns `model`; `planner.remove_plan(model)` undoes it.
+
+        Example:
+            >>> p.apply(model)
+            >>> trainer = transformers.Trainer(model=model, ...)
+        """
+        if model is not self._model:
+            check_state(model, state_shapes(self._model), type(self._model).__name__)
+        return apply_plan(model, self.module_checkpoints, sample_shapes(self._model, self._sample),
+                          type(self._model).__name__)
+
+    def module(self) -> nn.Module:
+        """A planned copy of the model: the same class, parameters and buffers (shared, not
+        copied), with the plan applied; the original is left untouched. Built once.
+
+        Example:
+            >>> planned = p.module()
+            >>> planned.fc.weight is model.fc.weight
+            True
         """
         if self._module is None:
-            self._module = build_module(self._traced, [list(c.nodes) for c in self.checkpoints], self._model)
+            self._module = self.apply(shallow_clone(self._model))
         return self._module
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
@@ -241,7 +276,7 @@ class Plan(PlanFigures):
         return save_plan(self, path)
 
     def export(self, path: str | os.PathLike[str]) -> Path:
-        """Save the rewritten module with `torch.save`; it loads with
+        """Save the planned copy of the model (`module()`) with `torch.save`; it loads with
         `torch.load(path, weights_only=False)` where `planner` and the model's classes import.
 
         Example:
@@ -340,10 +375,15 @@ def plan(
                           loss=lambda result: training_loss(traced.model_output(result)))
     breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes, summary.rng_state_bytes,
                                  where.device, optimizer, world_size, reserved_bytes)
-    problem = build_problem(traced.gm, sum(breakdown.values()))
+    wrapped = {call.nodes: spec for call in module_calls(traced.gm)
+               if (spec := module_checkpoint(traced.gm, call)) is not None}
+    # Measured where the plan runs; for a GPU elsewhere, this CPU's (checkpoint's own work is
+    # mostly on the host), an estimate like the target's node times.
+    overhead_ms = checkpoint_overhead_ms(where.device if where.local else torch.device("cpu"))
+    problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()
     solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))
     logger.info("solved in %.2f s", time.perf_counter() - started)
     return Plan(model, sample, traced, problem, summary, solution, budget_bytes, reserved_bytes, solver,
-                solver_options, Setup(where, world_size, optimizer, breakdown))
+                solver_options, Setup(where, world_size, optimizer, breakdown), wrapped)

@@ -1,8 +1,11 @@
 """Turn a profiled fx graph into a torch-free `solvers.Problem`."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch.fx as fx
 
+from planner.apply import ModuleCheckpoint
 from planner.profile import COMPUTE_OPS, META_KEY
 from solvers import NodeCost, Problem
 
@@ -26,9 +29,78 @@ def module_path(node: fx.Node) -> str:
     return paths[-1] if paths else ""
 
 
-def build_problem(gm: fx.GraphModule, static_bytes: int) -> Problem:
+def _module_stack(node: fx.Node) -> list[tuple[str, str, str]]:
+    """(call key, path, class name) of each submodule the node runs in, outermost first. The
+    key tells calls apart: export marks a module's second call "@1"; an fx leaf call is a node."""
+    stack = node.meta.get("nn_module_stack") or {}
+    entries = []
+    for key, (path, kind) in stack.items():
+        if path:
+            name = kind.__name__ if isinstance(kind, type) else str(kind).rsplit(".", 1)[-1]
+            entries.append((str(key), path, name))
+    if node.op == "call_module" and (not entries or entries[-1][1] != node.target):
+        entries.append((node.name, str(node.target), ""))
+    if node.op == "call_module":  # every call of a leaf is a node of its own
+        entries[-1] = (node.name, entries[-1][1], entries[-1][2])
+    return entries
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """A submodule call that can be one region: its compute nodes, consecutive."""
+
+    path: str
+    module_class: str
+    nodes: range
+
+
+def module_calls(gm: fx.GraphModule) -> list[ModuleCall]:
+    """The submodule calls a plan can checkpoint by wrapping the submodule's forward: modules
+    called once, whose compute nodes are consecutive. Where nested modules hold the very same
+    nodes, the outermost stands for them (the block, not its only child).
+
+    Example:
+        >>> [call.path for call in module_calls(gm)][:2]
+        ['transformer.h.0', 'transformer.h.0.ln_1']
+    """
+    positions: dict[str, list[int]] = {}
+    keys: dict[str, set[str]] = {}
+    classes: dict[str, str] = {}
+    for index, node in enumerate(compute_nodes(gm)):
+        for key, path, name in _module_stack(node):
+            positions.setdefault(path, []).append(index)
+            keys.setdefault(path, set()).add(key)
+            classes.setdefault(path, name)
+    calls: dict[range, ModuleCall] = {}
+    for path, found in positions.items():
+        nodes = range(found[0], found[-1] + 1)
+        if len(keys[path]) != 1 or len(found) != len(nodes) or nodes in calls:
+            continue
+        calls[nodes] = ModuleCall(path, classes[path] or path.rsplit(".", 1)[-1], nodes)
+    return sorted(calls.values(), key=lambda call: (call.nodes.start, -len(call.nodes)))
+
+
+def module_checkpoint(gm: fx.GraphModule, call: ModuleCall) -> ModuleCheckpoint | None:
+    """How to checkpoint `call` (random draws, buffers to restore after recomputing), or None
+    where it writes a buffer outside its own module, which recomputation could not restore."""
+    nodes = compute_nodes(gm)
+    records = [nodes[i].meta[META_KEY] for i in call.nodes if META_KEY in nodes[i].meta]
+    prefix = call.path + "."
+    written = sorted({name for record in records for name in record.mutated_buffers})
+    if any(not name.startswith(prefix) for name in written):
+        return None
+    return ModuleCheckpoint(
+        module=call.path, module_class=call.module_class,
+        random=any(record.random for record in records) or len(records) < len(call.nodes),
+        written_buffers=tuple(name[len(prefix):] for name in written),
+    )
+
+
+def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[range, ...] | None = None,
+                  region_overhead_ms: float = 0.0) -> Problem:
     """Collect the per-node profiles of `gm` into a Problem (plain ints and floats), with the
-    static memory the plan does not change (see `planner.static`).
+    static memory the plan does not change (see `planner.static`). Regions are limited to the
+    node ranges `allowed_regions` (None: any run of nodes) and each costs `region_overhead_ms` more.
 
     Example:
         >>> problem = build_problem(gm, sum(static_breakdown(...).values()))
@@ -65,7 +137,8 @@ def build_problem(gm: fx.GraphModule, static_bytes: int) -> Problem:
                 is_output=node.name in returned,
             )
         )
-    return Problem(nodes=tuple(costs), static_bytes=static_bytes)
+    return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
+                   region_overhead_ms=region_overhead_ms)
 
 
 def _shared_gradients(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[int, list[tuple[int, int]]]:

@@ -1,8 +1,8 @@
 """Save a plan as JSON, load it back, and re-apply it to a freshly built model.
 
-A saved plan holds what is needed to check it against a model later and to rebuild the planned
-module without measuring again: the compute graph (node names, ops and targets), the per-node
-costs the solver saw and the profiler's records, the regions (as node names), the solver,
+A saved plan holds what is needed to check it against a model later and to apply it without
+measuring again: the compute graph (node names, ops and targets), the per-node costs the solver
+saw and the profiler's records, the regions (the submodule each checkpoints, and its nodes), the solver,
 budget, reserve and predicted peaks, the shapes of the model's state dict, and the structure of
 the sample (which forward arguments were tensors, with shapes and dtypes; which were fixed, with
 their values).
@@ -12,7 +12,7 @@ Example:
     >>> p.save("plan.json")
     >>> saved = load_plan("plan.json")
     >>> print(saved)                       # the report, without re-profiling
-    >>> m = saved.apply(build_model())     # same architecture, fresh weights: no measuring
+    >>> model = saved.apply(build_model()) # same architecture, fresh weights: no measuring
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import dataclasses
 import inspect
 import json
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,10 +28,10 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from planner.apply import ModuleCheckpoint, apply_plan, check_state, state_shapes
 from planner.graph import compute_nodes, module_path
 from planner.profile import META_KEY, NodeProfile
 from planner.report import PlanFigures, format_report
-from planner.rewrite import CheckpointedModule, build_module
 from planner.trace import bind_arguments, split_sample, trace
 from planner.verify import Verification
 from solvers import NodeCost, Problem, Solution, Status
@@ -41,8 +40,10 @@ if TYPE_CHECKING:
     from planner.api import Checkpoint, Plan
 
 FORMAT = "ckpt-planner plan"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 lacks what the plan was for (target, FSDP, optimizer)
+VERSION = 3
+# Version 1 lacks what the plan was for (target, FSDP, optimizer); versions 1 and 2 name regions
+# as node ranges of a replacement graph, which no longer applies: their reports still print.
+READABLE_VERSIONS = (1, 2, 3)
 FX_FRONTEND = "torch.fx.symbolic_trace"  # the value of Traced.frontend for the fx frontend
 EXPORT_FRONTEND = "torch.export"
 APPLICABLE_FRONTENDS = (FX_FRONTEND, EXPORT_FRONTEND)
@@ -152,14 +153,6 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _state_shapes(model: nn.Module) -> dict[str, dict[str, Any]]:
-    return {
-        key: {"shape": list(tensor.shape), "dtype": _dtype_name(tensor.dtype)}
-        for key, tensor in model.state_dict().items()
-        if isinstance(tensor, torch.Tensor)
-    }
-
-
 def _whole_modules(gm: fx.GraphModule) -> list[str]:
     """call_module targets that fx would have traced into: the leaves the plan was traced with
     (given by the user or found automatically). Re-tracing needs all of them."""
@@ -241,14 +234,6 @@ def _profile_full(delta: dict[str, Any], cost: dict[str, Any]) -> dict[str, Any]
     return {**defaults, **{key: cost[key] for key in defaults if key in cost}, **delta}
 
 
-def _profile_record(record: dict[str, Any]) -> NodeProfile:
-    fields = {field.name: field for field in dataclasses.fields(NodeProfile)}
-    values = {
-        key: tuple(value) if isinstance(value, list) else value for key, value in record.items() if key in fields
-    }
-    return NodeProfile(**values)
-
-
 # ---------------------------------------------------------------------------------------------
 # The saved plan
 
@@ -283,6 +268,8 @@ class SavedPlan(PlanFigures):
     source: str | None = None  # the file it was read from
     planned_for: dict[str, Any] | None = None  # device, target, world size, optimizer, how measured
     static_breakdown: dict[str, int] | None = None  # static memory per rank, by term
+    wrapped: tuple[ModuleCheckpoint | None, ...] = ()  # per region: the submodule it checkpoints
+    version: int = VERSION  # of the file it was read from
 
     # -- figures, as on Plan ------------------------------------------------------------------
 
@@ -297,7 +284,8 @@ class SavedPlan(PlanFigures):
         from planner.api import describe_checkpoints
 
         modules = [node.get("module", "") for node in self.graph]
-        return describe_checkpoints(self.problem, self.solution.regions, modules)
+        wrapped = {region: spec for region, spec in zip(self.solution.regions, self.wrapped) if spec is not None}
+        return describe_checkpoints(self.problem, self.solution.regions, modules, wrapped)
 
     # -- JSON -------------------------------------------------------------------------------
 
@@ -331,8 +319,9 @@ class SavedPlan(PlanFigures):
             profiles=profiles,
             trace_leaves=whole,
             sample=_sample_structure(plan.model, plan.sample, traced.tensor_names, traced.fixed_args),
-            state=_state_shapes(plan.model),
+            state=state_shapes(plan.model),
             verification=plan.verification,
+            wrapped=tuple(checkpoint.wrapped for checkpoint in plan.checkpoints),
             planned_for={
                 "device": plan.setup.where.name,
                 "target": plan.target,
@@ -366,6 +355,9 @@ class SavedPlan(PlanFigures):
             "budget_bytes": self.budget_bytes,
             "reserved_bytes": self.reserved_bytes,
             "static_bytes": self.problem.static_bytes,
+            "region_overhead_ms": self.problem.region_overhead_ms,
+            "allowed_regions": (None if self.problem.allowed_regions is None
+                                else [[region.start, region.stop] for region in self.problem.allowed_regions]),
             "predicted_peak_bytes": s.peak_bytes,
             "baseline_peak_bytes": self.baseline_peak_bytes,
             "recompute_ms": s.recompute_ms,
@@ -375,7 +367,7 @@ class SavedPlan(PlanFigures):
             "static_breakdown": self.static_breakdown,
             "leaves": list(self.leaves),
             "trace_leaves": list(self.trace_leaves),
-            "regions": self.regions,
+            "regions": [_region_record(names, spec) for names, spec in zip(self.regions, self.wrapped)],
             "sample": self.sample,
             "nodes": [
                 {**node, "cost": record, "profile": _profile_delta(profile, record)}
@@ -406,9 +398,15 @@ class SavedPlan(PlanFigures):
             problem = Problem(
                 nodes=tuple(_cost(node["name"], node["cost"], index) for node in nodes),
                 static_bytes=data["static_bytes"],
+                allowed_regions=(None if data.get("allowed_regions") is None
+                                 else tuple(range(start, stop) for start, stop in data["allowed_regions"])),
+                region_overhead_ms=data.get("region_overhead_ms", 0.0),
             )
             regions = []
-            for names in data["regions"]:
+            wrapped = []
+            for record in data["regions"]:
+                names = record["nodes"] if isinstance(record, dict) else record
+                wrapped.append(_module_checkpoint(record))
                 start = index[names[0]]
                 region = range(start, start + len(names))
                 if [nodes[i]["name"] for i in region] != list(names):
@@ -443,6 +441,8 @@ class SavedPlan(PlanFigures):
                 source=source,
                 planned_for=data.get("planned_for"),
                 static_breakdown=data.get("static_breakdown"),
+                wrapped=tuple(wrapped),
+                version=data["version"],
             )
         except KeyError as error:
             raise ValueError(f"saved plan{where} lacks {error.args[0]!r}") from None
@@ -533,45 +533,30 @@ class SavedPlan(PlanFigures):
                 f"{model_name} does not match the saved plan (made for {self.model_class}): it has "
                 f"{len(got)} compute nodes and the plan {len(self.graph)}; {first}"
             )
-        self._check_state(model)
+        check_state(model, self.state, self.model_class)
         return traced
 
-    def _check_state(self, model: nn.Module) -> None:
-        state = _state_shapes(model)
-        model_name = type(model).__name__
-        for key, saved in self.state.items():
-            if key not in state:
-                raise ValueError(f"{model_name} does not match the saved plan: it has no {key!r} in its state dict")
-            if state[key]["shape"] != saved["shape"]:
-                raise ValueError(
-                    f"{model_name} does not match the saved plan: {key!r} has shape {tuple(state[key]['shape'])} "
-                    f"here and {tuple(saved['shape'])} in the plan"
-                )
-        extra = [key for key in state if key not in self.state]
-        if extra:
-            raise ValueError(f"{model_name} does not match the saved plan: {extra[0]!r} is not in the plan's state dict")
-        changed = [key for key in self.state if state[key]["dtype"] != self.state[key]["dtype"]]
-        if changed:
-            key = changed[0]
-            warnings.warn(
-                f"{key!r} is {state[key]['dtype']} here and was {self.state[key]['dtype']} when the plan was "
-                "made: the regions still apply, the predicted peaks do not", stacklevel=3,
-            )
-
-    def apply(self, model: nn.Module, sample: Any = None) -> CheckpointedModule:
-        """Re-apply the plan to `model` (a freshly built model of the same architecture) without
-        measuring again: trace it, check that it matches (see `check`), rebuild the planned
-        module. `sample` is only needed where a fixed argument could not be saved in JSON.
+    def apply(self, model: nn.Module) -> nn.Module:
+        """Apply the plan in place to `model` (the planned model or a freshly built one of the
+        same architecture) without measuring again, as `Plan.apply` does: check its state-dict
+        shapes and planned submodules, then run each planned submodule under checkpoint.
+        Returns `model`; `planner.remove_plan(model)` undoes it.
 
         Example:
             >>> model = build_model()
             >>> model.load_state_dict(torch.load("weights.pt"))
-            >>> m = load_plan("plan.json").apply(model)
+            >>> load_plan("plan.json").apply(model)
         """
-        traced = self._trace(model, sample)
-        for node, record in zip(compute_nodes(traced.gm), self.profiles):
-            node.meta[META_KEY] = _profile_record(record)  # what the rewrite reads (written buffers)
-        return build_module(traced, self.regions, model)
+        if any(spec is None for spec in self.wrapped):
+            raise ValueError(
+                f"this plan{' in ' + self.source if self.source else ''} has regions that are not submodule calls "
+                f"(format version {self.version}; before version 3 regions were node ranges of a replacement "
+                "graph), which no longer apply: make a new plan with planner.plan(model, sample, ...)"
+            )
+        check_state(model, self.state, self.model_class)
+        planned_shapes = {a["name"]: tuple(a["tensor"]["shape"]) for a in self.sample["arguments"] if "tensor" in a}
+        return apply_plan(model, [spec for spec in self.wrapped if spec is not None], planned_shapes,
+                          self.model_class.rsplit(".", 1)[-1])
 
     # -- report ------------------------------------------------------------------------------
 
@@ -599,6 +584,21 @@ class SavedPlan(PlanFigures):
     def __repr__(self) -> str:
         return (f"SavedPlan(model={self.model_class!r}, solver={self.solver!r}, regions={len(self.solution.regions)}, "
                 f"predicted_peak_bytes={self.predicted_peak_bytes})")
+
+
+def _region_record(names: list[str], spec: ModuleCheckpoint | None) -> dict[str, Any]:
+    if spec is None:
+        return {"nodes": names}
+    return {"module": spec.module, "class": spec.module_class, "random": spec.random,
+            "written_buffers": list(spec.written_buffers), "nodes": names}
+
+
+def _module_checkpoint(record: Any) -> ModuleCheckpoint | None:
+    """The submodule a saved region checkpoints (None in versions 1 and 2: node ranges)."""
+    if not isinstance(record, dict) or "module" not in record:
+        return None
+    return ModuleCheckpoint(module=record["module"], module_class=record["class"], random=record["random"],
+                            written_buffers=tuple(record["written_buffers"]))
 
 
 def _verification(record: dict[str, Any] | None) -> Verification | None:
@@ -678,10 +678,12 @@ def load_plan(path: str | os.PathLike[str]) -> SavedPlan:
 
 
 def export_module(plan: "Plan", path: str | os.PathLike[str]) -> Path:
-    """Save the plan's rewritten module with `torch.save` (what `Plan.export` calls).
+    """Save the planned copy of the model (`Plan.module()`) with `torch.save` (what
+    `Plan.export` calls).
 
     The file loads with `torch.load(path, weights_only=False)` wherever `planner` and the
-    model's own classes can be imported; its `state_dict()` keys are the model's.
+    model's own classes can be imported; it is the model's class, with the plan applied
+    (`planner.remove_plan` undoes it), and its `state_dict()` keys are the model's.
 
     Example:
         >>> export_module(p, "planned.pt")

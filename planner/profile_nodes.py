@@ -226,7 +226,7 @@ def estimate_nodes(gm: fx.GraphModule, target: Target) -> None:
     `target` (kernel scratch stays unmeasured).
 
     Example:
-        >>> estimate_nodes(gm, planner.targets.target("h100"))
+        >>> estimate_nodes(gm, target("h100"))
     """
     for node in gm.graph.nodes:
         if node.op in COMPUTE_OPS:

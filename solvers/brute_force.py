@@ -34,7 +34,8 @@ def all_plans(problem: Problem) -> Iterator[tuple[range, ...]]:
             if not startable[start]:
                 continue
             for stop in range(start + 1, n + 1):
-                yield from extend(stop, (*chosen, range(start, stop)))
+                if problem.allows_region(start, stop):
+                    yield from extend(stop, (*chosen, range(start, stop)))
 
     yield from extend(0, ())
 

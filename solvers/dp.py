@@ -164,7 +164,9 @@ class _Search:
         self.problem = problem
         self.stride = stride
         self.max_region_nodes = max_region_nodes
-        self.boundary = _boundaries(problem, stride, boundary_fraction)
+        # Allowed regions (submodule calls) bound the search themselves; any boundary may do.
+        self.boundary = (_boundaries(problem, stride, boundary_fraction) if problem.allowed_regions is None
+                         else [True] * (len(problem) + 1))
         self.structure = structure = Structure.of(problem)
         self.max_states = max_states
         self.max_front = max_front
@@ -236,6 +238,7 @@ class _Search:
         slack = 1e-9 * max(1.0, abs(cost_bound)) if cost_bound != float("inf") else 0.0
         bound = cost_bound + slack
         exact = True
+        overhead_ms = self.problem.region_overhead_ms
         bucket_bytes = 0 if self.max_front is None else max(1, live_budget // self.max_front)
         pending: list[dict[int, list[_Stair]] | None] = [{} for _ in range(n + 1)]
         pending[0][0] = [(_Front([_Entry(0, 0.0, None, None)]), 0, 1, 0, 0.0, None)]
@@ -287,7 +290,10 @@ class _Search:
                 inputs_bytes = mask_bytes[key]
                 released = 0  # kept bytes of inputs whose last reference has passed
                 forward_max = 0
-                for k in range(t, n if self.max_region_nodes is None else min(n, t + self.max_region_nodes)):
+                last = self.problem.last_region_stop(t)
+                if self.max_region_nodes is not None:
+                    last = min(last, t + self.max_region_nodes)
+                for k in range(t, last):
                     for j in structure.uses_before[k]:
                         if j < t and not inputs >> j & 1:
                             inputs |= 1 << j
@@ -301,14 +307,14 @@ class _Search:
                     b = k + 1
                     scan.ensure(b)
                     index = b - t - 1
-                    region_ms = cumulative_ms[b] - cumulative_ms[t]
+                    region_ms = cumulative_ms[b] - cumulative_ms[t] + overhead_ms
                     # Entries cheap enough for this region (and so for any longer one) ...
                     lo = bisect_left(front.negative_costs, region_ms - bound)
                     # ... and light enough for any region [t, b') with b' >= b.
                     floor = max(forward_max, inputs_bytes + scan.lower[index])
                     if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
                         break
-                    if not self.boundary[b]:
+                    if not self.boundary[b] or not self.problem.allows_region(t, b):
                         continue
                     limit = live_budget - max(forward_max, inputs_bytes + scan.peak[index])
                     hi = bisect_right(front.helds, limit)

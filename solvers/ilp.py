@@ -103,6 +103,7 @@ class _Model:
     budget: Any  # scaled live bytes: an int, or the variable minimised in minimum-peak mode
     costs: list[int]  # scaled compute time per node: the objective is their sum over in_region
     objective: Any  # the objective expression (recompute mode) or the peak variable
+    region_cost: int = 0  # scaled fixed cost per region, added for every region start
 
 
 def _tables(
@@ -127,8 +128,11 @@ def _tables(
             continue
         inputs: set[int] = set()
         inputs_bytes = 0
+        last_stop = problem.last_region_stop(a)
         for e, region_backward, region_recompute in scan_regions(structure, problem, a):
             if max_region_nodes is not None and e - a >= max_region_nodes and a not in long_starts:
+                break
+            if e >= last_stop:  # no allowed region from a reaches e
                 break
             for j in structure.uses_before[e]:
                 if j < a and j not in inputs:
@@ -137,7 +141,8 @@ def _tables(
             if region_backward + structure.gradient_backward[e] + inputs_bytes > limit:
                 break
             backward[e][a] = region_backward
-            if region_recompute + structure.gradient_recompute[e + 1] + inputs_bytes <= limit:
+            fits = region_recompute + structure.gradient_recompute[e + 1] + inputs_bytes <= limit
+            if fits and problem.allows_region(a, e + 1):
                 recompute[e][a] = region_recompute
     return backward, recompute
 
@@ -281,12 +286,22 @@ def _build(
         )
         model.add(held + scaled(structure.gradient_recompute[i + 1]) + ending <= budget)
 
-    largest = max([node.compute_ms for node in nodes] + [1e-12])
-    objective_scale = 2.0 ** math.floor(math.log2((2**40 / max(1, n)) / largest))
+    largest = max([node.compute_ms for node in nodes] + [problem.region_overhead_ms, 1e-12])
+    objective_scale = 2.0 ** math.floor(math.log2((2**40 / max(1, 2 * n)) / largest))
     costs = [round(node.compute_ms * objective_scale) for node in nodes]
-    objective = budget if live_budget is None else sum(cost * in_region[i] for i, cost in enumerate(costs))
+    region_cost = round(problem.region_overhead_ms * objective_scale)
+    # member[a][a]: node a starts its region; each region pays checkpoint's fixed cost once.
+    starts = [member[a][a] for a in range(n) if a in member[a]] if region_cost else []
+    objective = budget if live_budget is None else (
+        sum(cost * in_region[i] for i, cost in enumerate(costs)) + sum(region_cost * start for start in starts))
     model.minimize(objective)
-    return _Model(model, member, in_region, alive, kept, prefix, objective_scale, budget, costs, objective)
+    return _Model(model, member, in_region, alive, kept, prefix, objective_scale, budget, costs, objective,
+                  region_cost)
+
+
+def _scaled_cost(built: _Model, regions: tuple[range, ...]) -> int:
+    """A plan's objective value in the model's scaled units."""
+    return sum(built.costs[i] for region in regions for i in region) + built.region_cost * len(regions)
 
 
 def _add_triangle_cuts(model: Any, structure: Structure, held: Any, same_region: Any) -> None:
@@ -321,7 +336,7 @@ def _bound_by_optimum(built: _Model, regions: tuple[range, ...]) -> int:
     judged by the same simulator, which is what this model encodes too). The slack covers the
     rounding of each node's time to the integer scale (< 1/2 each) and float sums; it is
     returned so the solver can stop once its gap is within it."""
-    value = sum(built.costs[i] for region in regions for i in region)
+    value = _scaled_cost(built, regions)
     slack = len(built.costs) + math.ceil(1e-9 * value) + 1
     built.model.add(built.objective >= value - slack)
     return slack
@@ -373,7 +388,7 @@ def _greedy_single_nodes(problem: Problem, budget_bytes: int) -> tuple[range, ..
     chosen: set[int] = set()
     queue = []  # (-score, node): scores only go stale, so re-score the best before taking it
     for j in range(len(problem)):
-        if problem.can_start_region(j):
+        if problem.allows_region(j, j + 1):
             saved = peak - peak_bytes(problem, (range(j, j + 1),))
             if saved > 0:
                 queue.append((-score(saved, j), j))
@@ -732,7 +747,7 @@ def solve_ilp(
                 "raise time_limit_s"
             )
         regions = hint_regions
-        objective = sum(built.costs[i] for region in regions for i in region)
+        objective = _scaled_cost(built, regions)
         bound = -math.inf
     else:
         regions = _regions(solver, built, len(problem))

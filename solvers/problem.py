@@ -48,8 +48,15 @@ class Problem:
 
     nodes: tuple[NodeCost, ...]
     static_bytes: int = 0
+    # Where given, a region must be one of these node ranges (the planner's submodule calls: a
+    # plan is applied by wrapping a submodule's forward); None allows any run of nodes.
+    allowed_regions: tuple[range, ...] | None = None
+    region_overhead_ms: float = 0.0  # fixed cost of each region (checkpoint's own work per call)
 
     def __post_init__(self) -> None:
+        for region in self.allowed_regions or ():
+            if region.step != 1 or len(region) == 0 or region.start < 0 or region.stop > len(self.nodes):
+                raise ValueError(f"allowed region {region} is not a non-empty run of the {len(self.nodes)} nodes")
         for index, node in enumerate(self.nodes):
             for owner in (*node.uses, *node.saves, *node.mutates, *(user for user, _ in node.shared_grads)):
                 if not 0 <= owner <= index:
@@ -62,13 +69,30 @@ class Problem:
         return len(self.nodes)
 
     def recompute_ms(self, regions: tuple[range, ...]) -> float:
-        """Added forward time of a plan: every node inside a region runs twice."""
-        return sum(self.nodes[i].compute_ms for region in regions for i in region)
+        """Added step time of a plan: every node inside a region runs twice, and each region
+        costs `region_overhead_ms` more."""
+        recomputed = sum(self.nodes[i].compute_ms for region in regions for i in region)
+        return recomputed + self.region_overhead_ms * len(regions)
 
     def can_start_region(self, index: int) -> bool:
         """False where a region starting here would recompute from a storage that is written
         in place at or after `index` (autograd would see a mutated input)."""
-        return index not in _forbidden_starts(self)
+        if index in _forbidden_starts(self):
+            return False
+        return self.allowed_regions is None or index in _allowed_stops(self)
+
+    def allows_region(self, start: int, stop: int) -> bool:
+        """True where [start, stop) may be a region: a startable start and, where
+        `allowed_regions` is given, one of them."""
+        if not self.can_start_region(start):
+            return False
+        return self.allowed_regions is None or stop in _allowed_stops(self)[start]
+
+    def last_region_stop(self, start: int) -> int:
+        """The largest stop of a region that may start at `start` (n without allowed regions)."""
+        if self.allowed_regions is None:
+            return len(self.nodes)
+        return max(_allowed_stops(self).get(start, (start,)))
 
 
 def _forbidden_starts(problem: Problem) -> frozenset[int]:
@@ -81,6 +105,17 @@ def _forbidden_starts(problem: Problem) -> frozenset[int]:
                 forbidden.update(range(owner + 1, mutator + 1))
         cached = frozenset(forbidden)
         object.__setattr__(problem, "_forbidden_starts", cached)
+    return cached
+
+
+def _allowed_stops(problem: Problem) -> dict[int, frozenset[int]]:
+    cached = problem.__dict__.get("_allowed_stops")
+    if cached is None:
+        stops: dict[int, set[int]] = {}
+        for region in problem.allowed_regions or ():
+            stops.setdefault(region.start, set()).add(region.stop)
+        cached = {start: frozenset(found) for start, found in stops.items()}
+        object.__setattr__(problem, "_allowed_stops", cached)
     return cached
 
 

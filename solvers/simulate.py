@@ -50,6 +50,8 @@ def validate_regions(problem: Problem, regions: tuple[range, ...]) -> None:
                 f"region {region} starts at node {region.start} "
                 f"({problem.nodes[region.start].name!r}), whose inputs are modified in place later"
             )
+        if not problem.allows_region(region.start, region.stop):
+            raise ValueError(f"region {region} is not one of the problem's allowed regions")
         previous_stop = region.stop
 
 

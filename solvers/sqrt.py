@@ -4,10 +4,11 @@ segment but the last, as `torch.utils.checkpoint.checkpoint_sequential` does. Tr
 and keep the fewest segments whose simulated peak fits the budget."""
 from __future__ import annotations
 
+import math
 import time
 
 from solvers.problem import InfeasibleBudget, Problem, Solution, Status
-from solvers.simulate import make_solution, peak_bytes
+from solvers.simulate import held_after_forward, make_solution, peak_bytes
 
 
 def segments(problem: Problem, count: int) -> tuple[range, ...]:
@@ -32,6 +33,35 @@ def segments(problem: Problem, count: int) -> tuple[range, ...]:
     return tuple(range(a, b) for a, b in zip(bounds, bounds[1:]))
 
 
+def _freeing_regions(problem: Problem) -> list[range]:
+    """The allowed regions that hold less at the end of forward than no plan does."""
+    cached = problem.__dict__.get("_freeing_regions")
+    if cached is None:
+        unplanned = held_after_forward(problem)
+        cached = [r for r in problem.allowed_regions or ()
+                  if problem.can_start_region(r.start) and held_after_forward(problem, (r,)) < unplanned]
+        object.__setattr__(problem, "_freeing_regions", cached)
+    return cached
+
+
+def allowed_segments(problem: Problem, count: int) -> tuple[range, ...]:
+    """With allowed regions (submodule calls): the largest allowed regions of at most
+    ceil(n / count) nodes that free memory and do not overlap, chosen largest first, in order
+    ("every block" at the right count).
+
+    Example:
+        >>> allowed_segments(problem, 4)
+        (range(2, 9), range(9, 16), range(16, 23))
+    """
+    cap = math.ceil(len(problem) / count)
+    fitting = [r for r in _freeing_regions(problem) if len(r) <= cap]
+    chosen: list[range] = []
+    for region in sorted(fitting, key=lambda r: (-len(r), r.start)):
+        if all(region.stop <= other.start or other.stop <= region.start for other in chosen):
+            chosen.append(region)
+    return tuple(sorted(chosen, key=lambda r: r.start))
+
+
 def solve_sqrt(problem: Problem, budget_bytes: int, **options: object) -> Solution:
     """The baseline solver: fewest equal-bytes segments that fit, all but the last recomputed.
 
@@ -42,8 +72,13 @@ def solve_sqrt(problem: Problem, budget_bytes: int, **options: object) -> Soluti
     started = time.perf_counter()
     best_peak: int | None = None
     seen: set[tuple[range, ...]] = set()
-    for count in range(1, len(problem) + 1):
-        regions = segments(problem, count)[:-1]
+    for count in range(0, len(problem) + 1):
+        # The last segment would be recomputed as soon as backward starts: never worth it.
+        if count == 0:
+            regions: tuple[range, ...] = ()  # no plan at all, where the unplanned step fits
+        else:
+            regions = (segments(problem, count) if problem.allowed_regions is None
+                       else allowed_segments(problem, count))[:-1]
         if regions in seen:
             continue
         seen.add(regions)

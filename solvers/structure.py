@@ -184,7 +184,8 @@ def _build(problem: Problem) -> Structure:
             or node.param_grad_bytes or node.backward_transient_bytes or node.saves or node.shared_grads
         )
         later = i == n - 1 or startable[i + 1]
-        useful_start.append(startable[i] and not (memoryless and later))
+        # With allowed regions, the shorter region may not be one of them: no pruning.
+        useful_start.append(startable[i] and not (memoryless and later and problem.allowed_regions is None))
 
     return Structure(
         n=n,

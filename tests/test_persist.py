@@ -9,6 +9,7 @@ from torch import nn
 from conftest import MODELS, small_cnn, small_gpt, small_mlp, train_step
 from planner import Plan, SavedPlan, load_plan, plan
 from planner.api import GIB
+from planner.apply import CheckpointedForward
 from planner.examples import TinyGPT
 from planner.persist import FX_FRONTEND, decode_value, encode_value
 from planner.trace import trace
@@ -57,11 +58,12 @@ def test_round_trip_reapplies_to_a_fresh_model_with_the_same_gradients(name, pla
     assert saved.problem == p.problem  # the costs the solver saw, exactly
 
     fresh, _ = MODELS[name]()  # same seed: same weights, new objects
+    keys = list(fresh.state_dict())
     module = saved.apply(fresh)
-    assert list(module.state_dict()) == list(fresh.state_dict())
-    assert {id(t) for t in module.parameters()} == {id(t) for t in fresh.parameters()}
-    bodies = [m.body for n, m in module.planned_graph.named_children() if n.startswith("checkpoint_region_")]
-    assert [[n.name for n in body.graph.nodes if n.op.startswith("call_")] for body in bodies] == saved.regions
+    assert module is fresh and list(module.state_dict()) == keys
+    assert saved.wrapped == tuple(c.wrapped for c in p.checkpoints)
+    wrapped = [n for n, m in fresh.named_modules() if isinstance(m.__dict__.get("forward"), CheckpointedForward)]
+    assert wrapped == [c.wrapped.module for c in p.checkpoints]
 
     expected_output, expected_grads = train_step(model, sample)
     output, grads = train_step(module, sample)
@@ -103,7 +105,7 @@ def test_reapplied_plan_keeps_batchnorm_statistics_right(tmp_path):
 
 def test_saved_json_describes_graph_sample_and_regions(gpt_plan_file):
     data = json.loads(open(gpt_plan_file).read())
-    assert data["format"] == "ckpt-planner plan" and data["version"] == 2
+    assert data["format"] == "ckpt-planner plan" and data["version"] == 3
     assert data["planned_for"]["device"] == "cpu" and data["times_estimated"] is False
     assert sum(data["static_breakdown"].values()) == data["static_bytes"]
     assert data["frontend"] == FX_FRONTEND
@@ -112,8 +114,11 @@ def test_saved_json_describes_graph_sample_and_regions(gpt_plan_file):
         {"name": "tokens", "tensor": {"shape": [4, 32], "dtype": "int64", "requires_grad": False}}
     ]
     names = [node["name"] for node in data["nodes"]]
-    assert all(region == names[names.index(region[0]):names.index(region[0]) + len(region)]
-               for region in data["regions"])
+    for region in data["regions"]:
+        nodes = region["nodes"]
+        assert nodes == names[names.index(nodes[0]):names.index(nodes[0]) + len(nodes)]
+        assert all(by_module == region["module"] or by_module.startswith(region["module"] + ".")
+                   for by_module in (node["module"] for node in data["nodes"] if node["name"] in nodes))
     by_name = {node["name"]: node for node in data["nodes"]}
     assert by_name["softmax"]["op"] == "call_function"
     assert by_name["softmax"]["target"] == "torch.nn.functional.softmax"
@@ -128,17 +133,20 @@ def test_frontend_field_matches_the_fx_frontend():
     assert trace(model, x, frontend="fx").frontend == FX_FRONTEND
 
 
-def test_another_architecture_is_refused_naming_the_first_different_node(gpt_plan_file):
+def test_another_architecture_is_refused_naming_the_first_difference(gpt_plan_file):
     saved = load_plan(gpt_plan_file)
     deeper = TinyGPT(vocab=128, width=32, heads=4, blocks=7, context=32)
-    with pytest.raises(ValueError, match=r"compute node \d+ is 'norm' .* but 'blocks_7_norm1' "):
+    with pytest.raises(ValueError, match=r"TinyGPT does not match the plan .*no 'blocks.7.norm1.weight'"):
         saved.apply(deeper)
+    with pytest.raises(ValueError, match=r"compute node \d+ is 'norm' .* but 'blocks_7_norm1' "):
+        saved.check(deeper)  # the full check traces the model and compares the graphs
     wider = TinyGPT(vocab=128, width=64, heads=4, blocks=8, context=32)
     with pytest.raises(ValueError, match=r"'token_embedding.weight' has shape \(128, 64\) here and \(128, 32\)"):
         saved.apply(wider)
     cnn, _ = small_cnn()
-    with pytest.raises(ValueError, match="SmallCNN does not match the saved plan.*'images'"):
+    with pytest.raises(ValueError, match="SmallCNN does not match the plan"):
         saved.apply(cnn)
+    assert not [m for m in cnn.modules() if "forward" in m.__dict__]
 
 
 def test_another_dtype_warns_and_still_applies(gpt_plan_file):
@@ -160,7 +168,7 @@ def test_a_plan_from_the_export_frontend_reapplies_with_the_same_gradients(tmp_p
     _, got = train_step(module, x)
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], msg=key)
-    with pytest.raises(ValueError, match="does not match the saved plan"):
+    with pytest.raises(ValueError, match="does not match the plan"):
         saved.apply(nn.Sequential(nn.Linear(64, 64)))
 
 
@@ -170,7 +178,8 @@ class Scaled(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.first = nn.Linear(64, 64)
-        self.middle = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh())
+        self.middle = nn.Sequential(*(nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 64), nn.Tanh())
+                                      for _ in range(3)))
         self.last = nn.Linear(64, 64)
 
     def forward(self, x, scale: float = 2.0, dims=(1,), flag=None):
@@ -195,22 +204,25 @@ def test_fixed_arguments_are_saved_and_used_again(tmp_path):
     saved = load_plan(tight(model, sample, 0.9).save(tmp_path / "plan.json"))
     fixed = {a["name"]: a["value"] for a in saved.sample["arguments"] if "value" in a}
     assert fixed == {"scale": 0.5, "dims": {"tuple": [0, 1]}, "flag": None}
-    module = saved.apply(model)  # fixed values come back as they were: (0, 1) stays a tuple
-    assert_same_values(module(x, scale=0.5, dims=(0, 1)), model(x, scale=0.5, dims=(0, 1)))
-    with pytest.raises(ValueError, match="'scale' was 0.5 when the plan was made"):
-        module(x, scale=1.0, dims=(0, 1))
+    expected = {scale: model(x, scale=scale, dims=(0, 1)) for scale in (0.5, 1.0)}
+    module = saved.apply(model)
+    # The model's own forward runs: the planned values and others give the unplanned results.
+    for scale, value in expected.items():
+        assert_same_values(module(x, scale=scale, dims=(0, 1)), value)
 
 
 @pytest.mark.filterwarnings("ignore:Was not able to add assertion")  # fx, about the object argument
-def test_a_fixed_argument_json_cannot_hold_needs_a_sample(tmp_path):
+def test_a_fixed_argument_json_cannot_hold_needs_a_sample_only_to_check(tmp_path):
     torch.manual_seed(0)
     model, x = Scaled(), torch.randn(256, 64)
     flag = Flag()
     saved = load_plan(tight(model, {"x": x, "flag": flag}, 0.9).save(tmp_path / "plan.json"))
     with pytest.raises(ValueError, match=r"'flag' was fixed to .*Flag.*apply\(model, sample=\.\.\.\)"):
-        saved.apply(model)
-    module = saved.apply(model, sample={"x": x, "flag": flag})
-    assert_same_values(module(x, flag=flag), model(x, flag=flag))
+        saved.check(model)
+    saved.check(model, sample={"x": x, "flag": flag})
+    expected = model(x, flag=flag)
+    module = saved.apply(model)  # applying needs no sample: the model's own forward runs
+    assert_same_values(module(x, flag=flag), expected)
 
 
 @pytest.mark.parametrize("value", [
@@ -256,7 +268,8 @@ def test_exported_module_loads_with_torch_load_and_trains_the_same(name, planned
     model = p._model
     path = p.export(tmp_path / "planned.pt")
     loaded = torch.load(path, weights_only=False)
-    assert type(loaded).__name__ == "CheckpointedModule"
+    assert type(loaded) is type(model)
+    assert [n for n, m in loaded.named_modules() if "forward" in m.__dict__] == [c.wrapped.module for c in p.checkpoints]
     assert list(loaded.state_dict()) == list(model.state_dict())
     expected_output, expected_grads = train_step(model, sample)
     output, grads = train_step(loaded, sample)
@@ -267,11 +280,9 @@ def test_exported_module_loads_with_torch_load_and_trains_the_same(name, planned
 
 def test_exported_module_follows_to_after_loading(planned, tmp_path):
     loaded = torch.load(planned["gpt"][0].export(tmp_path / "planned.pt"), weights_only=False)
-    loaded.double()  # buffers the planned graph reads (the causal mask) must follow
-    graphs = [loaded.planned_graph] + [m.body for n, m in loaded.planned_graph.named_children()
-                                       if n.startswith("checkpoint_region_")]
-    buffers = {id(b) for b in loaded.buffers()}
-    assert all(id(b) in buffers for graph in graphs for b in graph.buffers())
+    loaded.double()  # the planned forwards follow the module (its mask buffer included)
+    output, _ = train_step(loaded, small_gpt()[1])
+    assert output.dtype == torch.float64
 
 
 def test_exported_module_from_the_export_frontend(tmp_path):

@@ -64,6 +64,18 @@ def problems(
     return Problem(tuple(nodes), static_bytes=draw(st.sampled_from([0, 100])))
 
 
+@st.composite
+def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> Problem:
+    """A random problem whose regions are limited to random node ranges (like submodule calls:
+    some nested, some overlapping) and whose regions each cost a fixed overhead."""
+    problem = draw(problems(max_nodes=max_nodes, **options))
+    n = len(problem)
+    spans = st.tuples(st.integers(0, n - 1), st.integers(1, n)).map(lambda ab: range(ab[0], max(ab[0] + 1, min(n, ab[0] + ab[1]))))
+    allowed = tuple(sorted(set(draw(st.lists(spans, min_size=1, max_size=6))), key=lambda r: (r.start, r.stop)))
+    overhead = draw(st.sampled_from([0.0, 0.25, 1.0]))
+    return Problem(problem.nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead)
+
+
 @dataclass
 class Truth:
     """Every plan's peak and cost, from the simulator."""
@@ -344,3 +356,40 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
         if plan is not None:
             assert peak_bytes(problem, plan) <= budget, "LP-guided plan over budget"
             assert problem.recompute_ms(plan) >= optimum - 1e-9, "LP-guided plan cheaper than the optimum"
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(problem=module_problems(max_nodes=9), data=st.data())
+def test_dp_equals_brute_force_with_allowed_regions_and_region_overhead(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(problem)
+    assert all(problem.allows_region(r.start, r.stop) for plan, _, _ in truth.plans for r in plan)
+    for budget in budgets(truth, data):
+        check_against_truth(problem, truth, budget, "dp")
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(problem=module_problems(max_nodes=8, self_saves=True), data=st.data())
+def test_ilp_equals_brute_force_with_allowed_regions_and_region_overhead(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(problem)
+    for budget in budgets(truth, data):
+        check_against_truth(problem, truth, budget, "ilp", hint=False)
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(problem=module_problems(max_nodes=9), data=st.data())
+def test_allowed_regions_sqrt_fits_and_more_budget_never_costs_more(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(problem)
+    previous = math.inf
+    for budget in budgets(truth, data):
+        optimum = truth.optimum(budget)
+        if optimum is None:
+            continue
+        assert optimum <= previous
+        previous = optimum
+        try:
+            solution = solve(problem, budget, method="sqrt")
+        except InfeasibleBudget:
+            continue
+        assert solution.peak_bytes <= budget and solution.recompute_ms >= optimum - 1e-9
+        assert all(problem.allows_region(r.start, r.stop) for r in solution.regions)
+    assert problem.recompute_ms(()) == 0
