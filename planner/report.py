@@ -103,15 +103,20 @@ def format_report(
         f"  peak, this plan   {format_bytes(solution.peak_bytes)} (predicted)",
         f"  recompute         {solution.recompute_ms:.2f} ms per step{estimate} "
         f"(+{overhead:.0f}% of the {forward_ms:.2f} ms forward, {timing})",
+        *([f"                    including {problem.region_overhead_ms:.3f} ms per checkpoint call "
+           f"(checkpoint's own work){estimate}"] if problem.region_overhead_ms and checkpoints else []),
         f"  regions           {len(checkpoints)}",
     ]
     if checkpoints:
-        width = max(len("first node"), *(len(name) for c in checkpoints for name in (c.nodes[0], c.nodes[-1])))
-        lines.append(f"    {'#':>3}  {'first node':<{width}} {'last node':<{width}} {'nodes':>5} "
-                     f"{'recompute':>12} {'freed':>11}  modules")
-        for index, c in enumerate(checkpoints):
-            lines.append(f"    {index:>3}  {c.nodes[0]:<{width}} {c.nodes[-1]:<{width}} {len(c.nodes):>5} "
-                         f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}  {span(c.node_modules)}")
+        names = [c.wrapped.module if c.wrapped else span(c.node_modules) for c in checkpoints]
+        kinds = [c.wrapped.module_class if c.wrapped else "(nodes)" for c in checkpoints]
+        width = max(len("checkpointed submodule"), *map(len, names))
+        kind_width = max(len("class"), *map(len, kinds))
+        lines.append(f"    {'#':>3}  {'checkpointed submodule':<{width}} {'class':<{kind_width}} {'nodes':>5} "
+                     f"{'recompute':>12} {'freed':>11}")
+        for index, (c, name, kind) in enumerate(zip(checkpoints, names, kinds)):
+            lines.append(f"    {index:>3}  {name:<{width}} {kind:<{kind_width}} {len(c.nodes):>5} "
+                         f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}")
     if verification is not None:
         lines += ["", str(verification)]
     return "\n".join(lines)
