@@ -7,8 +7,10 @@ Three parts, each printing a table and (unless --no-save) appending it to RESULT
   and with the no-run path (the same architecture built on the `meta` device, planned for this
   CPU, the plan saved, loaded and applied to the real model). The no-run plan is measured
   (`verify_modules`): under budget, its prediction within 3% of the measurement, its
-  recompute cost (both plans costed with the measured path's node times) within 10% of the
-  measured path's plan, gradients equal to the unplanned model's.
+  recompute cost within 10% of the measured path's plan, gradients equal to the unplanned
+  model's. Recompute cost two ways: both plans costed with the measured path's node times (a
+  model), and on the clock (step time over the unplanned model's, alternating rounds, medians),
+  which is what is judged: more than 10% and more than NOISE_MS over the run path's plan misses.
 * `memory`: a GPT-2 whose unplanned step needs at least 2 GiB, planned at 40% of that with the
   real model: the peak resident memory `plan()` adds, in a fresh process after a warm-up plan
   of a small model, against the budget and against one unplanned step's.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,10 +41,11 @@ import torch  # noqa: E402
 from benchmarks.results import append_results  # noqa: E402
 from planner import InfeasibleBudget, load_plan, plan  # noqa: E402
 from planner.api import GIB  # noqa: E402
-from planner.verify import verify_modules  # noqa: E402
+from planner.verify import step_ms, verify_modules  # noqa: E402
 from solvers import format_bytes  # noqa: E402
 
 FRACTIONS = (0.4, 0.6, 0.8)
+NOISE_MS = 2.0  # step-time differences below this are within this machine's noise
 
 
 def _transformers():
@@ -84,9 +88,27 @@ def small_models() -> dict:
     }
 
 
-def part_small(steps: int) -> str:
+def measured_overheads(model, planned: list, sample, rounds: int) -> list[float]:
+    """Median step time of each planned module minus the unplanned model's, in ms, from
+    alternating rounds (one warm-up step each first)."""
+    modules = [model, *planned]
+    device = torch.device("cpu")
+    times: list[list[float]] = [[] for _ in modules]
+    for module in modules:
+        step_ms(module, sample, device)
+    for _ in range(rounds):
+        for module, found in zip(modules, times):
+            found.append(step_ms(module, sample, device))
+    for module in modules:
+        module.zero_grad(set_to_none=True)
+    medians = [statistics.median(found) for found in times]
+    return [median - medians[0] for median in medians[1:]]
+
+
+def part_small(steps: int, rounds: int = 7) -> str:
     rows = ["| model | budget | path | regions | predicted peak | measured peak | error | under budget "
-            "| recompute (measured costs) | vs run path | gradients match |", "|" + "---|" * 11]
+            "| recompute (measured costs) | vs run path | measured overhead | vs run path | gradients match |",
+            "|" + "---|" * 13]
     misses = []
     for name, build in small_models().items():
         torch.manual_seed(0)
@@ -102,7 +124,7 @@ def part_small(steps: int) -> str:
                 no_run = plan(meta_model, meta_sample, budget_gb=budget / GIB, measure="no-run")
             except InfeasibleBudget as error:
                 rows.append(f"| {name} | {label} | both | infeasible: minimum {format_bytes(error.minimum_bytes)} "
-                            "| | | | | | | |")
+                            "| | | | | | | | | |")
                 continue
             with tempfile.TemporaryDirectory() as folder:
                 saved = load_plan(no_run.save(Path(folder) / "plan.json"))
@@ -114,21 +136,26 @@ def part_small(steps: int) -> str:
             regions = tuple(range(index[c.nodes[0]], index[c.nodes[-1]] + 1) for c in no_run.checkpoints)
             cost = run.problem.recompute_ms(regions)
             ratio = cost / run.recompute_ms if run.recompute_ms else (1.0 if cost == 0 else math.inf)
+            # What recomputation costs on the clock: step times, alternating rounds, medians.
+            overheads = measured_overheads(model, [run.module(), applied], sample, rounds)
+            measured_ratio = (overheads[1] / overheads[0] if overheads[0] > 0 else
+                              (1.0 if overheads[1] <= 0 else math.inf))
             rows.append(f"| {name} | {label} | run | {len(run.checkpoints)} | {format_bytes(run.predicted_peak_bytes)} "
-                        f"| | | | {run.recompute_ms:.1f} ms | | |")
+                        f"| | | | {run.recompute_ms:.1f} ms | | {overheads[0]:.1f} ms | | |")
             rows.append(
                 f"| {name} | {label} | no-run | {len(no_run.checkpoints)} | {format_bytes(record.predicted_peak_bytes)} "
                 f"| {format_bytes(record.planned_peak_bytes)} | {100 * record.peak_error:+.1f}% "
                 f"| {'yes' if record.within_budget else 'NO'} | {cost:.1f} ms | {ratio:.2f} "
-                f"| {'yes' if record.gradients_match else 'NO'} |")
+                f"| {overheads[1]:.1f} ms | {measured_ratio:.2f} | {'yes' if record.gradients_match else 'NO'} |")
             print(rows[-2], rows[-1], sep="\n", flush=True)
             where = f"{name} at {fraction:.0%}"
             if not record.within_budget:
                 misses.append(f"{where}: measured over budget")
             if abs(record.peak_error) > 0.03:
                 misses.append(f"{where}: prediction off by {100 * record.peak_error:+.1f}%")
-            if ratio > 1.10:
-                misses.append(f"{where}: recompute {ratio:.2f}x the run path's plan")
+            if measured_ratio > 1.10 and overheads[1] - overheads[0] > NOISE_MS:
+                misses.append(f"{where}: recompute {measured_ratio:.2f}x the run path's plan on the clock "
+                              f"({ratio:.2f}x by the node times)")
             if not record.gradients_match:
                 misses.append(f"{where}: gradients differ")
     verdict = "All targets met." if not misses else "Misses:\n" + "\n".join(f"- {m}" for m in misses)

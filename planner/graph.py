@@ -133,6 +133,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 uses=tuple(index[name] for name in record.uses),
                 saves=tuple(index[name] for name in record.saves),
                 mutates=tuple(index[name] for name in record.mutates),
+                grad_aliases=tuple(index[name] for name in record.grad_aliases),
                 shared_grads=tuple(shared.get(i, ())),
                 is_output=node.name in returned,
             )

@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 META_KEY = "planner.profile"
 NODE_LABEL = "planner.node:"  # record_function label of each node's forward, for the profiler
 COMPUTE_OPS = ("call_function", "call_method", "call_module")
+# Backward kinds that can return the output's gradient (or a view of it) as an input's gradient.
+ALIASING_BACKWARDS = ("AddBackward0", "CatBackward0", "CloneBackward0")
 
 
 @dataclass
@@ -44,6 +46,7 @@ class NodeProfile:
     uses: tuple[str, ...] = ()
     saves: tuple[str, ...] = ()
     mutates: tuple[str, ...] = ()
+    grad_aliases: tuple[str, ...] = ()  # owners whose gradient its backward hands on uncopied
     mutated_buffers: tuple[str, ...] = ()  # qualified names of buffers written (BatchNorm statistics)
     backward_transient_bytes: int = 0  # temporaries of this node's backward (freed when it ends)
     random: bool = True  # draws random numbers (dropout): a region holding it must replay the RNG
@@ -163,6 +166,8 @@ class ProfileInterpreter(fx.Interpreter):
         record.mutated_buffers = tuple(sorted({self.buffer_names[key] for key in tracker.written
                                                if key in self.buffer_names}))
         record.saves = self._owners(saved)
+        if record.output_bytes:
+            record.grad_aliases = self._gradient_aliases(n, result, inputs)
         record.saved_bytes = sum(
             nbytes for key, nbytes in saved.items() if key not in self.owner and key not in self.static_keys
         )
@@ -178,6 +183,29 @@ class ProfileInterpreter(fx.Interpreter):
     def compute(self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run one compute node (a hook for subclasses that run some nodes differently)."""
         return getattr(self, n.op)(n.target, args, kwargs)
+
+    def _gradient_aliases(self, n: fx.Node, result: Any, inputs: list[torch.Tensor]) -> tuple[str, ...]:
+        """Owners of the inputs whose gradient the node's backward returns as the output's
+        gradient itself or a view of it (an add of equal shapes, a cat, a clone): autograd then
+        holds one storage for both. Found by calling the backward on the output itself, for
+        those backward kinds only, where it allocates nothing."""
+        function = result.grad_fn if isinstance(result, torch.Tensor) else None
+        kind = type(function).__name__
+        if function is None or kind not in ALIASING_BACKWARDS:
+            return ()
+        if kind == "AddBackward0" and (n.kwargs.get("alpha", 1) != 1 or any(
+                t.shape != result.shape or t.dtype != result.dtype for t in inputs if t.requires_grad)):
+            return ()  # broadcasting, scaling or a dtype change: the backward makes new tensors
+        gradient = result.detach()
+        with torch.no_grad():
+            returned = function(gradient)
+        returned = returned if isinstance(returned, tuple) else (returned,)
+        producers = {id(t.grad_fn): storage_key(t) for t in inputs if t.grad_fn is not None}
+        keys = [producers[id(next_function)]
+                for (next_function, _), grad in zip(function.next_functions, returned)
+                if next_function is not None and id(next_function) in producers and grad is not None
+                and storage_key(grad) == storage_key(gradient)]
+        return self._owners(keys)
 
     def _owners(self, keys: Any) -> tuple[str, ...]:
         return tuple(sorted({self.owner[key] for key in keys if key in self.owner}))

@@ -156,8 +156,12 @@ def _measured_peak(module: nn.Module, sample: Any, device: torch.device) -> int:
     return static + memory.peak_bytes
 
 
-def _step_ms(module: nn.Module, sample: Any, device: torch.device) -> float:
-    """One training step's time: CUDA events on CUDA, the wall clock on the CPU."""
+def step_ms(module: nn.Module, sample: Any, device: torch.device) -> float:
+    """One training step's time: CUDA events on CUDA, the wall clock on the CPU.
+
+    Example:
+        >>> step_ms(model, tokens, torch.device("cpu"))
+    """
     if device.type == "cuda":
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         start.record()
@@ -195,7 +199,7 @@ def verify_modules(original: nn.Module, planned: nn.Module, sample: Any, steps: 
         for _ in range(steps):
             for name, module in (("original", original), ("planned", planned)):
                 peaks[name].append(_measured_peak(module, sample, device))
-                times[name].append(_step_ms(module, sample, device))
+                times[name].append(step_ms(module, sample, device))
     return Verification(
         original_peak_bytes=max(peaks["original"]),
         planned_peak_bytes=max(peaks["planned"]),

@@ -33,6 +33,9 @@ class NodeCost:
     uses: tuple[int, ...] = ()  # owners of the storages this node reads in forward
     saves: tuple[int, ...] = ()  # owners of the outputs autograd saves for this node's backward
     mutates: tuple[int, ...] = ()  # owners of the storages this node writes in place
+    # owners whose gradient this node's backward hands on without copying: the gradient of its
+    # output itself (an add) or a view of it (a cat); they then share one storage
+    grad_aliases: tuple[int, ...] = ()
     is_output: bool = False  # returned by the graph: alive until backward starts
 
 
@@ -58,7 +61,8 @@ class Problem:
             if region.step != 1 or len(region) == 0 or region.start < 0 or region.stop > len(self.nodes):
                 raise ValueError(f"allowed region {region} is not a non-empty run of the {len(self.nodes)} nodes")
         for index, node in enumerate(self.nodes):
-            for owner in (*node.uses, *node.saves, *node.mutates, *(user for user, _ in node.shared_grads)):
+            for owner in (*node.uses, *node.saves, *node.mutates, *node.grad_aliases,
+                          *(user for user, _ in node.shared_grads)):
                 if not 0 <= owner <= index:
                     raise ValueError(
                         f"node {index} ({node.name!r}) refers to node {owner}, "
@@ -117,6 +121,44 @@ def _allowed_stops(problem: Problem) -> dict[int, frozenset[int]]:
         cached = {start: frozenset(found) for start, found in stops.items()}
         object.__setattr__(problem, "_allowed_stops", cached)
     return cached
+
+
+def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
+    """(first, last, bytes) of every gradient storage: alive at the backward of nodes
+    first..last, whatever the plan. Node j's gradient appears at the backward of its last
+    consumer (n - 1 if none) and is freed after j's own; where that consumer is j's only one and
+    hands its output's gradient on unchanged (`grad_aliases`), the two share one storage, held
+    until the later of them is done (with other consumers autograd sums into a new tensor). A shared parameter's gradient lives from its last user's backward to its first's.
+
+    Example:
+        >>> gradient_spans(Problem(nodes=(NodeCost("a", 1.0, grad_bytes=8),)))
+        [(0, 0, 8)]
+    """
+    nodes = problem.nodes
+    n = len(nodes)
+    consumer = [-1] * n
+    consumers = [0] * n
+    for k, node in enumerate(nodes):
+        for owner in set(node.uses):
+            if owner < k:
+                consumer[owner] = max(consumer[owner], k)
+                consumers[owner] += 1
+    root = list(range(n))  # the node whose gradient storage j's gradient is
+    for j in reversed(range(n)):
+        c = consumer[j]
+        # With other consumers, autograd sums their gradients into j's: a new tensor.
+        if c >= 0 and consumers[j] == 1 and j in nodes[c].grad_aliases:
+            root[j] = root[c]
+    first: dict[int, int] = {}
+    size: dict[int, int] = {}
+    for j in range(n):
+        r = root[j]
+        first[r] = min(first.get(r, j), j)
+        size[r] = max(size.get(r, 0), nodes[j].grad_bytes)
+    last_consumer = [c if c >= 0 else n - 1 for c in consumer]
+    spans = [(first[r], last_consumer[r], size[r]) for r in sorted(first)]
+    spans += [(user, k, shared) for k, node in enumerate(nodes) for user, shared in node.shared_grads]
+    return spans
 
 
 class Status(str, Enum):

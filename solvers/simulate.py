@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from solvers.problem import Problem, Solution, Status
+from solvers.problem import Problem, Solution, Status, gradient_spans
 
 
 @dataclass(frozen=True)
@@ -85,12 +85,9 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
             delta[last + 1] -= size
 
     last_forward_use = list(range(n))
-    last_consumer = [-1] * n  # latest later node that reads the owner's storage
     for k, node in enumerate(nodes):
         for owner in node.uses:
             last_forward_use[owner] = max(last_forward_use[owner], k)
-            if owner < k:
-                last_consumer[owner] = max(last_consumer[owner], k)
 
     # Outputs of the first pass: alive until the last forward use, the last saver's backward,
     # or, for a region's input, until that region's backward is done (checkpoint keeps it).
@@ -131,13 +128,10 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
             hold(node.saved_bytes, recompute_step[j], backward_step[j])
             transient[recompute_step[j]] += node.transient_bytes
 
-    # Gradients: created by the backward of the last consumer, freed after the owner's; those
-    # of shared parameters from the last user's backward to the first user's.
+    # Gradients (see `gradient_spans`), and what each node's backward adds while it runs.
+    for first, last_node, size in gradient_spans(problem):
+        hold(size, backward_step[last_node], backward_step[first])
     for j, node in enumerate(nodes):
-        consumer = last_consumer[j] if last_consumer[j] >= 0 else n - 1
-        hold(node.grad_bytes, backward_step[consumer], backward_step[j])
-        for user, size in node.shared_grads:
-            hold(size, backward_step[j], backward_step[user])
         transient[backward_step[j]] += node.param_grad_bytes + node.backward_transient_bytes
 
     live: list[int] = []

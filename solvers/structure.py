@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from solvers.problem import Problem
+from solvers.problem import Problem, gradient_spans
 
 
 @dataclass(frozen=True)
@@ -135,10 +135,8 @@ def _build(problem: Problem) -> Structure:
 
     # Gradients: j's lives from the backward of its last consumer (n - 1 if none) to its own, a
     # shared parameter's from the backward of its last user to that of its first.
-    last_consumer = [consumers[j][-1] if consumers[j] else n - 1 for j in range(n)]
-    grad_delta = [0] * (n + 1)  # over backward positions i: alive for j <= i <= last_consumer
-    spans = [(j, last_consumer[j], node.grad_bytes) for j, node in enumerate(nodes)]
-    spans += [(user, k, size) for k, node in enumerate(nodes) for user, size in node.shared_grads]
+    grad_delta = [0] * (n + 1)  # over backward positions i: alive for first <= i <= last
+    spans = gradient_spans(problem)
     for first, last, size in spans:
         grad_delta[first] += size
         grad_delta[last + 1] -= size

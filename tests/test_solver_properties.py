@@ -58,6 +58,7 @@ def problems(
                 uses=uses,
                 saves=saves,
                 mutates=mutates,
+                grad_aliases=(uses[0],) if uses and draw(st.integers(0, 3)) == 0 else (),
                 is_output=i == n - 1 or draw(st.integers(0, 9)) == 0,
             )
         )
