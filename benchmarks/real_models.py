@@ -92,6 +92,7 @@ def main() -> int:
                         f"| {'yes' if record.within_budget else 'NO'} | {'yes' if record.gradients_match else 'NO'} |")
             if not record.within_budget or abs(record.peak_error) > 0.03 or not record.gradients_match:
                 failures.append(name)
+                print(f"{name}: regions {[c.wrapped.module for c in q.checkpoints]}", file=sys.stderr, flush=True)
         print(rows[-1], flush=True)
     rows.append("")
     rows.append("Every planned model measured under its budget, within 3% of its prediction, with the original's "
