@@ -123,6 +123,17 @@ def _train(name: str, wrapped: nn.Module, inner: nn.Module, rank: int, full_grad
     return record
 
 
+def _built(name: str, run: str, plan_path: str, result: dict[str, Any]) -> Any:
+    """The model for one run; the saved plan applied to it in the planned run."""
+    model, _ = _build(name)
+    if run == "planned":
+        saved = planner.load_plan(plan_path)
+        assert saved.solution.regions and saved.wrapped, "the saved plan has no regions"
+        assert saved.apply(model) is model
+        result["planned_modules"] = [spec.module for spec in saved.wrapped]
+    return model
+
+
 def _fsdp2(name: str, rank: int, plan_path: str) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -130,12 +141,7 @@ def _fsdp2(name: str, rank: int, plan_path: str) -> dict[str, Any]:
     mesh = init_device_mesh("cpu", (WORLD,))
     result: dict[str, Any] = {}
     for run in ("planned", "reference"):
-        model, _ = _build(name)
-        if run == "planned":
-            saved = planner.load_plan(plan_path)
-            assert saved.solution.regions and saved.wrapped, "the saved plan has no regions"
-            assert saved.apply(model) is model
-            result["planned_modules"] = [spec.module for spec in saved.wrapped]
+        model = _built(name, run, plan_path, result)
         blocks = model.blocks if name == "gpt" else model.transformer.h
         for block in blocks:
             fully_shard(block, mesh=mesh)
@@ -151,12 +157,7 @@ def _ddp(name: str, rank: int, plan_path: str) -> dict[str, Any]:
 
     result: dict[str, Any] = {}
     for run in ("planned", "reference"):
-        model, _ = _build(name)
-        if run == "planned":
-            saved = planner.load_plan(plan_path)
-            assert saved.solution.regions and saved.wrapped, "the saved plan has no regions"
-            assert saved.apply(model) is model
-            result["planned_modules"] = [spec.module for spec in saved.wrapped]
+        model = _built(name, run, plan_path, result)
         wrapped = DistributedDataParallel(model)
         result[f"{run}_checkpointed"] = _checkpointed(wrapped.module)
         result[f"{run}_class"] = [cls.__name__ for cls in type(model).__mro__]
