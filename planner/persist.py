@@ -30,6 +30,8 @@ from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, check_state, state_shapes
 from planner.graph import compute_nodes, module_path
+from planner.json_values import (UnsupportedValue, decode_value, dtype_from_name, dtype_name, encode_value, json_text,
+                                 target_name)
 from planner.profile import META_KEY, NodeProfile
 from planner.report import PlanFigures, format_report
 from planner.trace import bind_arguments, split_sample, trace
@@ -48,99 +50,6 @@ FX_FRONTEND = "torch.fx.symbolic_trace"  # the value of Traced.frontend for the 
 EXPORT_FRONTEND = "torch.export"
 APPLICABLE_FRONTENDS = (FX_FRONTEND, EXPORT_FRONTEND)
 _NODE_REFERENCES = ("uses", "saves", "mutates", "grad_aliases")  # NodeCost fields that hold node indices
-
-
-# ---------------------------------------------------------------------------------------------
-# Values to and from JSON
-
-
-def target_name(target: Any) -> str:
-    """A stable string for an fx node's target: module paths and method names as they are,
-    functions by qualified name (`torch.narrow`, `_operator.add`).
-
-    Example:
-        >>> target_name(torch.narrow)
-        'torch.narrow'
-    """
-    if isinstance(target, str):
-        return target
-    try:
-        from torch.fx.node import _get_qualified_name
-
-        return _get_qualified_name(target)
-    except Exception:  # objects fx cannot name: fall back to what Python says
-        module = getattr(target, "__module__", None)
-        name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
-        return f"{module}.{name}" if module and name else repr(target)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _dtype(name: str) -> torch.dtype:
-    value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r} in the saved plan")
-    return value
-
-
-def encode_value(value: Any) -> Any:
-    """A fixed forward argument as JSON. Lists, numbers, strings, booleans and None are kept;
-    tuples, str-keyed dicts, dtypes, devices and non-finite floats are tagged so they come back
-    as they were; anything else is stored as {"unsupported": repr} and cannot be rebuilt.
-
-    Example:
-        >>> encode_value((1, None, torch.float16))
-        {'tuple': [1, None, {'dtype': 'float16'}]}
-    """
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else {"float": repr(value)}
-    if isinstance(value, tuple):
-        return {"tuple": [encode_value(item) for item in value]}
-    if isinstance(value, list):
-        return [encode_value(item) for item in value]
-    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
-        return {"dict": {key: encode_value(item) for key, item in value.items()}}
-    if isinstance(value, torch.dtype):
-        return {"dtype": _dtype_name(value)}
-    if isinstance(value, torch.device):
-        return {"device": str(value)}
-    return {"unsupported": repr(value), "type": f"{type(value).__module__}.{type(value).__qualname__}"}
-
-
-class UnsupportedValue(ValueError):
-    """A fixed argument that was saved only as its repr and cannot be rebuilt."""
-
-
-def decode_value(data: Any) -> Any:
-    """The inverse of `encode_value`; raises UnsupportedValue for values saved as a repr.
-
-    Example:
-        >>> decode_value({"tuple": [1, {"dtype": "float16"}]})
-        (1, torch.float16)
-    """
-    if isinstance(data, list):
-        return [decode_value(item) for item in data]
-    if not isinstance(data, dict):
-        return data
-    if len(data) == 1:
-        (tag, payload), = data.items()
-        if tag == "tuple":
-            return tuple(decode_value(item) for item in payload)
-        if tag == "dict":
-            return {key: decode_value(item) for key, item in payload.items()}
-        if tag == "dtype":
-            return _dtype(payload)
-        if tag == "device":
-            return torch.device(payload)
-        if tag == "float":
-            return float(payload)
-    if "unsupported" in data:
-        raise UnsupportedValue(f"{data['unsupported']} (a {data.get('type', 'value')} that JSON cannot hold)")
-    raise ValueError(f"cannot read value {data!r} in the saved plan")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +94,7 @@ def _sample_structure(model: nn.Module, sample: Any, tensor_names: tuple[str, ..
     for name, value in bound.items():
         if name in tensor_names:
             arguments.append({"name": name, "tensor": {
-                "shape": list(value.shape), "dtype": _dtype_name(value.dtype), "requires_grad": value.requires_grad,
+                "shape": list(value.shape), "dtype": dtype_name(value.dtype), "requires_grad": value.requires_grad,
             }})
         else:
             arguments.append({"name": name, "value": encode_value(fixed_args.get(name, value))})
@@ -454,7 +363,7 @@ class SavedPlan(PlanFigures):
             >>> load_plan("plan.json").save("copy.json")
         """
         target = Path(path)
-        target.write_text(_json_text(self.to_dict()))
+        target.write_text(json_text(self.to_dict()))
         return target
 
     # -- applying -----------------------------------------------------------------------------
@@ -474,7 +383,7 @@ class SavedPlan(PlanFigures):
             name = argument["name"]
             if "tensor" in argument:
                 spec = argument["tensor"]
-                tensor = torch.zeros(spec["shape"], dtype=_dtype(spec["dtype"]), device=device)
+                tensor = torch.zeros(spec["shape"], dtype=dtype_from_name(spec["dtype"]), device=device)
                 values[name] = tensor.requires_grad_() if spec.get("requires_grad") else tensor
             else:
                 try:
@@ -620,25 +529,6 @@ def _report_setup(planned_for: dict[str, Any] | None) -> dict[str, Any]:
             "measurement": planned_for.get("measurement", "whole step"),
             "times_estimated": planned_for.get("times_estimated", False),
             "scratch_measured": planned_for.get("scratch_measured", True)}
-
-
-def _json_text(document: dict[str, Any]) -> str:
-    """JSON with one line per top-level field and per item of its lists and mappings (one line
-    per node, region and state-dict entry): compact, and readable in a diff."""
-    def line(value: Any) -> str:
-        return json.dumps(value, separators=(", ", ": "))
-
-    fields = []
-    for key, value in document.items():
-        if isinstance(value, list) and value:
-            body = ",\n".join(f"  {line(item)}" for item in value)
-            fields.append(f" {line(key)}: [\n{body}\n ]")
-        elif isinstance(value, dict) and value and key != "sample":
-            body = ",\n".join(f"  {line(name)}: {line(item)}" for name, item in value.items())
-            fields.append(f" {line(key)}: {{\n{body}\n }}")
-        else:
-            fields.append(f" {line(key)}: {line(value)}")
-    return "{\n" + ",\n".join(fields) + "\n}\n"
 
 
 def _describe(node: dict[str, str]) -> str:

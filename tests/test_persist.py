@@ -11,7 +11,8 @@ from planner import Plan, SavedPlan, load_plan, plan
 from planner.api import GIB
 from planner.apply import CheckpointedForward
 from planner.examples import TinyGPT
-from planner.persist import FX_FRONTEND, decode_value, encode_value
+from planner.json_values import decode_value, encode_value
+from planner.persist import FX_FRONTEND
 from planner.trace import trace
 
 
