@@ -372,7 +372,8 @@ def plan(
     inputs = traced.graph_inputs(args, kwargs)
     with preserved_state(model, [where.device] if where.local else []):
         summary = measure_model(traced.gm, inputs, where, measure, budget_bytes, repeats, say,
-                          loss=lambda result: training_loss(traced.model_output(result)))
+                          loss=lambda result: training_loss(traced.model_output(result)),
+                          run_model=lambda: model(*args, **kwargs))
     breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes, summary.rng_state_bytes,
                                  where.device, optimizer, world_size, reserved_bytes)
     wrapped = {call.nodes: spec for call in module_calls(traced.gm)

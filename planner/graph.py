@@ -134,6 +134,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 saves=tuple(index[name] for name in record.saves),
                 mutates=tuple(index[name] for name in record.mutates),
                 grad_aliases=tuple(index[name] for name in record.grad_aliases),
+                holds=tuple(index[name] for name in record.holds),
                 shared_grads=tuple(shared.get(i, ())),
                 is_output=node.name in returned,
             )

@@ -24,7 +24,8 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from planner.profile import GraphProfile, graph_profile, profile
+from planner.holds import eager_holds
+from planner.profile import META_KEY, GraphProfile, graph_profile, profile
 from planner.profile_fake import profile_sizes
 from planner.profile_nodes import estimate_nodes, measure_nodes
 from planner.targets import Target, local_target, target as find_target
@@ -106,9 +107,12 @@ def measure_model(
     repeats: int = 5,
     progress: Callable[[str], None] | None = None,
     loss: Callable[[Any], torch.Tensor] | None = None,
+    run_model: Callable[[], Any] | None = None,
 ) -> GraphProfile:
     """Annotate `gm`'s compute nodes with their measurements for a plan on `where` and return
     the whole-graph figures. `mode`: "run", "no-run" or "auto" (see the module docstring).
+    `run_model` runs the model's own forward on the inputs: where the whole step is measured,
+    the outputs its code holds longer than the graph are noted (`planner.holds`).
     The caller restores what measuring changes on a real model (BatchNorm statistics, RNG):
     see `planner.memory.preserved_state`.
 
@@ -141,7 +145,21 @@ def measure_model(
                 say(f"measuring node by node: {why}")
             return _no_run(gm, inputs, fake, where, repeats, say)
     say("measuring the whole step")
-    return profile(gm, inputs, repeats=repeats, progress=say, loss=loss)
+    summary = profile(gm, inputs, repeats=repeats, progress=say, loss=loss)
+    if run_model is not None:
+        say("measuring how long the model's own code holds each output")
+        note_holds(gm, eager_holds(gm, inputs, run_model))
+    return summary
+
+
+def note_holds(gm: fx.GraphModule, holds: dict[str, str]) -> None:
+    """Write `planner.holds.eager_holds`'s answer into the holding nodes' profiles."""
+    by_holder: dict[str, list[str]] = {}
+    for name, holder in holds.items():
+        by_holder.setdefault(holder, []).append(name)
+    for node in gm.graph.nodes:
+        if node.name in by_holder:
+            node.meta[META_KEY].holds = tuple(sorted(by_holder[node.name]))
 
 
 def _no_run(gm: fx.GraphModule, inputs: list[torch.Tensor], fake: Any, where: PlanDevice, repeats: int,

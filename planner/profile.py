@@ -49,6 +49,7 @@ class NodeProfile:
     grad_aliases: tuple[str, ...] = ()  # owners whose gradient its backward hands on uncopied
     mutated_buffers: tuple[str, ...] = ()  # qualified names of buffers written (BatchNorm statistics)
     backward_transient_bytes: int = 0  # temporaries of this node's backward (freed when it ends)
+    holds: tuple[str, ...] = ()  # outputs the model's own code still references while it runs (planner.holds)
     random: bool = True  # draws random numbers (dropout): a region holding it must replay the RNG
 
 
@@ -133,6 +134,7 @@ class ProfileInterpreter(fx.Interpreter):
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         inputs = tensors_in((args, kwargs))
         versions = [t._version for t in inputs]
+        producers = [t.grad_fn for t in inputs]  # before an in-place op replaces them
         saved: dict[int, int] = {}
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -166,8 +168,8 @@ class ProfileInterpreter(fx.Interpreter):
         record.mutated_buffers = tuple(sorted({self.buffer_names[key] for key in tracker.written
                                                if key in self.buffer_names}))
         record.saves = self._owners(saved)
-        if record.output_bytes:
-            record.grad_aliases = self._gradient_aliases(n, result, inputs)
+        if record.output_bytes or record.mutates:
+            record.grad_aliases = self._gradient_aliases(n, result, inputs, producers)
         record.saved_bytes = sum(
             nbytes for key, nbytes in saved.items() if key not in self.owner and key not in self.static_keys
         )
@@ -184,11 +186,14 @@ class ProfileInterpreter(fx.Interpreter):
         """Run one compute node (a hook for subclasses that run some nodes differently)."""
         return getattr(self, n.op)(n.target, args, kwargs)
 
-    def _gradient_aliases(self, n: fx.Node, result: Any, inputs: list[torch.Tensor]) -> tuple[str, ...]:
+    def _gradient_aliases(self, n: fx.Node, result: Any, inputs: list[torch.Tensor],
+                          producers: list[Any]) -> tuple[str, ...]:
         """Owners of the inputs whose gradient the node's backward returns as the output's
-        gradient itself or a view of it (an add of equal shapes, a cat, a clone): autograd then
-        holds one storage for both. Found by calling the backward on the output itself, for
-        those backward kinds only, where it allocates nothing."""
+        gradient itself or a view of it (an add of equal shapes, in place or not, a cat, a
+        clone): autograd then holds one storage for both. Found by calling the backward on the
+        output itself, for those backward kinds only, where it allocates nothing. `producers`
+        are the inputs' `grad_fn`s before the node ran (an in-place op replaces its target's).
+        An input read twice gets two gradients, which autograd sums into a new tensor."""
         function = result.grad_fn if isinstance(result, torch.Tensor) else None
         kind = type(function).__name__
         if function is None or kind not in ALIASING_BACKWARDS:
@@ -200,11 +205,12 @@ class ProfileInterpreter(fx.Interpreter):
         with torch.no_grad():
             returned = function(gradient)
         returned = returned if isinstance(returned, tuple) else (returned,)
-        producers = {id(t.grad_fn): storage_key(t) for t in inputs if t.grad_fn is not None}
-        keys = [producers[id(next_function)]
+        key_of = {id(fn): storage_key(t) for t, fn in zip(inputs, producers) if fn is not None}
+        edges = [id(next_function) for next_function, _ in function.next_functions if next_function is not None]
+        keys = [key_of[id(next_function)]
                 for (next_function, _), grad in zip(function.next_functions, returned)
-                if next_function is not None and id(next_function) in producers and grad is not None
-                and storage_key(grad) == storage_key(gradient)]
+                if next_function is not None and id(next_function) in key_of and edges.count(id(next_function)) == 1
+                and grad is not None and storage_key(grad) == storage_key(gradient)]
         return self._owners(keys)
 
     def _owners(self, keys: Any) -> tuple[str, ...]:

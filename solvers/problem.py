@@ -36,6 +36,10 @@ class NodeCost:
     # owners whose gradient this node's backward hands on without copying: the gradient of its
     # output itself (an add) or a view of it (a cat); they then share one storage
     grad_aliases: tuple[int, ...] = ()
+    # owners whose output the model's own code still references while this node runs, though
+    # it does not read them (a local variable, a list of tensors): they stay alive through its
+    # forward, and through its recomputation where both lie in one region
+    holds: tuple[int, ...] = ()
     is_output: bool = False  # returned by the graph: alive until backward starts
 
 
@@ -61,7 +65,7 @@ class Problem:
             if region.step != 1 or len(region) == 0 or region.start < 0 or region.stop > len(self.nodes):
                 raise ValueError(f"allowed region {region} is not a non-empty run of the {len(self.nodes)} nodes")
         for index, node in enumerate(self.nodes):
-            for owner in (*node.uses, *node.saves, *node.mutates, *node.grad_aliases,
+            for owner in (*node.uses, *node.saves, *node.mutates, *node.grad_aliases, *node.holds,
                           *(user for user, _ in node.shared_grads)):
                 if not 0 <= owner <= index:
                     raise ValueError(
@@ -125,10 +129,17 @@ def _allowed_stops(problem: Problem) -> dict[int, frozenset[int]]:
 
 def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
     """(first, last, bytes) of every gradient storage: alive at the backward of nodes
-    first..last, whatever the plan. Node j's gradient appears at the backward of its last
-    consumer (n - 1 if none) and is freed after j's own; where that consumer is j's only one and
-    hands its output's gradient on unchanged (`grad_aliases`), the two share one storage, held
-    until the later of them is done (with other consumers autograd sums into a new tensor). A shared parameter's gradient lives from its last user's backward to its first's.
+    first..last, whatever the plan.
+
+    Autograd keeps one gradient per *version* of a tensor: an in-place write (`x += y`,
+    `relu_`) at node m makes a new version of its owner, which later readers read, and m's
+    backward turns the new version's gradient into the old one's. So the gradient of version v
+    (an owner j, or the mutator m that made it) appears at the backward of v's last reader
+    (n - 1 if none and the tensor is returned; none at all for an unread mutated version) and
+    is freed after v's own backward. Where that reader is v's only one and hands its result's
+    gradient on unchanged (`grad_aliases`: an add, a cat, an in-place add), the two share one
+    storage, held until the later of them is done (with other readers autograd sums into a new
+    tensor). A shared parameter's gradient lives from its last user's backward to its first's.
 
     Example:
         >>> gradient_spans(Problem(nodes=(NodeCost("a", 1.0, grad_bytes=8),)))
@@ -136,29 +147,46 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
     """
     nodes = problem.nodes
     n = len(nodes)
+    owner_of = list(range(n))  # version -> the owner whose storage it is
+    current = list(range(n))  # owner -> its latest version so far in forward
     consumer = [-1] * n
     consumers = [0] * n
     for k, node in enumerate(nodes):
         for owner in set(node.uses):
             if owner < k:
-                consumer[owner] = max(consumer[owner], k)
-                consumers[owner] += 1
-    root = list(range(n))  # the node whose gradient storage j's gradient is
-    for j in reversed(range(n)):
-        c = consumer[j]
-        # With other consumers, autograd sums their gradients into j's: a new tensor.
-        if c >= 0 and consumers[j] == 1 and j in nodes[c].grad_aliases:
-            root[j] = root[c]
+                version = current[owner]
+                consumer[version] = max(consumer[version], k)
+                consumers[version] += 1
+        if not node.output_bytes:  # a node with outputs of its own keeps its index for them
+            for owner in node.mutates:
+                if owner < k:
+                    current[owner] = k
+                    owner_of[k] = owner
+    root = list(range(n))  # the version whose gradient storage v's gradient is
+    for v in reversed(range(n)):
+        c = consumer[v]
+        if c >= 0 and consumers[v] == 1 and owner_of[v] in nodes[c].grad_aliases:
+            root[v] = root[c]
     first: dict[int, int] = {}
     size: dict[int, int] = {}
-    for j in range(n):
-        r = root[j]
-        first[r] = min(first.get(r, j), j)
-        size[r] = max(size.get(r, 0), nodes[j].grad_bytes)
+    for v in range(n):
+        r = root[v]
+        first[r] = min(first.get(r, v), v)
+        size[r] = max(size.get(r, 0), _version_grad_bytes(nodes, v, owner_of[v], consumer[v], current))
     last_consumer = [c if c >= 0 else n - 1 for c in consumer]
     spans = [(first[r], last_consumer[r], size[r]) for r in sorted(first)]
     spans += [(user, k, shared) for k, node in enumerate(nodes) for user, shared in node.shared_grads]
     return spans
+
+
+def _version_grad_bytes(nodes: tuple[NodeCost, ...], version: int, owner: int, consumer: int,
+                        current: list[int]) -> int:
+    """Bytes of the gradient of one version: its owner's gradient size, except for a version
+    made in place that nothing reads and that is not returned (no gradient reaches it)."""
+    if version == owner:
+        return nodes[version].grad_bytes
+    returned = nodes[version].is_output or (nodes[owner].is_output and current[owner] == version)
+    return nodes[owner].grad_bytes if consumer >= 0 or returned else 0
 
 
 class Status(str, Enum):

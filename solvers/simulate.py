@@ -84,9 +84,9 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
             delta[first] += size
             delta[last + 1] -= size
 
-    last_forward_use = list(range(n))
+    last_forward_use = list(range(n))  # read, or still referenced by the model's code
     for k, node in enumerate(nodes):
-        for owner in node.uses:
+        for owner in (*node.uses, *node.holds):
             last_forward_use[owner] = max(last_forward_use[owner], k)
 
     # Outputs of the first pass: alive until the last forward use, the last saver's backward,
@@ -116,7 +116,7 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
     for region in regions:
         last_copy = {j: recompute_step[j] for j in region}
         for k in region:
-            for owner in nodes[k].uses:
+            for owner in (*nodes[k].uses, *nodes[k].holds):
                 if owner in last_copy and owner < k:
                     last_copy[owner] = max(last_copy[owner], recompute_step[k])
             for owner in nodes[k].saves:

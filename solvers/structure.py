@@ -38,6 +38,7 @@ class Structure:
         consumers: later nodes that read j in forward.
         savers: nodes (j itself included) that save j for their backward.
         uses_before: distinct owners < k that node k reads (k's region inputs if k starts it).
+        holds_before: distinct owners < k that the model's code holds while k runs, not read by k.
         saves_of: distinct owners that node k saves.
         forward_until: last forward step at which j's output is alive whatever the plan.
         keep_until: largest index of a node that could keep j alive into backward (-1: none).
@@ -59,6 +60,7 @@ class Structure:
     consumers: tuple[tuple[int, ...], ...]
     savers: tuple[tuple[int, ...], ...]
     uses_before: tuple[tuple[int, ...], ...]
+    holds_before: tuple[tuple[int, ...], ...]
     saves_of: tuple[tuple[int, ...], ...]
     forward_until: tuple[int, ...]
     keep_until: tuple[int, ...]
@@ -114,10 +116,15 @@ def _build(problem: Problem) -> Structure:
     consumers: list[list[int]] = [[] for _ in range(n)]
     savers: list[list[int]] = [[] for _ in range(n)]
     uses_before: list[tuple[int, ...]] = []
+    holds_before: list[tuple[int, ...]] = []
+    held_until = list(range(n))
     saves_of: list[tuple[int, ...]] = []
     for k, node in enumerate(nodes):
         inputs = tuple(sorted({owner for owner in node.uses if owner < k}))
         uses_before.append(inputs)
+        holds_before.append(tuple(sorted({owner for owner in node.holds if owner < k} - set(inputs))))
+        for owner in holds_before[-1]:
+            held_until[owner] = max(held_until[owner], k)
         for owner in inputs:
             consumers[owner].append(k)
         saved = tuple(sorted(set(node.saves)))
@@ -128,7 +135,7 @@ def _build(problem: Problem) -> Structure:
     forward_until = []
     keep_until = []
     for j, node in enumerate(nodes):
-        last_use = max([j, *consumers[j]])
+        last_use = max([held_until[j], *consumers[j]])
         forward_until.append(n - 1 if node.is_output else last_use)
         keep_until.append(max([-1, *consumers[j], *savers[j]]))
     last_ref = [max(f, k) for f, k in zip(forward_until, keep_until)]
@@ -193,6 +200,7 @@ def _build(problem: Problem) -> Structure:
         consumers=tuple(map(tuple, consumers)),
         savers=tuple(map(tuple, savers)),
         uses_before=tuple(uses_before),
+        holds_before=tuple(holds_before),
         saves_of=tuple(saves_of),
         forward_until=tuple(forward_until),
         keep_until=tuple(keep_until),
@@ -236,8 +244,8 @@ def scan_regions(structure: Structure, problem: Problem, start: int) -> Iterator
         saved_running += saved[e]
         step_bytes = saved_running + transient[e]
         extra = 0
-        # Outputs read by e stay alive up to e's recomputation.
-        for j in structure.uses_before[e]:
+        # Outputs read (or held) by e stay alive up to e's recomputation.
+        for j in (*structure.uses_before[e], *structure.holds_before[e]):
             if j < start or j in permanent:
                 continue
             first = covered_until[j] + 1

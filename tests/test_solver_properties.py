@@ -59,6 +59,9 @@ def problems(
                 saves=saves,
                 mutates=mutates,
                 grad_aliases=(uses[0],) if uses and draw(st.integers(0, 3)) == 0 else (),
+                # outputs the model's code keeps referencing while this node runs (not read)
+                holds=tuple(sorted(draw(st.sets(st.integers(0, i - 1), max_size=2)))) if i and draw(
+                    st.integers(0, 3)) == 0 else (),
                 is_output=i == n - 1 or draw(st.integers(0, 9)) == 0,
             )
         )

@@ -1,0 +1,126 @@
+"""How long the model's own code keeps each node's output alive in forward.
+
+A traced graph frees a value right after its last use. The model's Python code may hold it
+longer: a local variable kept until the function returns, a list of tensors, a `residual`. A
+plan runs in the model's own forward, so memory follows the eager lifetimes, not the graph's.
+
+`eager_holds` runs the graph and the model's forward once each, on the same inputs, with
+autograd on but saving nothing (so only Python references keep a tensor alive), and matches
+their ATen calls one to one. For each node whose output the model's code frees later than the
+graph does, it names the last node during whose forward the output was still alive. Where the
+two runs make different ATen calls (a frontend that rewrites ops, a data-dependent branch), it
+reports nothing and logs why: the graph's own lifetimes stand.
+
+Example:
+    >>> holds = eager_holds(gm, inputs, lambda: model(x))
+    >>> holds.get("relu")   # the model's code still holds relu's output during "fc2"
+    'fc2'
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from planner.profile import COMPUTE_OPS, tensors_in
+
+logger = logging.getLogger(__name__)
+
+
+class _CallLog(TorchDispatchMode):
+    """Every ATen call's name, and for each new storage the call count when it was freed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.allocated: list[int] = []  # storage id per allocation, in order
+        self.freed: dict[int, int] = {}  # allocation index -> calls made before it was freed
+        self._live: dict[int, weakref.ref] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.calls.append(str(func))
+        result = func(*args, **(kwargs or {}))
+        inputs = {id(t.untyped_storage()) for t in tensors_in((args, kwargs))}
+        for tensor in tensors_in(result):
+            storage = tensor.untyped_storage()
+            key = id(storage)
+            if key in inputs or (key in self._live and self._live[key]() is storage):
+                continue
+            index = len(self.allocated)
+            self.allocated.append(key)
+            self._live[key] = weakref.ref(storage, lambda _, index=index: self._free(index))
+        return result
+
+    def _free(self, index: int) -> None:
+        self.freed[index] = len(self.calls)
+
+
+class _GraphRun(fx.Interpreter):
+    """Runs the graph (values freed after their last use) noting which node makes each call
+    and which allocations are each node's outputs."""
+
+    def __init__(self, gm: fx.GraphModule, log: _CallLog):
+        super().__init__(gm)
+        self.log = log
+        self.node_of_call: list[str] = []
+        self.output_of: dict[int, str] = {}  # allocation index -> node whose output it is
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op not in COMPUTE_OPS:
+            return super().run_node(n)
+        first_call, first_allocation = len(self.log.calls), len(self.log.allocated)
+        result = super().run_node(n)
+        self.node_of_call += [n.name] * (len(self.log.calls) - first_call)
+        made = {key: first_allocation + i for i, key in enumerate(self.log.allocated[first_allocation:])}
+        for tensor in tensors_in(result):
+            index = made.get(id(tensor.untyped_storage()))
+            if index is not None:
+                self.output_of[index] = n.name
+        return result
+
+
+def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], Any]) -> dict[str, str]:
+    """Node name -> the last node during whose forward the model's own code (`run_model()`,
+    a forward on the same inputs as `inputs`, the graph's) still held that node's output, for
+    the nodes it holds longer than the graph does. Empty where the two runs' ATen calls differ.
+    The caller restores what a forward changes (BatchNorm statistics, RNG).
+
+    Example:
+        >>> eager_holds(gm, [x], lambda: model(x))
+        {'add': 'fc2'}
+    """
+    discard = torch.autograd.graph.saved_tensors_hooks(lambda tensor: None, lambda nothing: nothing)
+    with torch.enable_grad(), discard:
+        graph_log = _CallLog()
+        runner = _GraphRun(gm, graph_log)
+        with graph_log:
+            output = runner.run(*inputs)
+        del output
+        eager_log = _CallLog()
+        with eager_log:
+            output = run_model()
+        del output
+    if graph_log.calls != eager_log.calls:
+        mismatch = next((i for i, (a, b) in enumerate(zip(graph_log.calls, eager_log.calls)) if a != b),
+                        min(len(graph_log.calls), len(eager_log.calls)))
+        logger.info("eager lifetimes not measured: the model's ATen calls differ from the graph's at call %d "
+                    "(%s in the model, %s in the graph); the graph's lifetimes are used", mismatch,
+                    eager_log.calls[mismatch] if mismatch < len(eager_log.calls) else "none",
+                    graph_log.calls[mismatch] if mismatch < len(graph_log.calls) else "none")
+        return {}
+    order = {node.name: i for i, node in enumerate(n for n in gm.graph.nodes if n.op in COMPUTE_OPS)}
+    last_call = len(eager_log.calls)
+    holds: dict[str, str] = {}
+    for index, name in runner.output_of.items():
+        eager_freed = eager_log.freed.get(index, last_call)
+        graph_freed = graph_log.freed.get(index, last_call)
+        if eager_freed <= graph_freed or eager_freed == 0:
+            continue
+        holder = runner.node_of_call[eager_freed - 1]
+        if order[holder] > order[name]:
+            holds[name] = holder
+    return holds
