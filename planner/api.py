@@ -139,7 +139,7 @@ class Plan(PlanFigures):
     @property
     def static_breakdown(self) -> dict[str, int]:
         """Static memory per rank, term by term, in bytes (see `planner.static`): parameters,
-        gradients, optimizer state, buffers, inputs, RNG states, FSDP2's unsharded parameters
+        gradients, optimizer state, buffers, inputs, FSDP2's unsharded parameters
         and gradients in flight, the reserve. They sum to `problem.static_bytes`."""
         return dict(self.setup.static_breakdown or {})
 
@@ -374,14 +374,14 @@ def plan(
         summary = measure_model(traced.gm, inputs, where, measure, budget_bytes, repeats, say,
                           loss=lambda result: training_loss(traced.model_output(result)),
                           run_model=lambda: model(*args, **kwargs))
-    breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes, summary.rng_state_bytes,
+    breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes,
                                  where.device, optimizer, world_size, reserved_bytes)
     wrapped = {call.nodes: spec for call in module_calls(traced.gm)
                if (spec := module_checkpoint(traced.gm, call)) is not None}
     # Measured where the plan runs; for a GPU elsewhere, this CPU's (checkpoint's own work is
     # mostly on the host), an estimate like the target's node times.
     overhead_ms = checkpoint_overhead_ms(where.device if where.local else torch.device("cpu"))
-    problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms)
+    problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()
     solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))

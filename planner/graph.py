@@ -97,10 +97,11 @@ def module_checkpoint(gm: fx.GraphModule, call: ModuleCall) -> ModuleCheckpoint 
 
 
 def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[range, ...] | None = None,
-                  region_overhead_ms: float = 0.0) -> Problem:
+                  region_overhead_ms: float = 0.0, rng_state_bytes: int = 0) -> Problem:
     """Collect the per-node profiles of `gm` into a Problem (plain ints and floats), with the
     static memory the plan does not change (see `planner.static`). Regions are limited to the
-    node ranges `allowed_regions` (None: any run of nodes) and each costs `region_overhead_ms` more.
+    node ranges `allowed_regions` (None: any run of nodes), each costs `region_overhead_ms` more,
+    and one that draws random numbers keeps an RNG state of `rng_state_bytes`.
 
     Example:
         >>> problem = build_problem(gm, sum(static_breakdown(...).values()))
@@ -137,10 +138,11 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 holds=tuple(index[name] for name in record.holds),
                 shared_grads=tuple(shared.get(i, ())),
                 is_output=node.name in returned,
+                random=record.random,
             )
         )
     return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
-                   region_overhead_ms=region_overhead_ms)
+                   region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes)
 
 
 def _shared_gradients(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[int, list[tuple[int, int]]]:

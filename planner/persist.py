@@ -265,6 +265,7 @@ class SavedPlan(PlanFigures):
             "reserved_bytes": self.reserved_bytes,
             "static_bytes": self.problem.static_bytes,
             "region_overhead_ms": self.problem.region_overhead_ms,
+            "rng_state_bytes": self.problem.rng_state_bytes,
             "allowed_regions": (None if self.problem.allowed_regions is None
                                 else [[region.start, region.stop] for region in self.problem.allowed_regions]),
             "predicted_peak_bytes": s.peak_bytes,
@@ -310,6 +311,7 @@ class SavedPlan(PlanFigures):
                 allowed_regions=(None if data.get("allowed_regions") is None
                                  else tuple(range(start, stop) for start, stop in data["allowed_regions"])),
                 region_overhead_ms=data.get("region_overhead_ms", 0.0),
+                rng_state_bytes=data.get("rng_state_bytes", 0),  # older plans count them as static
             )
             regions = []
             wrapped = []

@@ -64,7 +64,7 @@ class GraphProfile:
     device: torch.device  # the device the plan is for
     timing: str  # how forward times were obtained
     # Checkpoint keeps a copy of the RNG state for each region that draws random numbers, from
-    # its forward to its backward: at most one per random node, counted as if always held.
+    # its forward to its backward: this many bytes each (the simulator counts them per region).
     rng_state_bytes: int = 0
     measurement: str = "whole step"  # or "node by node": sizes on fake tensors, see profile_fake
     times_estimated: bool = False  # times are roofline estimates for a target GPU, not measured
@@ -334,9 +334,8 @@ def graph_profile(gm: fx.GraphModule, inputs: list[torch.Tensor], device: torch.
         >>> graph_profile(gm, inputs, torch.device("cpu"), "time.perf_counter").input_bytes
     """
     parameters = list(gm.parameters())
-    random_nodes = sum(1 for node in gm.graph.nodes if META_KEY in node.meta and node.meta[META_KEY].random)
     return GraphProfile(
-        rng_state_bytes=random_nodes * rng_state_bytes(device),
+        rng_state_bytes=rng_state_bytes(device),
         parameter_bytes=storage_bytes(parameters),
         gradient_bytes=sum(p.numel() * p.element_size() for p in parameters if p.requires_grad),
         buffer_bytes=storage_bytes(list(gm.buffers())),

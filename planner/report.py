@@ -90,7 +90,7 @@ def format_report(
         f"  budget            {format_bytes(budget_bytes)}{per_rank}"
         + (f" (of which reserved {format_bytes(reserved_bytes)})" if reserved_bytes else ""),
         f"  static memory     {format_bytes(problem.static_bytes)}{per_rank}"
-        + ("" if static_breakdown else " (parameters, gradients, buffers, inputs, RNG states, reserve)")
+        + ("" if static_breakdown else " (parameters, gradients, buffers, inputs, reserve)")
         + (" (optimizer state not counted: pass optimizer=)"
            if static_breakdown and "optimizer state" not in static_breakdown else ""),
     ]

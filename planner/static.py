@@ -2,8 +2,8 @@
 
 Per rank: parameters, their gradients and the optimizer's state (`optimizer=`: "sgd" keeps
 none, "sgd-momentum" one buffer per parameter, "adam" and "adamw" two; or a number of bytes
-per parameter element), buffers, the sample's inputs, the RNG states checkpoint keeps, and a
-reserve. With FSDP2 (`world_size=N` > 1, `fully_shard` on each block and then on the root, as
+per parameter element), buffers, the sample's inputs and a reserve. (The RNG states
+checkpoint keeps depend on the plan: the simulator counts one per random region.) With FSDP2 (`world_size=N` > 1, `fully_shard` on each block and then on the root, as
 PyTorch's FSDP2 and Hugging Face's FSDP integration do):
 
 * parameters, gradients and optimizer state are sharded on dim 0: each rank holds
@@ -19,7 +19,7 @@ Blocks are the model's `_no_split_modules` classes (Hugging Face models name the
 else the children of its largest `nn.ModuleList`.
 
 Example:
-    >>> static_breakdown(model, buffer_bytes=0, input_bytes=32768, rng_state_bytes=0,
+    >>> static_breakdown(model, buffer_bytes=0, input_bytes=32768,
     ...                  device=torch.device("cuda"), optimizer="adamw", world_size=8)
     {'parameters': ..., 'gradients': ..., 'optimizer state': ..., ...}
 """
@@ -122,7 +122,6 @@ def static_breakdown(
     model: nn.Module,
     buffer_bytes: int,
     input_bytes: int,
-    rng_state_bytes: int,
     device: torch.device,
     optimizer: str | float | None = None,
     world_size: int = 1,
@@ -132,7 +131,7 @@ def static_breakdown(
     static memory is their sum. FSDP2 terms appear only for `world_size` > 1.
 
     Example:
-        >>> breakdown = static_breakdown(model, 0, 4096, 0, torch.device("cuda"), "adamw", 8)
+        >>> breakdown = static_breakdown(model, 0, 4096, torch.device("cuda"), "adamw", 8)
         >>> breakdown["optimizer state"] == 2 * breakdown["parameters"]
         True
     """
@@ -151,7 +150,7 @@ def static_breakdown(
     breakdown = {"parameters": sharded, "gradients": gradients}
     if optimizer is not None:  # not counted unless named
         breakdown["optimizer state"] = state
-    breakdown.update({"buffers": buffer_bytes, "inputs": input_bytes, "RNG states": rng_state_bytes})
+    breakdown.update({"buffers": buffer_bytes, "inputs": input_bytes})
     if world_size > 1:
         blocks = fsdp_blocks(model)
         in_blocks = {f"{path}.{p.name}" for path in blocks for p in _parameters(model.get_submodule(path))}

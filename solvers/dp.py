@@ -239,6 +239,8 @@ class _Search:
         bound = cost_bound + slack
         exact = True
         overhead_ms = self.problem.region_overhead_ms
+        rng_state_bytes = self.problem.rng_state_bytes
+        random = [node.random for node in self.problem.nodes]
         bucket_bytes = 0 if self.max_front is None else max(1, live_budget // self.max_front)
         pending: list[dict[int, list[_Stair]] | None] = [{} for _ in range(n + 1)]
         pending[0][0] = [(_Front([_Entry(0, 0.0, None, None)]), 0, 1, 0, 0.0, None)]
@@ -290,10 +292,13 @@ class _Search:
                 inputs_bytes = mask_bytes[key]
                 released = 0  # kept bytes of inputs whose last reference has passed
                 forward_max = 0
+                rng = 0  # the RNG state the region keeps once it holds a random node
                 last = self.problem.last_region_stop(t)
                 if self.max_region_nodes is not None:
                     last = min(last, t + self.max_region_nodes)
                 for k in range(t, last):
+                    if random[k]:
+                        rng = rng_state_bytes
                     for j in structure.uses_before[k]:
                         if j < t and not inputs >> j & 1:
                             inputs |= 1 << j
@@ -311,18 +316,19 @@ class _Search:
                     # Entries cheap enough for this region (and so for any longer one) ...
                     lo = bisect_left(front.negative_costs, region_ms - bound)
                     # ... and light enough for any region [t, b') with b' >= b.
-                    floor = max(forward_max, inputs_bytes + scan.lower[index])
+                    floor = max(forward_max, inputs_bytes + scan.lower[index]) + rng
                     if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
                         break
                     if not self.boundary[b] or not self.problem.allows_region(t, b):
                         continue
-                    limit = live_budget - max(forward_max, inputs_bytes + scan.peak[index])
+                    limit = live_budget - max(forward_max, inputs_bytes + scan.peak[index]) - rng
                     hi = bisect_right(front.helds, limit)
                     if lo >= hi:
                         continue
                     new_key = inputs & frontier[b]
                     mask_bytes[new_key] = inputs_bytes - released
-                    pending[b].setdefault(new_key, []).append((front, lo, hi, released, region_ms, (t, b)))
+                    # The RNG state stays until the region's backward, like a saved tensor.
+                    pending[b].setdefault(new_key, []).append((front, lo, hi, released + rng, region_ms, (t, b)))
                     if b == n and not feasibility_only:
                         bound = min(bound, front.entries[hi - 1].cost + region_ms + slack)
         best: _Entry | None = None

@@ -164,7 +164,7 @@ def _build(
     model = cp_model.CpModel()
 
     sizes = [v for node in nodes for v in (node.output_bytes, node.saved_bytes, node.transient_bytes)]
-    sizes += [*structure.gradient_backward, *structure.gradient_recompute, upper_live]
+    sizes += [*structure.gradient_backward, *structure.gradient_recompute, upper_live, problem.rng_state_bytes]
     unit = reduce(math.gcd, [v for v in sizes if v], 0) or 1
 
     def scaled(value: int) -> int:
@@ -248,6 +248,8 @@ def _build(
     # A consumer k shares j's region iff k's region starts at or before j.
     _add_triangle_cuts(model, structure, held_output, lambda j, k: starts_by(k, j))
 
+    rng_states = _rng_states(problem, member, unit)
+
     saved_outside = [0]
     for t in range(n):
         saved_outside.append(saved_outside[-1] + scaled(nodes[t].saved_bytes) * (1 - in_region[t]))
@@ -261,7 +263,7 @@ def _build(
                 fixed += nodes[j].output_bytes
             elif j in kept and nodes[j].output_bytes:
                 kept_terms.append(scaled(nodes[j].output_bytes) * kept[j])
-        model.add(scaled(fixed) + sum(kept_terms) + saved_outside[t] <= budget)
+        model.add(scaled(fixed) + sum(kept_terms) + saved_outside[t] + rng_states[t] <= budget)
 
     # Backward steps and recomputation (the latter only bites where a region ends).
     for i in range(n):
@@ -269,7 +271,7 @@ def _build(
             scaled(nodes[j].output_bytes) * held_output(j, i)
             for j in range(i + 1)
             if alive[j] and nodes[j].output_bytes
-        ) + saved_outside[i + 1]
+        ) + saved_outside[i + 1] + rng_states[i]
         own = sum(scaled(value) * member[i][a] for a, value in backward_table[i].items() if value)
         model.add(held + scaled(structure.gradient_backward[i]) + own <= budget)
         for a, var in member[i].items():
@@ -302,6 +304,26 @@ def _build(
 def _scaled_cost(built: _Model, regions: tuple[range, ...]) -> int:
     """A plan's objective value in the model's scaled units."""
     return sum(built.costs[i] for region in regions for i in region) + built.region_cost * len(regions)
+
+
+def _rng_states(problem: Problem, member: list[dict[int, Any]], unit: int) -> list[Any]:
+    """Per node t, rng_state_bytes (in `unit`s) times the number of regions that start at or before t and
+    draw random numbers: each keeps an RNG state from the forward of its start to the backward
+    of its start. A region starting at a is random iff it holds the first random node >= a."""
+    n = len(problem.nodes)
+    if not problem.rng_state_bytes:
+        return [0] * n
+    first_random: list[int | None] = [None] * (n + 1)
+    for a in reversed(range(n)):
+        first_random[a] = a if problem.nodes[a].random else first_random[a + 1]
+    states: list[Any] = []
+    running: Any = 0
+    for t in range(n):
+        r = first_random[t]
+        if r is not None and t in member[r]:
+            running = running + problem.rng_state_bytes // unit * member[r][t]
+        states.append(running)
+    return states
 
 
 def _add_triangle_cuts(model: Any, structure: Structure, held: Any, same_region: Any) -> None:

@@ -41,6 +41,7 @@ class NodeCost:
     # forward, and through its recomputation where both lie in one region
     holds: tuple[int, ...] = ()
     is_output: bool = False  # returned by the graph: alive until backward starts
+    random: bool = False  # draws random numbers: a region holding it keeps a copy of the RNG state
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class Problem:
     # plan is applied by wrapping a submodule's forward); None allows any run of nodes.
     allowed_regions: tuple[range, ...] | None = None
     region_overhead_ms: float = 0.0  # fixed cost of each region (checkpoint's own work per call)
+    # A region with a random node keeps a copy of the RNG state (to replay it when recomputing)
+    # from its forward to its backward: this many bytes.
+    rng_state_bytes: int = 0
 
     def __post_init__(self) -> None:
         for region in self.allowed_regions or ():
@@ -81,6 +85,10 @@ class Problem:
         costs `region_overhead_ms` more."""
         recomputed = sum(self.nodes[i].compute_ms for region in regions for i in region)
         return recomputed + self.region_overhead_ms * len(regions)
+
+    def region_rng_bytes(self, region: range) -> int:
+        """The RNG state a region keeps: `rng_state_bytes` if one of its nodes is random."""
+        return self.rng_state_bytes if any(self.nodes[i].random for i in region) else 0
 
     def can_start_region(self, index: int) -> bool:
         """False where a region starting here would recompute from a storage that is written
@@ -149,24 +157,25 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
     n = len(nodes)
     owner_of = list(range(n))  # version -> the owner whose storage it is
     current = list(range(n))  # owner -> its latest version so far in forward
-    consumer = [-1] * n
-    consumers = [0] * n
+    readers: list[list[int]] = [[] for _ in range(n)]  # per version, in forward order
     for k, node in enumerate(nodes):
         for owner in set(node.uses):
             if owner < k:
-                version = current[owner]
-                consumer[version] = max(consumer[version], k)
-                consumers[version] += 1
+                readers[current[owner]].append(k)
         if not node.output_bytes:  # a node with outputs of its own keeps its index for them
             for owner in node.mutates:
                 if owner < k:
                     current[owner] = k
                     owner_of[k] = owner
+    consumer = [r[-1] if r else -1 for r in readers]
+
+    def hands_on(v: int) -> bool:  # v's last reader passes its result's gradient to v uncopied
+        return consumer[v] >= 0 and owner_of[v] in nodes[consumer[v]].grad_aliases
+
     root = list(range(n))  # the version whose gradient storage v's gradient is
     for v in reversed(range(n)):
-        c = consumer[v]
-        if c >= 0 and consumers[v] == 1 and owner_of[v] in nodes[c].grad_aliases:
-            root[v] = root[c]
+        if hands_on(v) and len(readers[v]) == 1:
+            root[v] = root[consumer[v]]
     first: dict[int, int] = {}
     size: dict[int, int] = {}
     for v in range(n):
@@ -174,6 +183,25 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
         first[r] = min(first.get(r, v), v)
         size[r] = max(size.get(r, 0), _version_grad_bytes(nodes, v, owner_of[v], consumer[v], current))
     last_consumer = [c if c >= 0 else n - 1 for c in consumer]
+    # A version read several times whose last reader hands it a shared gradient holds that
+    # storage until the next reader's gradient arrives; autograd then sums out of place into a
+    # new storage, unless nothing else holds the shared one any more (it sums in place).
+    merged: dict[int, int] = {}  # group -> the group it joined
+
+    def group(r: int) -> int:
+        while r in merged:
+            r = merged[r]
+        return r
+
+    for v in reversed(range(n)):
+        if hands_on(v) and len(readers[v]) > 1 and root[v] == v:
+            shared, second = group(root[consumer[v]]), readers[v][-2]
+            if first[shared] <= second:
+                last_consumer[v] = second
+            else:
+                first[shared] = min(first[shared], first.pop(v))
+                size[shared] = max(size[shared], size.pop(v))
+                merged[v] = shared
     spans = [(first[r], last_consumer[r], size[r]) for r in sorted(first)]
     spans += [(user, k, shared) for k, node in enumerate(nodes) for user, shared in node.shared_grads]
     return spans

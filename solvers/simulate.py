@@ -112,8 +112,10 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
             hold(node.saved_bytes, j, backward_step[j])
         transient[j] += node.transient_bytes
 
-    # Recomputation: a second copy of each region's outputs and saved tensors.
+    # Recomputation: a second copy of each region's outputs and saved tensors, and the RNG
+    # state kept from the region's forward to its backward where it draws random numbers.
     for region in regions:
+        hold(problem.region_rng_bytes(region), region.start, backward_step[region.start])
         last_copy = {j: recompute_step[j] for j in region}
         for k in region:
             for owner in (*nodes[k].uses, *nodes[k].holds):

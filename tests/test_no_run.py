@@ -180,14 +180,14 @@ def test_the_roofline_is_flops_over_throughput_or_bytes_over_bandwidth():
 def test_static_breakdown_follows_the_arithmetic():
     model = nn.ModuleDict({"embed": nn.Embedding(1000, 64),
                            "blocks": nn.ModuleList(nn.Linear(64, 64) for _ in range(4))})
-    one = static_breakdown(model, 0, 0, 0, torch.device("cuda"), "adamw", 1)
+    one = static_breakdown(model, 0, 0, torch.device("cuda"), "adamw", 1)
     params = (1000 * 64 + 4 * (64 * 64 + 64)) * 4
     assert one["parameters"] == one["gradients"] == params and one["optimizer state"] == 2 * params
-    sharded = static_breakdown(model, 0, 0, 0, torch.device("cuda"), "sgd-momentum", 8)
+    sharded = static_breakdown(model, 0, 0, torch.device("cuda"), "sgd-momentum", 8)
     assert sharded["parameters"] == params // 8 and sharded["optimizer state"] == params // 8
     assert sharded["root parameters, unsharded (FSDP)"] == 1000 * 64 * 4
     assert sharded["block parameters in flight (FSDP, 2 blocks)"] == 2 * (64 * 64 + 64) * 4
-    odd = static_breakdown(nn.Linear(10, 3), 0, 0, 0, torch.device("cuda"), 6.0, 4)  # 10 rows over 4 ranks
+    odd = static_breakdown(nn.Linear(10, 3), 0, 0, torch.device("cuda"), 6.0, 4)  # 10 rows over 4 ranks
     assert odd["parameters"] == math.ceil(3 / 4) * 10 * 4 + 4 and odd["optimizer state"] == 6 * (10 + 1)
     p = plan(*small_gpt(), budget_gb=80, optimizer="adam", repeats=1)
     assert sum(p.static_breakdown.values()) == p.problem.static_bytes

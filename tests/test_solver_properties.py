@@ -63,9 +63,11 @@ def problems(
                 holds=tuple(sorted(draw(st.sets(st.integers(0, i - 1), max_size=2)))) if i and draw(
                     st.integers(0, 3)) == 0 else (),
                 is_output=i == n - 1 or draw(st.integers(0, 9)) == 0,
+                random=draw(st.integers(0, 4)) == 0,  # dropout: its region keeps an RNG state
             )
         )
-    return Problem(tuple(nodes), static_bytes=draw(st.sampled_from([0, 100])))
+    return Problem(tuple(nodes), static_bytes=draw(st.sampled_from([0, 100])),
+                   rng_state_bytes=draw(st.sampled_from([0, 3, 6])))
 
 
 @st.composite
@@ -77,7 +79,8 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
     spans = st.tuples(st.integers(0, n - 1), st.integers(1, n)).map(lambda ab: range(ab[0], max(ab[0] + 1, min(n, ab[0] + ab[1]))))
     allowed = tuple(sorted(set(draw(st.lists(spans, min_size=1, max_size=6))), key=lambda r: (r.start, r.stop)))
     overhead = draw(st.sampled_from([0.0, 0.25, 1.0]))
-    return Problem(problem.nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead)
+    return Problem(problem.nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,
+                   rng_state_bytes=problem.rng_state_bytes)
 
 
 @dataclass
