@@ -62,7 +62,8 @@ def minimum_peak_brute_force(problem: Problem) -> int:
 def solve_brute_force(problem: Problem, budget_bytes: int, **options: object) -> Solution:
     """The cheapest plan under `budget_bytes` by trying all of them (n <= 12; tests only).
 
-    Ties on recompute time go to the lower peak, then to the earlier plan in `all_plans` order.
+    Ties on recompute time go to the lower peak, then to fewer regions (a region that saves
+    nothing changes nothing), then to the earlier plan in `all_plans` order.
     Raises InfeasibleBudget with the true minimum peak when nothing fits.
 
     Example:
@@ -73,7 +74,7 @@ def solve_brute_force(problem: Problem, budget_bytes: int, **options: object) ->
         raise TypeError(f"brute_force takes no options, got {sorted(options)}")
     _check_size(problem)
     started = time.perf_counter()
-    best: tuple[float, int, tuple[range, ...]] | None = None
+    best: tuple[float, int, int, tuple[range, ...]] | None = None
     minimum: int | None = None
     for regions in all_plans(problem):
         peak = peak_bytes(problem, regions)
@@ -81,9 +82,9 @@ def solve_brute_force(problem: Problem, budget_bytes: int, **options: object) ->
         if peak > budget_bytes:
             continue
         cost = problem.recompute_ms(regions)
-        if best is None or (cost, peak) < best[:2]:
-            best = (cost, peak, regions)
+        if best is None or (cost, peak, len(regions)) < best[:3]:
+            best = (cost, peak, len(regions), regions)
     if best is None:
         raise InfeasibleBudget(budget_bytes, minimum or problem.static_bytes, problem.static_bytes, "brute_force")
     logger.debug("brute_force: best recompute %.6g ms, peak %d bytes", best[0], best[1])
-    return make_solution(problem, best[2], budget_bytes, Status.OPTIMAL, "brute_force", started)
+    return make_solution(problem, best[3], budget_bytes, Status.OPTIMAL, "brute_force", started)

@@ -65,16 +65,27 @@ class _Entry:
 
 
 class _Scan:
-    """Region peaks for regions starting at one node, computed lazily as they are needed."""
+    """Region peaks for regions starting at one node, computed lazily as they are needed.
+
+    A region recomputes up to its last node that saves a tensor, just before that node's
+    backward (`Problem.recomputed`). The backward of a later node in the region runs before
+    the recomputation and holds none of the region's own tensors; should a longer region
+    reach another saver, it runs after one and holds them."""
 
     def __init__(self, structure: Structure, problem: Problem, start: int, min_recompute_gradients: list[int]):
         self.structure = structure
         self.start = start
         self._iterator = scan_regions(structure, problem, start)
         self._floor = min_recompute_gradients
+        self._saver = [node.saves_for_backward for node in problem.nodes]
         self.peak: list[int] = []  # index b - start - 1: the region [start, b)'s own peak
         self.lower: list[int] = []  # a lower bound on peak for [start, b') with b' >= b
-        self._backward_max = -1
+        self.recomputed_stop: list[int] = []  # the same index: where [start, b)'s recomputation stops
+        self.last_saver = -1  # the region's last node that saves, so far (-1: none)
+        self._settled = -1  # backward steps up to the last saver, with the region's own tensors
+        self._pending: list[int] = []  # backward steps after it, had a later saver joined
+        self._pending_max = -1  # the same steps as they are: gradients only
+        self._recompute = 0  # the recomputation's peak, at the last saver
 
     def ensure(self, stop: int) -> bool:
         """Compute up to the region [start, stop); False when stop is past the graph."""
@@ -85,9 +96,25 @@ class _Scan:
                 e, backward, recompute = next(self._iterator)
             except StopIteration:
                 return False
-            self._backward_max = max(self._backward_max, gradient_backward[e] + backward)
-            self.peak.append(max(self._backward_max, gradient_recompute[e + 1] + recompute))
-            self.lower.append(max(self._backward_max, self._floor[e + 1] + recompute))
+            if self._saver[e]:
+                self._settled = max(self._settled, gradient_backward[e] + backward, *self._pending)
+                self._pending.clear()
+                self._pending_max = -1
+                self.last_saver = e
+                self._recompute = recompute
+            else:
+                self._pending.append(gradient_backward[e] + backward)
+                self._pending_max = max(self._pending_max, gradient_backward[e])
+            held = max(self._settled, self._pending_max)
+            self.recomputed_stop.append(self.last_saver + 1 if self.last_saver >= 0 else self.start)
+            if self.last_saver < 0:  # nothing to recompute (yet)
+                self.peak.append(held)
+                self.lower.append(held)
+                continue
+            at_saver = gradient_recompute[self.last_saver + 1]
+            self.peak.append(max(held, at_saver + self._recompute))
+            # A longer region either keeps this recomputation or recomputes more, later.
+            self.lower.append(max(held, min(at_saver, self._floor[e + 1]) + self._recompute))
         return True
 
 
@@ -312,15 +339,15 @@ class _Search:
                     b = k + 1
                     scan.ensure(b)
                     index = b - t - 1
-                    region_ms = cumulative_ms[b] - cumulative_ms[t] + overhead_ms
+                    region_ms = cumulative_ms[scan.recomputed_stop[index]] - cumulative_ms[t] + overhead_ms
                     # Entries cheap enough for this region (and so for any longer one) ...
                     lo = bisect_left(front.negative_costs, region_ms - bound)
                     # ... and light enough for any region [t, b') with b' >= b.
                     floor = max(forward_max, inputs_bytes + scan.lower[index]) + rng
                     if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
                         break
-                    if not self.boundary[b] or not self.problem.allows_region(t, b):
-                        continue
+                    if not self.boundary[b] or not self.problem.allows_region(t, b) or scan.last_saver < 0:
+                        continue  # (a region that saves nothing recomputes and frees nothing)
                     limit = live_budget - max(forward_max, inputs_bytes + scan.peak[index]) - rng
                     hi = bisect_right(front.helds, limit)
                     if lo >= hi:

@@ -18,11 +18,17 @@ Memory: linear constraints, no big-M:
 * forward step t: outputs still read (a constant) + kept outputs past their last read + saved
   tensors of earlier nodes outside regions + node t's saved tensors and temporaries;
 * backward of i: held outputs + saved tensors of nodes <= i outside regions + gradients in
-  flight + sum over a of member[i][a] * RL(a, i), the region's own recomputed tensors;
-* recomputation of a region ending at i: what the backward of i holds from earlier nodes +
-  gradients in flight then + sum over a of (member[i][a] - member[i + 1][a]) * W(a, i), the
-  region's own recomputation peak (zero where i does not end a region, and then implied by
-  the backward constraint).
+  flight + sum over a of member[s][a] * RL(a, i), the region's own recomputed tensors, where s
+  is the first node >= i that saves a tensor: a region recomputes up to its last such node,
+  just before that node's backward (`Problem.recomputed`), so the backward of a node after it
+  runs before the recomputation and holds none of them;
+* recomputation at a saving node i: what the backward of i holds from earlier nodes +
+  gradients in flight then + sum over a of (member[i][a] - member[s'][a]) * W(a, i), the
+  region's own recomputation peak, for the regions whose last saving node is i (s' is the next
+  saving node after i). Where W(a, i) does not fit, a region from a holding i must reach s'.
+
+Cost: a node's time counts where it is recomputed: `recomputed[i]` is in_region[i] for a
+saving node, and for another node at least recomputed[i + 1] unless a region starts at i + 1.
 
 Valid inequalities: on graphs whose nodes save their own outputs (the literature's), two nodes
 of a producer-consumer triangle can both have their outputs freed only if they share a region
@@ -101,9 +107,10 @@ class _Model:
     prefix: dict[tuple[int, int], Any]  # (k, i): k's region starts at or before i
     objective_scale: float
     budget: Any  # scaled live bytes: an int, or the variable minimised in minimum-peak mode
-    costs: list[int]  # scaled compute time per node: the objective is their sum over in_region
+    costs: list[int]  # scaled compute time per node: the objective is their sum over recomputed
     objective: Any  # the objective expression (recompute mode) or the peak variable
     region_cost: int = 0  # scaled fixed cost per region, added for every region start
+    problem: Problem | None = None
 
 
 def _tables(
@@ -113,14 +120,16 @@ def _tables(
     max_region_nodes: int | None = None,
     long_starts: frozenset[int] = frozenset(),
 ) -> tuple[list[dict[int, int]], list[dict[int, int]]]:
-    """RL(a, i) and W(a, e) (see the module docstring) for the regions that can be part of a
+    """RL(a, i) and W(a, s) (see the module docstring) for the regions that can be part of a
     plan under `limit` live bytes (and of at most `max_region_nodes` nodes, except regions
-    that start in `long_starts`). Node i can be in a region starting at a only if its backward
-    fits with just the region's inputs held (they are kept until the region's backward ends),
-    and then so can every node between a and i; W(a, e) is left out where the region [a, e]
-    cannot end at e for the same reason. Dropping these is exact and tightens the LP."""
+    that start in `long_starts`); W only at saving nodes s, where the region [a, s] fits its
+    recomputation. Node i can be in a region starting at a only if its backward fits with just
+    the region's inputs held (they are kept until the region's backward ends), and, where a
+    region from a reaching i's next saving node recomputes its tensors first, with those too;
+    then so can every node between a and i. Dropping these is exact and tightens the LP."""
     n = structure.n
     out = structure.output_bytes
+    saver = [node.saves_for_backward for node in problem.nodes]
     backward: list[dict[int, int]] = [{} for _ in range(n)]
     recompute: list[dict[int, int]] = [{} for _ in range(n)]
     for a in range(n):
@@ -129,6 +138,7 @@ def _tables(
         inputs: set[int] = set()
         inputs_bytes = 0
         last_stop = problem.last_region_stop(a)
+        blocked = False  # a node since the last saver cannot hold its tensors: no later saver fits
         for e, region_backward, region_recompute in scan_regions(structure, problem, a):
             if max_region_nodes is not None and e - a >= max_region_nodes and a not in long_starts:
                 break
@@ -138,11 +148,14 @@ def _tables(
                 if j < a and j not in inputs:
                     inputs.add(j)
                     inputs_bytes += out[j]
-            if region_backward + structure.gradient_backward[e] + inputs_bytes > limit:
+            if structure.gradient_backward[e] + inputs_bytes > limit or (saver[e] and blocked):
                 break
+            full = region_backward + structure.gradient_backward[e] + inputs_bytes > limit
+            if saver[e] and full:
+                break
+            blocked = blocked or full
             backward[e][a] = region_backward
-            fits = region_recompute + structure.gradient_recompute[e + 1] + inputs_bytes <= limit
-            if fits and problem.allows_region(a, e + 1):
+            if saver[e] and region_recompute + structure.gradient_recompute[e + 1] + inputs_bytes <= limit:
                 recompute[e][a] = region_recompute
     return backward, recompute
 
@@ -265,24 +278,50 @@ def _build(
                 kept_terms.append(scaled(nodes[j].output_bytes) * kept[j])
         model.add(scaled(fixed) + sum(kept_terms) + saved_outside[t] + rng_states[t] <= budget)
 
-    # Backward steps and recomputation (the latter only bites where a region ends).
+    # Backward steps, and recomputation at the nodes that save (see the module docstring).
+    next_saver: list[int | None] = [None] * (n + 1)  # the first node >= i that saves a tensor
+    for i in reversed(range(n)):
+        next_saver[i] = i if nodes[i].saves_for_backward else next_saver[i + 1]
+
+    def member_of(k: int | None, a: int) -> Any:
+        return 0 if k is None else member[k].get(a, 0)
+
+    # A region that saves nothing recomputes nothing and frees nothing: every region reaches a
+    # saving node (this also keeps such no-op regions out of plans where regions cost nothing).
+    for a in range(n):
+        if a in member[a]:
+            if next_saver[a] is not None and a in member[next_saver[a]]:
+                model.add_implication(member[a][a], member[next_saver[a]][a])
+            else:
+                model.add(member[a][a] == 0)
+
     for i in range(n):
         held = sum(
             scaled(nodes[j].output_bytes) * held_output(j, i)
             for j in range(i + 1)
             if alive[j] and nodes[j].output_bytes
         ) + saved_outside[i + 1] + rng_states[i]
-        own = sum(scaled(value) * member[i][a] for a, value in backward_table[i].items() if value)
+        own = sum(scaled(value) * member_of(next_saver[i], a) for a, value in backward_table[i].items() if value)
         model.add(held + scaled(structure.gradient_backward[i]) + own <= budget)
         for a, var in member[i].items():
-            if a in recompute_table[i]:
+            if problem.allows_region(a, i + 1):
                 continue
             if i + 1 < n and a in member[i + 1]:  # the region [a, i] cannot end at i
                 model.add_implication(var, member[i + 1][a])
             else:
                 model.add(var == 0)
+        if next_saver[i] != i:
+            continue
+        later = next_saver[i + 1]
+        for a, var in member[i].items():
+            if a in recompute_table[i]:
+                continue
+            if later is not None and a in member[later]:  # [a, i] cannot recompute: the region reaches the next saver
+                model.add_implication(var, member[later][a])
+            else:
+                model.add(var == 0)
         ending = sum(
-            scaled(value) * (member[i][a] - (member[i + 1].get(a, 0) if i + 1 < n else 0))
+            scaled(value) * (member[i][a] - member_of(later, a))
             for a, value in recompute_table[i].items()
             if value
         )
@@ -294,16 +333,40 @@ def _build(
     region_cost = round(problem.region_overhead_ms * objective_scale)
     # member[a][a]: node a starts its region; each region pays checkpoint's fixed cost once.
     starts = [member[a][a] for a in range(n) if a in member[a]] if region_cost else []
-    objective = budget if live_budget is None else (
-        sum(cost * in_region[i] for i, cost in enumerate(costs)) + sum(region_cost * start for start in starts))
+    if live_budget is None:
+        objective = budget
+    else:
+        recomputed = _recomputed(model, problem, member, in_region)
+        objective = (sum(cost * recomputed[i] for i, cost in enumerate(costs) if cost)
+                     + sum(region_cost * start for start in starts))
     model.minimize(objective)
     return _Model(model, member, in_region, alive, kept, prefix, objective_scale, budget, costs, objective,
-                  region_cost)
+                  region_cost, problem)
+
+
+def _recomputed(model: Any, problem: Problem, member: list[dict[int, Any]], in_region: list[Any]) -> list[Any]:
+    """Per node, 1 where its region recomputes it: a saving node whenever it is in a region,
+    another node where its region goes on to a saving node (bounded below only: the objective
+    pushes it down)."""
+    n = len(problem.nodes)
+    recomputed: list[Any] = [0] * (n + 1)
+    for i in reversed(range(n)):
+        if not member[i]:
+            continue
+        if problem.nodes[i].saves_for_backward:
+            recomputed[i] = in_region[i]
+        elif not isinstance(recomputed[i + 1], int):
+            var = model.new_bool_var(f"recomputed_{i}")
+            model.add(var >= recomputed[i + 1] - member[i + 1].get(i + 1, 0))
+            recomputed[i] = var
+    return recomputed[:n]
 
 
 def _scaled_cost(built: _Model, regions: tuple[range, ...]) -> int:
     """A plan's objective value in the model's scaled units."""
-    return sum(built.costs[i] for region in regions for i in region) + built.region_cost * len(regions)
+    assert built.problem is not None
+    recomputed = (i for region in regions for i in built.problem.recomputed(region))
+    return sum(built.costs[i] for i in recomputed) + built.region_cost * len(regions)
 
 
 def _rng_states(problem: Problem, member: list[dict[int, Any]], unit: int) -> list[Any]:

@@ -43,6 +43,11 @@ class NodeCost:
     is_output: bool = False  # returned by the graph: alive until backward starts
     random: bool = False  # draws random numbers: a region holding it keeps a copy of the RNG state
 
+    @property
+    def saves_for_backward(self) -> bool:
+        """Whether its backward needs a tensor (recomputation runs up to the last such node)."""
+        return bool(self.saves or self.saved_bytes)
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -81,14 +86,24 @@ class Problem:
         return len(self.nodes)
 
     def recompute_ms(self, regions: tuple[range, ...]) -> float:
-        """Added step time of a plan: every node inside a region runs twice, and each region
-        costs `region_overhead_ms` more."""
-        recomputed = sum(self.nodes[i].compute_ms for region in regions for i in region)
+        """Added step time of a plan: every node a region recomputes runs twice (see
+        `recomputed`), and each region costs `region_overhead_ms` more."""
+        recomputed = sum(self.nodes[i].compute_ms for region in regions for i in self.recomputed(region))
         return recomputed + self.region_overhead_ms * len(regions)
 
     def region_rng_bytes(self, region: range) -> int:
         """The RNG state a region keeps: `rng_state_bytes` if one of its nodes is random."""
         return self.rng_state_bytes if any(self.nodes[i].random for i in region) else 0
+
+    def recomputed(self, region: range) -> range:
+        """The nodes of `region` that recomputation runs: up to the last one that saves a
+        tensor for backward. Non-reentrant checkpoint stops recomputing there (early stop): the
+        nodes after it only fed the region's outputs, which backward does not need again."""
+        stop = region.start
+        for k in region:
+            if self.nodes[k].saves_for_backward:
+                stop = k + 1
+        return range(region.start, stop)
 
     def can_start_region(self, index: int) -> bool:
         """False where a region starting here would recompute from a storage that is written

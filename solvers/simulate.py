@@ -67,8 +67,9 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
     recompute_step: dict[int, int] = {}
     for i in reversed(range(n)):
         region = region_of.get(i)
-        if region is not None and i == region.stop - 1:
-            for k in region:
+        # Backward reaches a region at its last node that saves a tensor: its unpack recomputes.
+        if region is not None and i == problem.recomputed(region).stop - 1:
+            for k in problem.recomputed(region):
                 recompute_step[k] = len(labels)
                 labels.append(f"recompute {nodes[k].name}")
         backward_step[i] = len(labels)
@@ -116,15 +117,16 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
     # state kept from the region's forward to its backward where it draws random numbers.
     for region in regions:
         hold(problem.region_rng_bytes(region), region.start, backward_step[region.start])
-        last_copy = {j: recompute_step[j] for j in region}
-        for k in region:
+        recomputed = problem.recomputed(region)
+        last_copy = {j: recompute_step[j] for j in recomputed}
+        for k in recomputed:
             for owner in (*nodes[k].uses, *nodes[k].holds):
                 if owner in last_copy and owner < k:
                     last_copy[owner] = max(last_copy[owner], recompute_step[k])
             for owner in nodes[k].saves:
                 if owner in last_copy:
                     last_copy[owner] = max(last_copy[owner], backward_step[k])
-        for j in region:
+        for j in recomputed:
             node = nodes[j]
             hold(node.output_bytes, recompute_step[j], last_copy[j])
             hold(node.saved_bytes, recompute_step[j], backward_step[j])

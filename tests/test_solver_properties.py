@@ -156,8 +156,8 @@ def test_ilp_equals_brute_force(problem: Problem, data: st.DataObject) -> None:
 def test_ilp_model_admits_every_plan_that_fits(problem: Problem, data: st.DataObject) -> None:
     # Every fitting plan, with the model's variables fixed to its values, satisfies every
     # constraint of the model, the valid inequalities (triangle cuts) included.
-    # (Regions that start at a memoryless node are left out of the model on purpose: another
-    # plan beats them for sure.)
+    # (Regions that start at a memoryless node, and regions that save nothing, are left out of
+    # the model on purpose: another plan beats them for sure.)
     from solvers.ilp import _build, _hint, _solver
     from solvers.structure import Structure
 
@@ -166,7 +166,7 @@ def test_ilp_model_admits_every_plan_that_fits(problem: Problem, data: st.DataOb
     live = budget - problem.static_bytes
     useful = Structure.of(problem).useful_start
     for plan, peak, _ in truth.plans:
-        if peak > budget or not all(useful[region.start] for region in plan):
+        if peak > budget or not all(useful[region.start] and problem.recomputed(region) for region in plan):
             continue
         built = _build(problem, live, live)
         assert _hint(built, problem, plan), plan
@@ -261,7 +261,7 @@ def test_ilp_bound_from_dp_never_exceeds_any_plan(problem: Problem, data: st.Dat
     # ilp takes dp's cost as its objective's lower bound when dp proves it optimal: that bound
     # (in the model's scaled units, less its rounding slack) must be at most every fitting
     # plan's scaled cost, and ilp with that bound must still find the true optimum.
-    from solvers.ilp import _bound_by_optimum, _build
+    from solvers.ilp import _bound_by_optimum, _build, _scaled_cost
 
     truth = Truth.of(problem)
     for budget in budgets(truth, data):
@@ -273,10 +273,10 @@ def test_ilp_bound_from_dp_never_exceeds_any_plan(problem: Problem, data: st.Dat
         live = budget - problem.static_bytes
         built = _build(problem, live, live)
         slack = _bound_by_optimum(built, dp.regions)
-        bound = sum(built.costs[i] for region in dp.regions for i in region) - slack
+        bound = _scaled_cost(built, dp.regions) - slack
         for plan, peak, _ in truth.plans:
             if peak <= budget:
-                assert sum(built.costs[i] for region in plan for i in region) >= bound, plan
+                assert _scaled_cost(built, plan) >= bound, plan
         check_against_truth(problem, truth, budget, "ilp")  # hint=True: dp's bound in use
 
 
@@ -324,7 +324,7 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
     # beside the search) is at most the optimum.
     import time
 
-    from solvers.ilp import _build, _lp_guided_plan
+    from solvers.ilp import _build, _lp_guided_plan, _scaled_cost
     from solvers.lp_relaxation import LinearRelaxation
 
     truth = Truth.of(problem)
@@ -346,12 +346,14 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
         costs = []
         for plan, peak, _ in truth.plans:
             if peak <= budget:
-                cost = sum(built.costs[i] for region in plan for i in region)
+                cost = _scaled_cost(built, plan)
                 costs.append(cost)
                 assert root.objective <= cost, f"LP bound {root.objective} above plan {plan} ({cost})"
-                # Plans the model leaves out (a region starting at a memoryless node) have an
-                # equal or cheaper one in it, so only the smaller half bounds them.
-                if all(region.start in built.member[i] for region in plan for i in region):
+                # Plans the model leaves out (a region starting at a memoryless node, or one that
+                # saves nothing) have an equal or cheaper one in it, so only the smaller half
+                # bounds them.
+                if all(region.start in built.member[i] and problem.recomputed(region)
+                       for region in plan for i in region):
                     half = up if any(node in region for region in plan) else down
                     assert half.objective <= cost, f"half of the branch on {node}: {half.objective} above {plan}"
         assert min(down.objective, up.objective) <= min(costs), f"branch on {node}: both halves above the optimum"
