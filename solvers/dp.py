@@ -96,12 +96,12 @@ class _Scan:
                 e, backward, recompute = next(self._iterator)
             except StopIteration:
                 return False
+            self._recompute = recompute  # stops at the last saver (see scan_regions)
             if self._saver[e]:
                 self._settled = max(self._settled, gradient_backward[e] + backward, *self._pending)
                 self._pending.clear()
                 self._pending_max = -1
                 self.last_saver = e
-                self._recompute = recompute
             else:
                 self._pending.append(gradient_backward[e] + backward)
                 self._pending_max = max(self._pending_max, gradient_backward[e])

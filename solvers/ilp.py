@@ -120,10 +120,10 @@ def _tables(
     max_region_nodes: int | None = None,
     long_starts: frozenset[int] = frozenset(),
 ) -> tuple[list[dict[int, int]], list[dict[int, int]]]:
-    """RL(a, i) and W(a, s) (see the module docstring) for the regions that can be part of a
+    """RL(a, i) and W(a, e) (see the module docstring) for the regions that can be part of a
     plan under `limit` live bytes (and of at most `max_region_nodes` nodes, except regions
-    that start in `long_starts`); W only at saving nodes s, where the region [a, s] fits its
-    recomputation. Node i can be in a region starting at a only if its backward fits with just
+    that start in `long_starts`); W where the region [a, e] holds a saving node and fits its
+    recomputation (which runs at its last saving node). Node i can be in a region starting at a only if its backward fits with just
     the region's inputs held (they are kept until the region's backward ends), and, where a
     region from a reaching i's next saving node recomputes its tensors first, with those too;
     then so can every node between a and i. Dropping these is exact and tightens the LP."""
@@ -139,6 +139,7 @@ def _tables(
         inputs_bytes = 0
         last_stop = problem.last_region_stop(a)
         blocked = False  # a node since the last saver cannot hold its tensors: no later saver fits
+        last_saver = -1
         for e, region_backward, region_recompute in scan_regions(structure, problem, a):
             if max_region_nodes is not None and e - a >= max_region_nodes and a not in long_starts:
                 break
@@ -155,7 +156,10 @@ def _tables(
                 break
             blocked = blocked or full
             backward[e][a] = region_backward
-            if saver[e] and region_recompute + structure.gradient_recompute[e + 1] + inputs_bytes <= limit:
+            if saver[e]:
+                last_saver = e
+            at = structure.gradient_recompute[last_saver + 1]
+            if last_saver >= 0 and region_recompute + at + inputs_bytes <= limit:
                 recompute[e][a] = region_recompute
     return backward, recompute
 
@@ -304,7 +308,8 @@ def _build(
         own = sum(scaled(value) * member_of(next_saver[i], a) for a, value in backward_table[i].items() if value)
         model.add(held + scaled(structure.gradient_backward[i]) + own <= budget)
         for a, var in member[i].items():
-            if problem.allows_region(a, i + 1):
+            reaches_no_saver = next_saver[a] is None or next_saver[a] > i  # ruled out above
+            if problem.allows_region(a, i + 1) and (a in recompute_table[i] or reaches_no_saver):
                 continue
             if i + 1 < n and a in member[i + 1]:  # the region [a, i] cannot end at i
                 model.add_implication(var, member[i + 1][a])
@@ -312,18 +317,14 @@ def _build(
                 model.add(var == 0)
         if next_saver[i] != i:
             continue
-        later = next_saver[i + 1]
-        for a, var in member[i].items():
-            if a in recompute_table[i]:
-                continue
-            if later is not None and a in member[later]:  # [a, i] cannot recompute: the region reaches the next saver
-                model.add_implication(var, member[later][a])
-            else:
-                model.add(var == 0)
+        # Regions whose last saving node is i recompute here; what they keep till the stop
+        # depends on where they end, before the next saving node.
+        stop = next_saver[i + 1] if next_saver[i + 1] is not None else n
         ending = sum(
-            scaled(value) * (member[i][a] - member_of(later, a))
-            for a, value in recompute_table[i].items()
-            if value
+            scaled(value) * (member[e][a] - (member[e + 1].get(a, 0) if e + 1 < n else 0))
+            for e in range(i, stop)
+            for a, value in recompute_table[e].items()
+            if value and a <= i
         )
         model.add(held + scaled(structure.gradient_recompute[i + 1]) + ending <= budget)
 

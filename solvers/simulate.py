@@ -119,10 +119,13 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
         hold(problem.region_rng_bytes(region), region.start, backward_step[region.start])
         recomputed = problem.recomputed(region)
         last_copy = {j: recompute_step[j] for j in recomputed}
-        for k in recomputed:
+        for k in region:
+            # A node past the stop is not recomputed, but what it reads or holds is still
+            # referenced by the model's code when recomputation stops.
+            step = recompute_step[min(k, recomputed.stop - 1)] if recomputed else 0
             for owner in (*nodes[k].uses, *nodes[k].holds):
                 if owner in last_copy and owner < k:
-                    last_copy[owner] = max(last_copy[owner], recompute_step[k])
+                    last_copy[owner] = max(last_copy[owner], step)
             for owner in nodes[k].saves:
                 if owner in last_copy:
                     last_copy[owner] = max(last_copy[owner], backward_step[k])

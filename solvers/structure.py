@@ -217,12 +217,16 @@ def _build(problem: Problem) -> Structure:
 def scan_regions(structure: Structure, problem: Problem, start: int) -> Iterator[tuple[int, int, int]]:
     """For regions [start, e + 1), e = start, start + 1, ..., yield `(e, backward, recompute)`:
 
-    * `backward`: the region's own bytes at the backward of e (recomputed saved tensors of
-      [start, e] and the recomputed outputs that some node in [j, e] saves);
+    * `backward`: the region's own bytes at the backward of e once the region has recomputed
+      (recomputed saved tensors of [start, e] and the recomputed outputs that some node in
+      [j, e] saves);
     * `recompute`: the largest of the region's own bytes over its recomputation steps, for the
-      region that ends at e (each recomputed output lives from its recomputation to its last
-      consumer's recomputation in the region, or to its saver's backward; saved tensors and
-      temporaries as in the simulator).
+      region that ends at e. Recomputation runs up to the region's last node s that saves a
+      tensor (`Problem.recomputed`); each recomputed output lives from its recomputation to
+      its last consumer's recomputation in the region, or to its saver's backward, and those
+      that a node after s reads or holds stay alive until the recomputation stops at s (the
+      model's code still references them then); saved tensors and temporaries as in the
+      simulator. 0 while the region holds no saving node.
 
     Both exclude what earlier nodes hold and the gradients. Amortised cost per step: the node's
     edges plus how far its inputs' lifetimes stretch.
@@ -240,7 +244,10 @@ def scan_regions(structure: Structure, problem: Problem, start: int) -> Iterator
     permanent_bytes = 0
     saved_running = 0
     best = 0
-    for e in range(start, structure.n):
+
+    def recompute(e: int) -> None:
+        """Add node e's recomputation step (every node before it added already)."""
+        nonlocal saved_running, permanent_bytes, best
         saved_running += saved[e]
         step_bytes = saved_running + transient[e]
         extra = 0
@@ -276,4 +283,32 @@ def scan_regions(structure: Structure, problem: Problem, start: int) -> Iterator
         values.append(value)
         if value > best:
             best = value
-        yield e, saved_running + permanent_bytes, best
+
+    saver = [node.saves_for_backward for node in problem.nodes]
+    last_saver = -1
+    pending: list[int] = []  # nodes after the last saver: recomputed only if a later one comes
+    at_stop: set[int] = set()  # recomputed outputs that pending nodes still reference
+    stop_values: list[int] = []  # values with those kept alive until the stop
+    stop_best = 0
+    for e in range(start, structure.n):
+        if saver[e]:
+            for k in (*pending, e):
+                recompute(k)
+            pending.clear()
+            at_stop.clear()
+            stop_values = list(values)
+            stop_best = best
+            last_saver = e
+            yield e, saved_running + permanent_bytes, best
+            continue
+        pending.append(e)
+        if last_saver < 0:
+            yield e, saved_running + permanent_bytes, 0
+            continue
+        for j in (*structure.uses_before[e], *structure.holds_before[e]):
+            if start <= j <= last_saver and j not in permanent and j not in at_stop and covered_until[j] < last_saver:
+                at_stop.add(j)
+                for k in range(covered_until[j] + 1, last_saver + 1):
+                    stop_values[k - start] += out[j]
+                    stop_best = max(stop_best, stop_values[k - start])
+        yield e, saved_running + permanent_bytes, stop_best
