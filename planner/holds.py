@@ -61,7 +61,8 @@ class _CallLog(TorchDispatchMode):
 
 class _GraphRun(fx.Interpreter):
     """Runs the graph (values freed after their last use) noting which node makes each call
-    and which allocations are each node's outputs."""
+    and which allocations are each node's outputs. (Its own frees do not matter: it keeps the
+    results of in-place calls that nothing reads, which fx's generated code would not.)"""
 
     def __init__(self, gm: fx.GraphModule, log: _CallLog):
         super().__init__(gm)
@@ -112,15 +113,18 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
                     eager_log.calls[mismatch] if mismatch < len(eager_log.calls) else "none",
                     graph_log.calls[mismatch] if mismatch < len(graph_log.calls) else "none")
         return {}
-    order = {node.name: i for i, node in enumerate(n for n in gm.graph.nodes if n.op in COMPUTE_OPS)}
+    compute = [n for n in gm.graph.nodes if n.op in COMPUTE_OPS]
+    order = {node.name: i for i, node in enumerate(compute)}
+    # The graph's own lifetime of an output: up to its last reader (as the simulator has it).
+    last_read = {node.name: max([order[node.name], *(order[u.name] for u in node.users if u.name in order)])
+                 for node in compute}
     last_call = len(eager_log.calls)
     holds: dict[str, str] = {}
     for index, name in runner.output_of.items():
         eager_freed = eager_log.freed.get(index, last_call)
-        graph_freed = graph_log.freed.get(index, last_call)
-        if eager_freed <= graph_freed or eager_freed == 0:
+        if eager_freed == 0:
             continue
         holder = runner.node_of_call[eager_freed - 1]
-        if order[holder] > order[name]:
+        if order[holder] > last_read[name]:
             holds[name] = holder
     return holds
