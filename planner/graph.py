@@ -136,6 +136,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 mutates=tuple(index[name] for name in record.mutates),
                 grad_aliases=tuple(index[name] for name in record.grad_aliases),
                 holds=tuple(index[name] for name in record.holds),
+                arguments=tuple(index[name] for name in record.arguments),
                 shared_grads=tuple(shared.get(i, ())),
                 is_output=node.name in returned,
                 random=record.random,

@@ -1,25 +1,30 @@
-"""How long the model's own code keeps each node's output alive in forward.
+"""How long the model's own code keeps each node's output alive in forward, and what it
+passes to each submodule call.
 
 A traced graph frees a value right after its last use. The model's Python code may hold it
 longer: a local variable kept until the function returns, a list of tensors, a `residual`. A
 plan runs in the model's own forward, so memory follows the eager lifetimes, not the graph's.
+Checkpoint also keeps every tensor a checkpointed call is passed, read or not, until its
+backward: the graph only shows the ones it reads.
 
 `eager_holds` runs the graph and the model's forward once each, on the same inputs, with
 autograd on but saving nothing (so only Python references keep a tensor alive), and matches
 their ATen calls one to one. For each node whose output the model's code frees later than the
-graph does, it names the last node during whose forward the output was still alive. Where the
-two runs make different ATen calls (a frontend that rewrites ops, a data-dependent branch), it
+graph does, it names the last node during whose forward the output was still alive, and for
+each submodule call, the outputs it was passed (by the first node of the call). Where the two
+runs make different ATen calls (a frontend that rewrites ops, a data-dependent branch), it
 reports nothing and logs why: the graph's own lifetimes stand.
 
 Example:
-    >>> holds = eager_holds(gm, inputs, lambda: model(x))
-    >>> holds.get("relu")   # the model's code still holds relu's output during "fc2"
+    >>> lifetimes = eager_holds(gm, inputs, lambda: model(x))
+    >>> lifetimes.holds.get("relu")   # the model's code still holds relu's output during "fc2"
     'fc2'
 """
 from __future__ import annotations
 
 import logging
 import weakref
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -39,7 +44,13 @@ class _CallLog(TorchDispatchMode):
         self.calls: list[str] = []
         self.allocated: list[int] = []  # storage id per allocation, in order
         self.freed: dict[int, int] = {}  # allocation index -> calls made before it was freed
-        self._live: dict[int, weakref.ref] = {}
+        self._live: dict[int, tuple[weakref.ref, int]] = {}  # storage id -> (storage, allocation index)
+
+    def allocation_of(self, tensor: torch.Tensor) -> int | None:
+        """The allocation index of a live tensor's storage (None: made before the log)."""
+        storage = tensor.untyped_storage()
+        found = self._live.get(id(storage))
+        return found[1] if found is not None and found[0]() is storage else None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.calls.append(str(func))
@@ -48,11 +59,11 @@ class _CallLog(TorchDispatchMode):
         for tensor in tensors_in(result):
             storage = tensor.untyped_storage()
             key = id(storage)
-            if key in inputs or (key in self._live and self._live[key]() is storage):
+            if key in inputs or (key in self._live and self._live[key][0]() is storage):
                 continue
             index = len(self.allocated)
             self.allocated.append(key)
-            self._live[key] = weakref.ref(storage, lambda _, index=index: self._free(index))
+            self._live[key] = (weakref.ref(storage, lambda _, index=index: self._free(index)), index)
         return result
 
     def _free(self, index: int) -> None:
@@ -84,14 +95,24 @@ class _GraphRun(fx.Interpreter):
         return result
 
 
-def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], Any]) -> dict[str, str]:
-    """Node name -> the last node during whose forward the model's own code (`run_model()`,
-    a forward on the same inputs as `inputs`, the graph's) still held that node's output, for
-    the nodes it holds longer than the graph does. Empty where the two runs' ATen calls differ.
-    The caller restores what a forward changes (BatchNorm statistics, RNG).
+@dataclass
+class EagerLifetimes:
+    """`holds`: node name -> the last node during whose forward the model's code still held
+    its output (where that is later than the graph's last reader). `arguments`: the first node
+    of a submodule call -> the nodes whose outputs some call starting there was passed."""
+
+    holds: dict[str, str] = field(default_factory=dict)
+    arguments: dict[str, set[str]] = field(default_factory=dict)
+
+
+def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], Any]) -> EagerLifetimes:
+    """The lifetimes of the model's own forward (`run_model()`, on the same inputs as
+    `inputs`, the graph's) that the graph does not show (see `EagerLifetimes`); empty where
+    the two runs' ATen calls differ. The caller restores what a forward changes (BatchNorm
+    statistics, RNG).
 
     Example:
-        >>> eager_holds(gm, [x], lambda: model(x))
+        >>> eager_holds(gm, [x], lambda: model(x)).holds
         {'add': 'fc2'}
     """
     discard = torch.autograd.graph.saved_tensors_hooks(lambda tensor: None, lambda nothing: nothing)
@@ -102,9 +123,19 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
             output = runner.run(*inputs)
         del output
         eager_log = _CallLog()
-        with eager_log:
-            output = run_model()
-        del output
+        calls: list[tuple[int, list[int]]] = []  # per module call: calls before it, its arguments
+
+        def note_call(module: torch.nn.Module, args: Any) -> None:
+            found = [eager_log.allocation_of(t) for t in tensors_in(args)]
+            calls.append((len(eager_log.calls), [index for index in found if index is not None]))
+
+        hook = torch.nn.modules.module.register_module_forward_pre_hook(note_call)
+        try:
+            with eager_log:
+                output = run_model()
+            del output
+        finally:
+            hook.remove()
     if graph_log.calls != eager_log.calls:
         mismatch = next((i for i, (a, b) in enumerate(zip(graph_log.calls, eager_log.calls)) if a != b),
                         min(len(graph_log.calls), len(eager_log.calls)))
@@ -112,7 +143,7 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
                     "(%s in the model, %s in the graph); the graph's lifetimes are used", mismatch,
                     eager_log.calls[mismatch] if mismatch < len(eager_log.calls) else "none",
                     graph_log.calls[mismatch] if mismatch < len(graph_log.calls) else "none")
-        return {}
+        return EagerLifetimes()
     compute = [n for n in gm.graph.nodes if n.op in COMPUTE_OPS]
     order = {node.name: i for i, node in enumerate(compute)}
     # The graph's own lifetime of an output: up to its last reader (as the simulator has it).
@@ -127,4 +158,12 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
         holder = runner.node_of_call[eager_freed - 1]
         if order[holder] > last_read[name]:
             holds[name] = holder
-    return holds
+    arguments: dict[str, set[str]] = {}
+    for position, indices in calls:
+        if position < len(runner.node_of_call):
+            first = runner.node_of_call[position]
+            passed = {runner.output_of[i] for i in indices if i in runner.output_of}
+            passed = {name for name in passed if order[name] < order[first]}
+            if passed:
+                arguments.setdefault(first, set()).update(passed)
+    return EagerLifetimes(holds, arguments)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from planner.holds import eager_holds
+from planner.holds import EagerLifetimes, eager_holds
 from planner.profile import META_KEY, GraphProfile, graph_profile, profile
 from planner.profile_fake import profile_sizes
 from planner.profile_nodes import estimate_nodes, measure_nodes
@@ -152,24 +152,13 @@ def measure_model(
     return summary
 
 
-def note_holds(gm: fx.GraphModule, holds: dict[str, str]) -> None:
-    """Write `planner.holds.eager_holds`'s answer into the holding nodes' profiles."""
+def note_holds(gm: fx.GraphModule, lifetimes: EagerLifetimes) -> None:
+    """Write `planner.holds.eager_holds`'s answer into the nodes' profiles."""
     by_holder: dict[str, list[str]] = {}
-    for name, holder in holds.items():
+    for name, holder in lifetimes.holds.items():
         by_holder.setdefault(holder, []).append(name)
     for node in gm.graph.nodes:
         if node.name in by_holder:
             node.meta[META_KEY].holds = tuple(sorted(by_holder[node.name]))
-
-
-def _no_run(gm: fx.GraphModule, inputs: list[torch.Tensor], fake: Any, where: PlanDevice, repeats: int,
-            say: Callable[[str], None]) -> GraphProfile:
-    if where.local:
-        count = measure_nodes(gm, fake, where.device, repeats=repeats, progress=say)
-        say(f"ran {count} distinct nodes one at a time")
-        timing = "CUDA events" if where.device.type == "cuda" else "time.perf_counter"
-        return graph_profile(gm, inputs, where.device, f"{timing}, node by node", measurement="node by node")
-    assert where.target is not None
-    estimate_nodes(gm, where.target)
-    return graph_profile(gm, inputs, where.device, f"estimated: roofline on {where.target.title}",
-                         measurement="sizes on fake tensors; times not measured", times_estimated=True, scratch_measured=False)
+        if node.name in lifetimes.arguments:
+            node.meta[META_KEY].arguments = tuple(sorted(lifetimes.arguments[node.name]))

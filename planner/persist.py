@@ -49,7 +49,7 @@ READABLE_VERSIONS = (1, 2, 3)
 FX_FRONTEND = "torch.fx.symbolic_trace"  # the value of Traced.frontend for the fx frontend
 EXPORT_FRONTEND = "torch.export"
 APPLICABLE_FRONTENDS = (FX_FRONTEND, EXPORT_FRONTEND)
-_NODE_REFERENCES = ("uses", "saves", "mutates", "grad_aliases", "holds")  # NodeCost fields that hold node indices
+_NODE_REFERENCES = ("uses", "saves", "mutates", "grad_aliases", "holds", "arguments")  # NodeCost fields that hold node indices
 
 
 # ---------------------------------------------------------------------------------------------

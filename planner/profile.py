@@ -50,6 +50,7 @@ class NodeProfile:
     mutated_buffers: tuple[str, ...] = ()  # qualified names of buffers written (BatchNorm statistics)
     backward_transient_bytes: int = 0  # temporaries of this node's backward (freed when it ends)
     holds: tuple[str, ...] = ()  # outputs the model's own code still references while it runs (planner.holds)
+    arguments: tuple[str, ...] = ()  # outputs passed to a submodule call starting here (planner.holds)
     random: bool = True  # draws random numbers (dropout): a region holding it must replay the RNG
 
 

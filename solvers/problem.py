@@ -40,6 +40,9 @@ class NodeCost:
     # it does not read them (a local variable, a list of tensors): they stay alive through its
     # forward, and through its recomputation where both lie in one region
     holds: tuple[int, ...] = ()
+    # owners passed to a submodule call that starts at this node without being read by it:
+    # checkpoint keeps a region's arguments, so a region starting here keeps them too
+    arguments: tuple[int, ...] = ()
     is_output: bool = False  # returned by the graph: alive until backward starts
     random: bool = False  # draws random numbers: a region holding it keeps a copy of the RNG state
 
@@ -74,7 +77,7 @@ class Problem:
             if region.step != 1 or len(region) == 0 or region.start < 0 or region.stop > len(self.nodes):
                 raise ValueError(f"allowed region {region} is not a non-empty run of the {len(self.nodes)} nodes")
         for index, node in enumerate(self.nodes):
-            for owner in (*node.uses, *node.saves, *node.mutates, *node.grad_aliases, *node.holds,
+            for owner in (*node.uses, *node.saves, *node.mutates, *node.grad_aliases, *node.holds, *node.arguments,
                           *(user for user, _ in node.shared_grads)):
                 if not 0 <= owner <= index:
                     raise ValueError(

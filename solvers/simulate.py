@@ -87,7 +87,7 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
 
     last_forward_use = list(range(n))  # read, or still referenced by the model's code
     for k, node in enumerate(nodes):
-        for owner in (*node.uses, *node.holds):
+        for owner in (*node.uses, *node.holds, *node.arguments):
             last_forward_use[owner] = max(last_forward_use[owner], k)
 
     # Outputs of the first pass: alive until the last forward use, the last saver's backward,
@@ -102,7 +102,7 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
             for owner in node.saves:
                 last[owner] = max(last[owner], backward_step[k])
         else:
-            for owner in node.uses:
+            for owner in (*node.uses, *node.arguments):
                 if owner < region.start:
                     last[owner] = max(last[owner], backward_step[region.start])
     for j, node in enumerate(nodes):
@@ -123,7 +123,7 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
             # A node past the stop is not recomputed, but what it reads or holds is still
             # referenced by the model's code when recomputation stops.
             step = recompute_step[min(k, recomputed.stop - 1)] if recomputed else 0
-            for owner in (*nodes[k].uses, *nodes[k].holds):
+            for owner in (*nodes[k].uses, *nodes[k].holds, *nodes[k].arguments):
                 if owner in last_copy and owner < k:
                     last_copy[owner] = max(last_copy[owner], step)
             for owner in nodes[k].saves:

@@ -37,7 +37,8 @@ class Structure:
     Attributes (all tuples indexed by node unless said otherwise):
         consumers: later nodes that read j in forward.
         savers: nodes (j itself included) that save j for their backward.
-        uses_before: distinct owners < k that node k reads (k's region inputs if k starts it).
+        uses_before: distinct owners < k that node k reads or is passed as a module call's
+            arguments (k's region inputs if k starts it).
         holds_before: distinct owners < k that the model's code holds while k runs, not read by k.
         saves_of: distinct owners that node k saves.
         forward_until: last forward step at which j's output is alive whatever the plan.
@@ -120,7 +121,7 @@ def _build(problem: Problem) -> Structure:
     held_until = list(range(n))
     saves_of: list[tuple[int, ...]] = []
     for k, node in enumerate(nodes):
-        inputs = tuple(sorted({owner for owner in node.uses if owner < k}))
+        inputs = tuple(sorted({owner for owner in (*node.uses, *node.arguments) if owner < k}))
         uses_before.append(inputs)
         holds_before.append(tuple(sorted({owner for owner in node.holds if owner < k} - set(inputs))))
         for owner in holds_before[-1]:

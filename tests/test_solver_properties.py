@@ -62,6 +62,8 @@ def problems(
                 # outputs the model's code keeps referencing while this node runs (not read)
                 holds=tuple(sorted(draw(st.sets(st.integers(0, i - 1), max_size=2)))) if i and draw(
                     st.integers(0, 3)) == 0 else (),
+                # a module call's arguments that it does not read (a region starting here keeps them)
+                arguments=(draw(st.integers(0, i - 1)),) if i and draw(st.integers(0, 5)) == 0 else (),
                 is_output=i == n - 1 or draw(st.integers(0, 9)) == 0,
                 random=draw(st.integers(0, 4)) == 0,  # dropout: its region keeps an RNG state
             )
