@@ -162,3 +162,16 @@ def note_holds(gm: fx.GraphModule, lifetimes: EagerLifetimes) -> None:
             node.meta[META_KEY].holds = tuple(sorted(by_holder[node.name]))
         if node.name in lifetimes.arguments:
             node.meta[META_KEY].arguments = tuple(sorted(lifetimes.arguments[node.name]))
+
+
+def _no_run(gm: fx.GraphModule, inputs: list[torch.Tensor], fake: Any, where: PlanDevice, repeats: int,
+            say: Callable[[str], None]) -> GraphProfile:
+    if where.local:
+        count = measure_nodes(gm, fake, where.device, repeats=repeats, progress=say)
+        say(f"ran {count} distinct nodes one at a time")
+        timing = "CUDA events" if where.device.type == "cuda" else "time.perf_counter"
+        return graph_profile(gm, inputs, where.device, f"{timing}, node by node", measurement="node by node")
+    assert where.target is not None
+    estimate_nodes(gm, where.target)
+    return graph_profile(gm, inputs, where.device, f"estimated: roofline on {where.target.title}",
+                         measurement="sizes on fake tensors; times not measured", times_estimated=True, scratch_measured=False)
