@@ -148,8 +148,10 @@ class ProfileInterpreter(fx.Interpreter):
         tracker.written.clear()
         tracker.random = False
         try:
-            with (tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-                  torch.profiler.record_function(NODE_LABEL + n.name)):
+            # The label opens first: opened inside the dispatch mode, the profiler's event tree
+            # puts the node's operators beside it, not under it, and its scratch is lost.
+            with (torch.profiler.record_function(NODE_LABEL + n.name), tracker,
+                  torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)):
                 result = self.compute(n, args, kwargs)
         except Exception as error:
             raise RuntimeError(f"profiling node {n.name!r} ({n.format_node()}) failed: {error}") from error

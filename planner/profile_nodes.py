@@ -133,7 +133,8 @@ class _NodeRunner:
         tracker = LiveBytesTracker(log=[])
         with torch.enable_grad():
             with memory_profile() as allocations:
-                with tracker, torch.profiler.record_function(NODE_LABEL + node.name):
+                # The label first (see ProfileInterpreter.run_node): else its scratch is lost.
+                with torch.profiler.record_function(NODE_LABEL + node.name), tracker:
                     result = function(*args, **kwargs)
                 outputs = [t for t in tensors_in(result) if t.requires_grad and t.grad_fn is not None]
                 claim_autograd_nodes(outputs, node.name, owners)
