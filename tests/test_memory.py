@@ -87,6 +87,33 @@ def test_convolution_scratch_is_predicted():
     assert record.within_budget, str(record)
 
 
+def test_each_node_carries_its_own_kernel_scratch():
+    # A 1x1 convolution on CPU copies its input into oneDNN's layout (scratch no tensor holds):
+    # the profiled node's forward temporaries must include it, as a lone call measures it.
+    import torch.fx
+
+    from planner.profile import META_KEY, profile
+
+    class Concat(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Conv2d(32, 16, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.proj(torch.cat([x, x], dim=1))
+
+    x = torch.randn(8, 16, 12, 12, requires_grad=True)
+    gm = torch.fx.symbolic_trace(Concat())
+    profile(gm, [x], repeats=1)
+    joined = torch.cat([x, x], dim=1)
+    with ProfiledPeakMemory() as alone:
+        gm.proj(joined)
+    scratch = alone.peak_bytes - alone.peak_bytes_without_scratch
+    node = next(n for n in gm.graph.nodes if n.target == "proj")
+    assert scratch > 0
+    assert node.meta[META_KEY].transient_bytes == scratch
+
+
 def test_verify_leaves_the_model_as_it_was():
     model, tokens = small_gpt()
     p = plan(model, tokens, budget_gb=80, solver="sqrt", repeats=1)
