@@ -160,7 +160,8 @@ def test_ilp_model_admits_every_plan_that_fits(problem: Problem, data: st.DataOb
     # constraint of the model, the valid inequalities (triangle cuts) included.
     # (Regions that start at a memoryless node, and regions that save nothing, are left out of
     # the model on purpose: another plan beats them for sure.)
-    from solvers.ilp import _build, _hint, _solver
+    from solvers.ilp import _solver
+    from solvers.ilp_model import build_model, hint_plan
     from solvers.structure import Structure
 
     truth = Truth.of(problem)
@@ -170,8 +171,8 @@ def test_ilp_model_admits_every_plan_that_fits(problem: Problem, data: st.DataOb
     for plan, peak, _ in truth.plans:
         if peak > budget or not all(useful[region.start] and problem.recomputed(region) for region in plan):
             continue
-        built = _build(problem, live, live)
-        assert _hint(built, problem, plan), plan
+        built = build_model(problem, live, live)
+        assert hint_plan(built, problem, plan), plan
         solver = _solver(10.0, 1)
         solver.parameters.fix_variables_to_their_hinted_value = True
         status = solver.solve(built.model)
@@ -263,7 +264,7 @@ def test_ilp_bound_from_dp_never_exceeds_any_plan(problem: Problem, data: st.Dat
     # ilp takes dp's cost as its objective's lower bound when dp proves it optimal: that bound
     # (in the model's scaled units, less its rounding slack) must be at most every fitting
     # plan's scaled cost, and ilp with that bound must still find the true optimum.
-    from solvers.ilp import _bound_by_optimum, _build, _scaled_cost
+    from solvers.ilp_model import bound_by_optimum, build_model, scaled_cost
 
     truth = Truth.of(problem)
     for budget in budgets(truth, data):
@@ -273,12 +274,12 @@ def test_ilp_bound_from_dp_never_exceeds_any_plan(problem: Problem, data: st.Dat
         if dp.status != Status.OPTIMAL:
             continue
         live = budget - problem.static_bytes
-        built = _build(problem, live, live)
-        slack = _bound_by_optimum(built, dp.regions)
-        bound = _scaled_cost(built, dp.regions) - slack
+        built = build_model(problem, live, live)
+        slack = bound_by_optimum(built, dp.regions)
+        bound = scaled_cost(built, dp.regions) - slack
         for plan, peak, _ in truth.plans:
             if peak <= budget:
-                assert _scaled_cost(built, plan) >= bound, plan
+                assert scaled_cost(built, plan) >= bound, plan
         check_against_truth(problem, truth, budget, "ilp")  # hint=True: dp's bound in use
 
 
@@ -326,7 +327,8 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
     # beside the search) is at most the optimum.
     import time
 
-    from solvers.ilp import _build, _lp_guided_plan, _scaled_cost
+    from solvers.ilp import _lp_guided_plan
+    from solvers.ilp_model import build_model, scaled_cost
     from solvers.lp_relaxation import LinearRelaxation
 
     truth = Truth.of(problem)
@@ -334,7 +336,7 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
         live = budget - problem.static_bytes
         if live < 0:
             continue
-        built = _build(problem, live, live)
+        built = build_model(problem, live, live)
         relaxation = LinearRelaxation(built.model)
         root = relaxation.solve(time_limit_s=10.0)
         optimum = truth.optimum(budget)
@@ -348,7 +350,7 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
         costs = []
         for plan, peak, _ in truth.plans:
             if peak <= budget:
-                cost = _scaled_cost(built, plan)
+                cost = scaled_cost(built, plan)
                 costs.append(cost)
                 assert root.objective <= cost, f"LP bound {root.objective} above plan {plan} ({cost})"
                 # Plans the model leaves out (a region starting at a memoryless node, or one that

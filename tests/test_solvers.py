@@ -181,14 +181,14 @@ def test_solvers_never_import_torch_and_never_print():
 
 def test_lp_relaxation_is_silent_and_bounds_the_optimum(capfd):
     # HiGHS prints a banner on stdout unless told not to; the bound is at most the optimum.
-    from solvers.ilp import _build
+    from solvers.ilp_model import build_model
     from solvers.lp_relaxation import LinearRelaxation
 
     chain = [NodeCost(f"n{i}", 1.0 + i, output_bytes=8, uses=(i - 1,) if i else (), saves=(i,)) for i in range(6)]
     problem = Problem(tuple(chain))
     budget = peak_bytes(problem) * 2 // 3
     live = budget - problem.static_bytes
-    built = _build(problem, live, live)
+    built = build_model(problem, live, live)
     relaxation = LinearRelaxation(built.model).solve(time_limit_s=10.0)
     assert relaxation is not None
     optimum = solve(problem, budget, method="brute_force").recompute_ms
@@ -200,17 +200,18 @@ def test_lp_relaxation_is_silent_and_bounds_the_optimum(capfd):
 def test_branching_node_parts_a_mix_of_plans_at_its_long_regions_costliest_node():
     # Half of region [0, 6) and half of [2, 6): the LP takes half of the long region from node
     # 0, and of the nodes it leaves half out (0 and 1) the costlier one is where to branch.
-    from solvers.ilp import _branching_node, _build, _hint
+    from solvers.ilp import _branching_node
+    from solvers.ilp_model import build_model, hint_plan
 
     chain = [NodeCost(f"n{i}", [5.0, 9.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0][i], output_bytes=8,
                       uses=(i - 1,) if i else (), saves=(i,)) for i in range(8)]
     problem = Problem(tuple(chain))
     live = peak_bytes(problem) - problem.static_bytes
-    built = _build(problem, live, live)
+    built = build_model(problem, live, live)
 
     def values(plan: tuple[range, ...]) -> list[float]:
         built.model.clear_hints()
-        assert _hint(built, problem, plan)
+        assert hint_plan(built, problem, plan)
         vector = [0.0] * len(built.model.proto.variables)
         for index, value in zip(built.model.proto.solution_hint.vars, built.model.proto.solution_hint.values):
             vector[index] = float(value)
