@@ -47,7 +47,9 @@ def transformer() -> Problem:
     model, x = gpt()
     traced = trace(model, x)
     summary = profile(traced.gm, traced.graph_inputs((x,), {}))
-    return build_problem(traced.gm, summary)
+    static = summary.parameter_bytes + summary.gradient_bytes + summary.buffer_bytes + summary.input_bytes
+    # Any run of nodes may be a region here (a solver benchmark, not a plan to apply).
+    return build_problem(traced.gm, static, rng_state_bytes=summary.rng_state_bytes)
 
 
 def graph_name(path: Path) -> str:

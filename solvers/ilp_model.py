@@ -406,10 +406,10 @@ def hint_plan(built: IlpModel, problem: Problem, regions: tuple[range, ...]) -> 
     model = built.model
     for i in range(n):
         for a, var in built.member[i].items():
-            model.addhint_plan(var, start_of[i] == a)
-        model.addhint_plan(built.in_region[i], start_of[i] < n)
+            model.add_hint(var, start_of[i] == a)
+        model.add_hint(built.in_region[i], start_of[i] < n)
     for (k, i), var in built.prefix.items():
-        model.addhint_plan(var, start_of[k] <= i)
+        model.add_hint(var, start_of[k] <= i)
     for j, row in enumerate(built.alive):
         if not row:
             continue
@@ -417,5 +417,5 @@ def hint_plan(built: IlpModel, problem: Problem, regions: tuple[range, ...]) -> 
         candidates += [start_of[k] for k in structure.consumers[j] if j < start_of[k] < n]
         keeper = min(candidates, default=n)
         for i, var in row.items():
-            model.addhint_plan(var, keeper <= i)
+            model.add_hint(var, keeper <= i)
     return True
