@@ -232,8 +232,12 @@ def saved_plan(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     """Plan the model once under a tight budget (measured here) and save the plan."""
     name = request.param
     model, sample = _build(name)
-    torch.set_num_threads(1)
-    p = planner.plan(model, sample, budget_gb=80, repeats=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs; put back for the tests that follow
+    try:
+        p = planner.plan(model, sample, budget_gb=80, repeats=1)
+    finally:
+        torch.set_num_threads(threads)
     static = p.problem.static_bytes
     p = p.replan(budget_gb=(static + 0.6 * (p.baseline_peak_bytes - static)) / GIB)
     assert p.checkpoints
