@@ -2,7 +2,7 @@
 
 Both curves come from the one simulator (`solvers.simulate`): live activation bytes after each
 step plus the static memory. Forward walks the nodes in order, backward in reverse; a plan's
-recomputation steps run just before the backward of each region's last node. To line the two
+recomputation steps run just before the backward of each region's last saving node. To line the two
 curves up, the x axis is the phase of the step: forward of node i at x = i, backward of node i
 at x = 2n - 1 - i, and the recomputation steps of a region spread evenly over the interval just
 before the backward step they precede.

@@ -1,7 +1,9 @@
 """The one memory simulator: peak bytes of one forward+backward under a plan.
 
 Time is a list of steps: forward of nodes 0..n-1, then backward of n-1..0, where a region's
-recomputation runs just before the backward of its last node. Every buffer (a node's output,
+recomputation runs just before the backward of its last node that saves a tensor, and only up
+to that node (`Problem.recomputed`: non-reentrant checkpoint's early stop). Every buffer (a
+node's output,
 its internally saved tensors, a gradient) is alive over an interval of steps; the peak is the
 largest sum of live buffers at any step plus that step's temporaries, plus static memory.
 """

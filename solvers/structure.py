@@ -9,13 +9,13 @@ or the start of a region that is not j's own and contains a consumer of j. Then:
   returned), every kept output (`rho[j]` exists), the saved tensors of the nodes before t that
   are not in a region, and node t's own saved tensors and temporaries;
 * the backward of node i holds the outputs with `rho[j] <= i`, the saved tensors of the nodes
-  `<= i` outside regions, the gradients in flight (`j <= i <= last consumer of j`, independent
-  of the plan) and node i's parameter gradients; if i lies in a region [a, b) it also holds the
-  region's recomputed saved tensors of [a, i] and the recomputed outputs that a node in [j, i]
-  saves (`region_backward` below);
-* the recomputation of a region [a, b) runs between the backward of b and that of b - 1, so it
-  holds what the backward of b - 1 holds from earlier nodes, the gradients in flight there, and
-  the region's own recomputed tensors (`region_recompute` below).
+  `<= i` outside regions, the gradients in flight (`gradient_spans`, independent of the plan)
+  and node i's parameter gradients; if i lies in a region [a, b) that has recomputed by then
+  (its last saving node s is >= i) it also holds the region's recomputed saved tensors of
+  [a, i] and the recomputed outputs that a node in [j, i] saves (`scan_regions` below);
+* the recomputation of a region [a, b) runs between the backward of s + 1 and that of s, so it
+  holds what the backward of s holds from earlier nodes, the gradients in flight there, and
+  the region's own recomputed tensors (`scan_regions` below).
 
 Example:
     >>> structure = Structure.of(problem)
