@@ -375,7 +375,7 @@ def plan(
                           loss=lambda result: training_loss(traced.model_output(result)),
                           run_model=lambda: model(*args, **kwargs))
     breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes,
-                                 where.device, optimizer, world_size, reserved_bytes)
+                                 where.device, optimizer, world_size, reserved_bytes, summary.loss_bytes)
     wrapped = {call.nodes: spec for call in module_calls(traced.gm)
                if (spec := module_checkpoint(traced.gm, call)) is not None}
     # Measured where the plan runs; for a GPU elsewhere, this CPU's (checkpoint's own work is

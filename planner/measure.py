@@ -170,8 +170,10 @@ def _no_run(gm: fx.GraphModule, inputs: list[torch.Tensor], fake: Any, where: Pl
         count = measure_nodes(gm, fake, where.device, repeats=repeats, progress=say)
         say(f"ran {count} distinct nodes one at a time")
         timing = "CUDA events" if where.device.type == "cuda" else "time.perf_counter"
-        return graph_profile(gm, inputs, where.device, f"{timing}, node by node", measurement="node by node")
+        return graph_profile(gm, inputs, where.device, f"{timing}, node by node", measurement="node by node",
+                             loss_bytes=fake.loss_bytes)
     assert where.target is not None
     estimate_nodes(gm, where.target)
     return graph_profile(gm, inputs, where.device, f"estimated: roofline on {where.target.title}",
-                         measurement="sizes on fake tensors; times not measured", times_estimated=True, scratch_measured=False)
+                         measurement="sizes on fake tensors; times not measured", times_estimated=True, scratch_measured=False,
+                         loss_bytes=fake.loss_bytes)

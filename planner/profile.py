@@ -70,6 +70,7 @@ class GraphProfile:
     measurement: str = "whole step"  # or "node by node": sizes on fake tensors, see profile_fake
     times_estimated: bool = False  # times are roofline estimates for a target GPU, not measured
     scratch_measured: bool = True  # kernel scratch (workspace the allocator sees) was measured
+    loss_bytes: int = 0  # held through backward by the loss outside the graph (see training_loss_bytes)
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
@@ -82,6 +83,21 @@ def rng_state_bytes(device: torch.device) -> int:
     CPU generator's state, a CPU tensor, so nothing on a CUDA device (the CUDA generators'
     states it also copies are CPU tensors too)."""
     return torch.get_rng_state().nbytes if device.type == "cpu" else 0
+
+
+def training_loss_bytes(loss: Callable[[Any], torch.Tensor], output: Any) -> tuple[torch.Tensor, int]:
+    """The loss of the graph's `output` and the bytes it holds through backward outside the
+    graph: what computing it allocates and keeps (a sum of outputs, say), and the seed gradient
+    backward starts from (the loss's size). Real, meta and fake tensors alike.
+
+    Example:
+        >>> value, held = training_loss_bytes(training_loss, torch.ones(3, requires_grad=True))
+        >>> held  # the sum's scalar and its seed gradient
+        8
+    """
+    with LiveBytesTracker() as tracker:
+        value = loss(output)
+    return value, tracker.live_bytes + value.numel() * value.element_size()
 
 
 def claim_autograd_nodes(outputs: list[torch.Tensor], name: str, owners: dict[Any, str]) -> None:
@@ -306,7 +322,9 @@ def profile(
             output = interpreter.run(*inputs)
             if progress:
                 progress("measuring backward temporaries")
-            (loss or training_loss)(output).backward()
+            value, loss_bytes = training_loss_bytes(loss or training_loss, output)
+            value.backward()
+            del value
         records = {node.name: node.meta[META_KEY] for node in gm.graph.nodes if META_KEY in node.meta}
         for name, extra in forward_scratch(allocations, device.type, NODE_LABEL).items():
             records[name].transient_bytes += extra
@@ -325,7 +343,8 @@ def profile(
     for node in gm.graph.nodes:
         if node.op in COMPUTE_OPS:
             node.meta[META_KEY].forward_ms = statistics.median(times[node.name])
-    return graph_profile(gm, inputs, device, "CUDA events" if device.type == "cuda" else "time.perf_counter")
+    return graph_profile(gm, inputs, device, "CUDA events" if device.type == "cuda" else "time.perf_counter",
+                         loss_bytes=loss_bytes)
 
 
 def graph_profile(gm: fx.GraphModule, inputs: list[torch.Tensor], device: torch.device, timing: str,

@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from planner.backward_windows import BackwardWindows
 from planner.fake import fake_like, fake_model_state, fake_state
 from planner.memory import LiveBytesTracker, storage_key
-from planner.profile import COMPUTE_OPS, META_KEY, ProfileInterpreter
+from planner.profile import COMPUTE_OPS, META_KEY, ProfileInterpreter, training_loss_bytes
 from planner.targets import ATTENTION_TARGETS, KernelCost, KernelCounter, target_attention
 from planner.verify import training_loss
 
@@ -55,6 +55,7 @@ class FakeProfile:
     values: dict[fx.Node, Any]
     sources: dict[int, torch.Tensor]
     needed_bytes: int = 0
+    loss_bytes: int = 0  # held through backward by the loss outside the graph
 
 
 class _FakeInterpreter(ProfileInterpreter):
@@ -127,8 +128,10 @@ def profile_sizes(
         # Built inside: it names the parameters and buffers it sees, the fake ones.
         interpreter = _FakeInterpreter(gm, static_keys, tracker, fake, target_attention if cuda_attention else None)
         output = interpreter.run(*fake_inputs)
+        value, loss_bytes = training_loss_bytes(loss or training_loss, output)
         with BackwardWindows(tracker, interpreter.autograd_owners) as windows:
-            (loss or training_loss)(output).backward()
+            value.backward()
+        del value
         static = sum(t.untyped_storage().nbytes() for t in state.values())
         gradients = sum(p.numel() * p.element_size() for p in state.values()
                         if isinstance(p, nn.Parameter) and p.requires_grad)
@@ -138,7 +141,7 @@ def profile_sizes(
     kept = sum(r.output_bytes + r.saved_bytes for r in records.values())
     peak_extra = max((r.transient_bytes + r.backward_transient_bytes for r in records.values()), default=0)
     needed = static + gradients + kept + 2 * sum(r.grad_bytes for r in records.values()) + peak_extra
-    return FakeProfile(dict(interpreter.env), sources, needed)
+    return FakeProfile(dict(interpreter.env), sources, needed, loss_bytes)
 
 
 def kernels_of(node: fx.Node) -> tuple[KernelCost, ...]:

@@ -126,6 +126,7 @@ def static_breakdown(
     optimizer: str | float | None = None,
     world_size: int = 1,
     reserved_bytes: int = 0,
+    loss_bytes: int = 0,
 ) -> dict[str, int]:
     """Static memory per rank, term by term, in bytes (see the module docstring); the plan's
     static memory is their sum. FSDP2 terms appear only for `world_size` > 1.
@@ -151,6 +152,8 @@ def static_breakdown(
     if optimizer is not None:  # not counted unless named
         breakdown["optimizer state"] = state
     breakdown.update({"buffers": buffer_bytes, "inputs": input_bytes})
+    if loss_bytes:  # the loss computed outside the model and backward's seed gradient
+        breakdown["loss"] = loss_bytes
     if world_size > 1:
         blocks = fsdp_blocks(model)
         in_blocks = {f"{path}.{p.name}" for path in blocks for p in _parameters(model.get_submodule(path))}
