@@ -85,7 +85,7 @@ class _Scan:
         self._settled = -1  # backward steps up to the last saver, with the region's own tensors
         self._pending: list[int] = []  # backward steps after it, had a later saver joined
         self._pending_max = -1  # the same steps as they are: gradients only
-        self._recompute = 0  # the recomputation's peak, at the last saver
+        self._recompute = 0  # the recomputation's own peak for the region so far (scan_regions)
 
     def ensure(self, stop: int) -> bool:
         """Compute up to the region [start, stop); False when stop is past the graph."""
