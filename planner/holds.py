@@ -23,51 +23,49 @@ Example:
 from __future__ import annotations
 
 import logging
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from planner.memory import LiveBytesTracker
 from planner.profile import COMPUTE_OPS, tensors_in
 
 logger = logging.getLogger(__name__)
 
 
-class _CallLog(TorchDispatchMode):
-    """Every ATen call's name, and for each new storage the call count when it was freed."""
+class _CallLog(LiveBytesTracker):
+    """The tensor tracker, also noting every ATen call's name, each new storage in order
+    (allocation indices) and, for each freed one, how many calls had been made by then."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[str] = []
         self.allocated: list[int] = []  # storage id per allocation, in order
         self.freed: dict[int, int] = {}  # allocation index -> calls made before it was freed
-        self._live: dict[int, tuple[weakref.ref, int]] = {}  # storage id -> (storage, allocation index)
+        self._index: dict[int, int] = {}  # storage id of a live allocation -> its index
 
     def allocation_of(self, tensor: torch.Tensor) -> int | None:
         """The allocation index of a live tensor's storage (None: made before the log)."""
         storage = tensor.untyped_storage()
-        found = self._live.get(id(storage))
-        return found[1] if found is not None and found[0]() is storage else None
+        ref = self._refs.get(id(storage))
+        return self._index.get(id(storage)) if ref is not None and ref() is storage else None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.calls.append(str(func))
-        result = func(*args, **(kwargs or {}))
-        inputs = {id(t.untyped_storage()) for t in tensors_in((args, kwargs))}
-        for tensor in tensors_in(result):
-            storage = tensor.untyped_storage()
-            key = id(storage)
-            if key in inputs or (key in self._live and self._live[key][0]() is storage):
-                continue
-            index = len(self.allocated)
-            self.allocated.append(key)
-            self._live[key] = (weakref.ref(storage, lambda _, index=index: self._free(index)), index)
-        return result
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
-    def _free(self, index: int) -> None:
-        self.freed[index] = len(self.calls)
+    def _track(self, storage: torch.UntypedStorage, inputs: set[int]) -> None:
+        ref = self._refs.get(id(storage))
+        super()._track(storage, inputs)
+        if self._refs.get(id(storage)) is not ref:  # a new allocation
+            self._index[id(storage)] = len(self.allocated)
+            self.allocated.append(id(storage))
+
+    def _free(self, key: int, nbytes: int) -> None:
+        super()._free(key, nbytes)
+        self.freed[self._index.pop(key)] = len(self.calls)
 
 
 class _GraphRun(fx.Interpreter):
