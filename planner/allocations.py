@@ -187,34 +187,59 @@ def forward_scratch(profile: torch.profiler.profile, device_type: str, label_pre
     return scratch
 
 
-def backward_temporaries(profile: torch.profiler.profile, device_type: str, owners: dict[int, str]) -> dict[str, int]:
-    """Per owner, the most its backward raises memory above what it started with and leaves
-    behind: kernel scratch, temporaries of the autograd formulas, gradients passed between the
-    autograd nodes of one owner. `owners` maps autograd sequence numbers
-    (`grad_fn._sequence_nr()`) to the graph node that created them. An owner's window opens
-    when one of its autograd nodes starts and closes when another owner's does; autograd nodes
-    nobody owns (AccumulateGrad, the loss's) count for the window they run in.
+@dataclass(frozen=True)
+class BackwardMemory:
+    """What each graph node's backward does to memory, measured: `temporaries` per owner (the
+    most its backward raises memory above what it started with and leaves behind), and
+    `gradients`, every storage one backward leaves for a later one (gradients in flight) as
+    (owner that allocated it, owner whose backward freed it, bytes). Storages made before the
+    first owned backward (the output's gradient) count as the first owner's; storages never
+    freed (parameters' `.grad`) are not gradients in flight."""
+
+    temporaries: dict[str, int]
+    gradients: list[tuple[str, str, int]]
+
+
+def backward_memory(profile: torch.profiler.profile, device_type: str, owners: dict[int, str]) -> BackwardMemory:
+    """Each node's backward temporaries and the gradients passed between nodes, from the
+    allocator alone (kernel scratch, temporaries of the autograd formulas and autograd's own
+    sums included). `owners` maps autograd sequence numbers (`grad_fn._sequence_nr()`) to the
+    graph node that created them. An owner's window opens when one of its autograd nodes
+    starts and closes when another owner's does; autograd nodes nobody owns (AccumulateGrad,
+    the loss's) count for the window they run in.
 
     Example:
         >>> with memory_profile() as profile:
         ...     loss.backward()
-        >>> backward_temporaries(profile, "cpu", {y.grad_fn._sequence_nr(): "conv"})["conv"]
+        >>> backward_memory(profile, "cpu", {y.grad_fn._sequence_nr(): "conv"}).temporaries["conv"]
     """
     starts: list[tuple[int, str]] = []
+    backward_start: int | None = None
     stack = list(profile.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
         kind, fields = node.typed
         if kind != _EventType.TorchOp:
             continue
-        if node.name.startswith("autograd::engine::evaluate_function") and fields.sequence_number in owners:
-            starts.append((node.start_time_ns, owners[fields.sequence_number]))
+        if node.name.startswith("autograd::engine::evaluate_function"):
+            backward_start = min(node.start_time_ns, backward_start or node.start_time_ns)
+            if fields.sequence_number in owners:
+                starts.append((node.start_time_ns, owners[fields.sequence_number]))
         stack.extend(node.children)
-    return window_temporaries(allocation_events(profile, device_type), starts)
+    return window_memory(allocation_events(profile, device_type), starts, backward_start)
+
+
+def backward_temporaries(profile: torch.profiler.profile, device_type: str, owners: dict[int, str]) -> dict[str, int]:
+    """`backward_memory(...).temporaries`.
+
+    Example:
+        >>> backward_temporaries(profile, "cpu", {y.grad_fn._sequence_nr(): "conv"})["conv"]
+    """
+    return backward_memory(profile, device_type, owners).temporaries
 
 
 def window_temporaries(events: list[AllocationEvent], starts: list[tuple[int, str]]) -> dict[str, int]:
-    """The window algorithm of `backward_temporaries` on any event source: `events` in time
+    """The window algorithm of `backward_memory` on any event source: `events` in time
     order, `starts` as (time, owner) of each autograd node an owner runs. (The fake-tensor
     profile feeds it the tensor tracker's log and the ticks of autograd pre-hooks.)
 
@@ -223,11 +248,27 @@ def window_temporaries(events: list[AllocationEvent], starts: list[tuple[int, st
         ...                    [(1, "relu")])
         {'relu': 64}
     """
+    return window_memory(events, starts).temporaries
+
+
+def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
+                  backward_start: int | None = None) -> BackwardMemory:
+    """`window_temporaries`, and the gradients in flight between windows: storages a window
+    allocates and a later one frees, and, where `backward_start` (the time backward began) is
+    given, those allocated between it and the first window.
+
+    Example:
+        >>> window_memory([AllocationEvent(2, 64, 1, None), AllocationEvent(5, -64, 1, None)],
+        ...               [(1, "add"), (4, "relu")], backward_start=0).gradients
+        [('add', 'relu', 64)]
+    """
     starts = sorted(starts)
     windows = [start for index, start in enumerate(starts) if index == 0 or start[1] != starts[index - 1][1]]
 
     temporaries: dict[str, int] = {}
-    live: dict[int, tuple[int, int]] = {}  # pointer -> (bytes, window it was allocated in)
+    gradients: list[tuple[str, str, int]] = []
+    # pointer -> (bytes, window it was allocated in, window it counts for as a gradient)
+    live: dict[int, tuple[int, int, int | None]] = {}
     window = -1
     live_bytes = opened_at = peak = kept = 0  # kept: bytes the open window allocated, still live
 
@@ -236,11 +277,13 @@ def window_temporaries(events: list[AllocationEvent], starts: list[tuple[int, st
             owner = windows[window][1]
             temporaries[owner] = max(temporaries.get(owner, 0), peak - opened_at - kept)
 
-    def forget(pointer: int) -> int:
+    def forget(pointer: int, freed: bool) -> int:
         nonlocal kept
-        size, made_in = live.pop(pointer, (0, -1))
+        size, made_in, gradient_of = live.pop(pointer, (0, -1, None))
         if made_in == window and window >= 0:
             kept -= size
+        elif freed and gradient_of is not None and window >= 0:
+            gradients.append((windows[gradient_of][1], windows[window][1], size))
         return size
 
     for event in events:
@@ -250,14 +293,16 @@ def window_temporaries(events: list[AllocationEvent], starts: list[tuple[int, st
             opened_at = peak = live_bytes
             kept = 0
         if event.size_bytes > 0:
-            live_bytes += event.size_bytes - forget(event.pointer)  # seen twice: a free was missed
-            live[event.pointer] = (event.size_bytes, window)
+            live_bytes += event.size_bytes - forget(event.pointer, False)  # seen twice: a free was missed
+            in_backward = window >= 0 or (backward_start is not None and event.time_ns >= backward_start
+                                          and bool(windows))
+            live[event.pointer] = (event.size_bytes, window, max(window, 0) if in_backward else None)
             kept += event.size_bytes if window >= 0 else 0
             peak = max(peak, live_bytes)
         else:
-            live_bytes -= forget(event.pointer)
+            live_bytes -= forget(event.pointer, True)
     close()
-    return temporaries
+    return BackwardMemory(temporaries, gradients)
 
 
 def _subtree_allocations(operator: Any, device_type: str) -> list[AllocationEvent]:

@@ -381,7 +381,8 @@ def plan(
     # Measured where the plan runs; for a GPU elsewhere, this CPU's (checkpoint's own work is
     # mostly on the host), an estimate like the target's node times.
     overhead_ms = checkpoint_overhead_ms(where.device if where.local else torch.device("cpu"))
-    problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes)
+    problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
+                            summary.gradients)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()
     solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))

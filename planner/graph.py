@@ -97,11 +97,13 @@ def module_checkpoint(gm: fx.GraphModule, call: ModuleCall) -> ModuleCheckpoint 
 
 
 def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[range, ...] | None = None,
-                  region_overhead_ms: float = 0.0, rng_state_bytes: int = 0) -> Problem:
+                  region_overhead_ms: float = 0.0, rng_state_bytes: int = 0,
+                  gradients: tuple[tuple[str, str, int], ...] | None = None) -> Problem:
     """Collect the per-node profiles of `gm` into a Problem (plain ints and floats), with the
     static memory the plan does not change (see `planner.static`). Regions are limited to the
     node ranges `allowed_regions` (None: any run of nodes), each costs `region_overhead_ms` more,
-    and one that draws random numbers keeps an RNG state of `rng_state_bytes`.
+    and one that draws random numbers keeps an RNG state of `rng_state_bytes`. `gradients`
+    (measured gradients in flight, `GraphProfile.gradients`) replace the graph's estimate.
 
     Example:
         >>> problem = build_problem(gm, sum(static_breakdown(...).values()))
@@ -118,32 +120,61 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
             returned.update(record.uses)  # returns views or a record of tensors made earlier
         returned.add(node.name)
     shared = _shared_gradients(gm, nodes)
+    released = _released_with_outputs(nodes, index)
     costs = []
     for i, node in enumerate(nodes):
         record = node.meta[META_KEY]
+        runs = record.backward_runs
         costs.append(
             NodeCost(
                 name=node.name,
                 compute_ms=record.forward_ms,
-                output_bytes=record.output_bytes,
+                output_bytes=record.output_bytes + (0 if runs else record.saved_bytes),
                 grad_bytes=record.grad_bytes,
-                saved_bytes=record.saved_bytes,
+                saved_bytes=record.saved_bytes if runs else 0,
                 transient_bytes=record.transient_bytes,
                 param_grad_bytes=record.param_grad_bytes - sum(size for _, size in shared.get(i, ())),
                 backward_transient_bytes=record.backward_transient_bytes,
                 uses=tuple(index[name] for name in record.uses),
-                saves=tuple(index[name] for name in record.saves),
+                saves=tuple(index[name] for name in record.saves) if runs else (),
                 mutates=tuple(index[name] for name in record.mutates),
                 grad_aliases=tuple(index[name] for name in record.grad_aliases),
-                holds=tuple(index[name] for name in record.holds),
+                holds=tuple(sorted({index[name] for name in record.holds} | released.get(i, set()))),
                 arguments=tuple(index[name] for name in record.arguments),
                 shared_grads=tuple(shared.get(i, ())),
                 is_output=node.name in returned,
                 random=record.random,
             )
         )
+    spans = None
+    if gradients is not None:
+        # A storage lives from the backward that made it (the later node) to the one that freed it.
+        spans = tuple(sorted((min(index[made], index[freed]), max(index[made], index[freed]), size)
+                             for made, freed, size in gradients))
     return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
-                   region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes)
+                   region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes,
+                   measured_gradients=spans)
+
+
+def _released_with_outputs(nodes: list[fx.Node], index: dict[str, int]) -> dict[int, set[int]]:
+    """For nodes whose backward never runs (`NodeProfile.backward_runs`), what they saved is
+    freed with their output (the autograd node that holds it dies with it), not by backward:
+    by node index, the saved owners that node's reading or holding of such an output keeps
+    alive (a dead branch: `gelu(x)` that nothing returned depends on keeps `x` while the
+    model's code holds the result)."""
+    records = [node.meta[META_KEY] for node in nodes]
+    kept: dict[int, set[int]] = {}
+    for k, record in enumerate(records):
+        if record.backward_runs or not record.saves:
+            continue
+        saved = {index[name] for name in record.saves}
+        # Its output: its own storage, or the one it writes in place or views.
+        outputs = {nodes[k].name} if record.output_bytes else set(record.mutates or record.uses)
+        kept.setdefault(k, set()).update(saved)
+        for m in range(k + 1, len(records)):
+            if outputs & {*records[m].uses, *records[m].holds}:
+                kept.setdefault(m, set()).update(saved)
+    return kept
 
 
 def _shared_gradients(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[int, list[tuple[int, int]]]:

@@ -266,6 +266,9 @@ class SavedPlan(PlanFigures):
             "static_bytes": self.problem.static_bytes,
             "region_overhead_ms": self.problem.region_overhead_ms,
             "rng_state_bytes": self.problem.rng_state_bytes,
+            "measured_gradients": (None if self.problem.measured_gradients is None
+                                   else [[names[first], names[last], size]
+                                         for first, last, size in self.problem.measured_gradients]),
             "allowed_regions": (None if self.problem.allowed_regions is None
                                 else [[region.start, region.stop] for region in self.problem.allowed_regions]),
             "predicted_peak_bytes": s.peak_bytes,
@@ -312,6 +315,9 @@ class SavedPlan(PlanFigures):
                                  else tuple(range(start, stop) for start, stop in data["allowed_regions"])),
                 region_overhead_ms=data.get("region_overhead_ms", 0.0),
                 rng_state_bytes=data.get("rng_state_bytes", 0),  # older plans count them as static
+                measured_gradients=(None if data.get("measured_gradients") is None
+                                    else tuple((index[first], index[last], size)
+                                               for first, last, size in data["measured_gradients"])),
             )
             regions = []
             wrapped = []

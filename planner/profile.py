@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
-from planner.allocations import backward_temporaries, forward_scratch, memory_profile
+from planner.allocations import backward_memory, forward_scratch, memory_profile
 from planner.memory import LiveBytesTracker, storage_bytes, storage_key
 from planner.verify import training_loss
 
@@ -52,6 +52,9 @@ class NodeProfile:
     holds: tuple[str, ...] = ()  # outputs the model's own code still references while it runs (planner.holds)
     arguments: tuple[str, ...] = ()  # outputs passed to a submodule call starting here (planner.holds)
     random: bool = True  # draws random numbers (dropout): a region holding it must replay the RNG
+    # False where backward never reaches its autograd nodes (nothing returned depends on its
+    # output): what it saved is freed with its output, not by its backward
+    backward_runs: bool = True
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,9 @@ class GraphProfile:
     times_estimated: bool = False  # times are roofline estimates for a target GPU, not measured
     scratch_measured: bool = True  # kernel scratch (workspace the allocator sees) was measured
     loss_bytes: int = 0  # held through backward by the loss outside the graph (see training_loss_bytes)
+    # Gradients in flight, measured: (node whose backward made the storage, node whose backward
+    # freed it, bytes), where the whole step ran (None: derived from the graph by the solvers)
+    gradients: tuple[tuple[str, str, int], ...] | None = None
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
@@ -323,15 +329,21 @@ def profile(
             if progress:
                 progress("measuring backward temporaries")
             value, loss_bytes = training_loss_bytes(loss or training_loss, output)
+            # Backward as in a training step: forward's values are held by autograd alone, so
+            # a node's saved tensors are freed when its backward releases them.
+            interpreter.env.clear()
+            del output
             value.backward()
             del value
         records = {node.name: node.meta[META_KEY] for node in gm.graph.nodes if META_KEY in node.meta}
         for name, extra in forward_scratch(allocations, device.type, NODE_LABEL).items():
             records[name].transient_bytes += extra
         owners = {grad_fn._sequence_nr(): name for grad_fn, name in interpreter.autograd_owners.items()}
-        for name, extra in backward_temporaries(allocations, device.type, owners).items():
-            records[name].backward_transient_bytes = max(0, extra)
-        del interpreter, output
+        backward = backward_memory(allocations, device.type, owners)
+        for name, record in records.items():
+            record.backward_runs = name in backward.temporaries
+            record.backward_transient_bytes = max(0, backward.temporaries.get(name, 0))
+        del interpreter
         times: dict[str, list[float]] = {}
         for run in range(warmup + repeats):
             if progress:
@@ -344,7 +356,7 @@ def profile(
         if node.op in COMPUTE_OPS:
             node.meta[META_KEY].forward_ms = statistics.median(times[node.name])
     return graph_profile(gm, inputs, device, "CUDA events" if device.type == "cuda" else "time.perf_counter",
-                         loss_bytes=loss_bytes)
+                         loss_bytes=loss_bytes, gradients=tuple(backward.gradients))
 
 
 def graph_profile(gm: fx.GraphModule, inputs: list[torch.Tensor], device: torch.device, timing: str,

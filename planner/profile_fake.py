@@ -136,8 +136,10 @@ def profile_sizes(
         gradients = sum(p.numel() * p.element_size() for p in state.values()
                         if isinstance(p, nn.Parameter) and p.requires_grad)
     records = {node.name: node.meta[META_KEY] for node in gm.graph.nodes if node.op in COMPUTE_OPS}
-    for name, extra in windows.temporaries().items():
-        records[name].backward_transient_bytes = max(0, extra)
+    temporaries = windows.temporaries()
+    for name, record in records.items():
+        record.backward_runs = name in temporaries
+        record.backward_transient_bytes = max(0, temporaries.get(name, 0))
     kept = sum(r.output_bytes + r.saved_bytes for r in records.values())
     peak_extra = max((r.transient_bytes + r.backward_transient_bytes for r in records.values()), default=0)
     needed = static + gradients + kept + 2 * sum(r.grad_bytes for r in records.values()) + peak_extra

@@ -71,6 +71,9 @@ class Problem:
     # A region with a random node keeps a copy of the RNG state (to replay it when recomputing)
     # from its forward to its backward: this many bytes.
     rng_state_bytes: int = 0
+    # Gradients in flight as measured (first, last, bytes): alive at the backward of nodes
+    # first..last. None: derived from the graph (`gradient_spans`).
+    measured_gradients: tuple[tuple[int, int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         for region in self.allowed_regions or ():
@@ -171,6 +174,8 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
         >>> gradient_spans(Problem(nodes=(NodeCost("a", 1.0, grad_bytes=8),)))
         [(0, 0, 8)]
     """
+    if problem.measured_gradients is not None:
+        return list(problem.measured_gradients)
     nodes = problem.nodes
     n = len(nodes)
     owner_of = list(range(n))  # version -> the owner whose storage it is

@@ -68,8 +68,13 @@ def problems(
                 random=draw(st.integers(0, 4)) == 0,  # dropout: its region keeps an RNG state
             )
         )
+    # Gradients in flight as measured (planner.allocations.BackwardMemory), sometimes: any
+    # spans of backward steps, which replace the ones derived from the graph.
+    span = st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), sizes).map(
+        lambda t: (min(t[0], t[1]), max(t[0], t[1]), t[2]))
+    measured = tuple(draw(st.lists(span, max_size=4))) if draw(st.integers(0, 2)) == 0 else None
     return Problem(tuple(nodes), static_bytes=draw(st.sampled_from([0, 100])),
-                   rng_state_bytes=draw(st.sampled_from([0, 3, 6])))
+                   rng_state_bytes=draw(st.sampled_from([0, 3, 6])), measured_gradients=measured)
 
 
 @st.composite
@@ -82,7 +87,7 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
     allowed = tuple(sorted(set(draw(st.lists(spans, min_size=1, max_size=6))), key=lambda r: (r.start, r.stop)))
     overhead = draw(st.sampled_from([0.0, 0.25, 1.0]))
     return Problem(problem.nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,
-                   rng_state_bytes=problem.rng_state_bytes)
+                   rng_state_bytes=problem.rng_state_bytes, measured_gradients=problem.measured_gradients)
 
 
 @dataclass

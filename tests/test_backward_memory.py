@@ -1,0 +1,55 @@
+"""Backward's memory as measured: gradients in flight between nodes, and branches whose
+backward never runs."""
+import torch
+from torch import nn
+
+from planner import plan
+from planner.allocations import AllocationEvent, window_memory
+
+
+def test_window_memory_finds_gradients_in_flight_and_temporaries():
+    events = [
+        AllocationEvent(0, 100, 1, None),  # forward: not a gradient
+        AllocationEvent(2, 8, 2, None),  # made after backward began, before the first window
+        AllocationEvent(4, 16, 3, None),  # made by "add", freed by "relu": in flight
+        AllocationEvent(5, 32, 4, None),  # a temporary of "add"
+        AllocationEvent(6, -32, 4, None),
+        AllocationEvent(9, 64, 5, None),  # never freed (a parameter's .grad)
+        AllocationEvent(10, -8, 2, None),
+        AllocationEvent(11, -16, 3, None),
+        AllocationEvent(12, -100, 1, None),
+    ]
+    memory = window_memory(events, [(3, "add"), (8, "relu")], backward_start=1)
+    assert sorted(memory.gradients) == [("add", "relu", 8), ("add", "relu", 16)]
+    assert memory.temporaries == {"add": 32, "relu": 0}
+    assert window_memory(events, [(3, "add"), (8, "relu")]).gradients == [("add", "relu", 16)]
+
+
+class DeadBranch(nn.Module):
+    """`gelu(h)`, then `relu_` on it, which nothing returned depends on: autograd never runs
+    their backward, so what they saved is freed with the result when `forward` returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, 64)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        unused = torch.relu_(self.act(h))
+        out = self.fc2(h) * 2
+        del unused
+        return out
+
+
+def test_a_branch_whose_backward_never_runs_saves_nothing_for_backward():
+    torch.manual_seed(0)
+    p = plan(DeadBranch(), torch.randn(512, 64), budget_gb=80, repeats=1)
+    names = [node.name for node in p.problem.nodes]
+    for name in ("act", "relu_"):
+        node = p.problem.nodes[names.index(name)]
+        assert not node.saves and not node.saved_bytes, name
+    assert p.problem.measured_gradients is not None
+    check = p.verify(steps=1)
+    assert abs(check.original_peak_error) <= 0.01, check
