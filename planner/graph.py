@@ -144,6 +144,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 shared_grads=tuple(shared.get(i, ())),
                 is_output=node.name in returned,
                 random=record.random,
+                stops_before_output=record.stops_before_output,
             )
         )
     spans = None

@@ -109,6 +109,8 @@ class LiveBytesTracker(TorchDispatchMode):
         self.random = False
         self.log = log
         self.clock = clock or itertools.count().__next__
+        self.allocations = 0  # storages tracked so far
+        self.ordinal: dict[int, int] = {}  # id of a live storage -> its place in that count (1, 2, ...)
         self._refs: dict[int, weakref.ref] = {}
 
     def reset_peak(self) -> None:
@@ -136,6 +138,8 @@ class LiveBytesTracker(TorchDispatchMode):
             return
         nbytes = storage.nbytes()
         self._refs[key] = weakref.ref(storage, lambda _, key=key, nbytes=nbytes: self._free(key, nbytes))
+        self.allocations += 1
+        self.ordinal[key] = self.allocations
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         if self.log is not None:
@@ -143,6 +147,7 @@ class LiveBytesTracker(TorchDispatchMode):
 
     def _free(self, key: int, nbytes: int) -> None:
         self._refs.pop(key, None)
+        self.ordinal.pop(key, None)
         self.live_bytes -= nbytes
         if self.log is not None:
             self.log.append((self.clock(), -nbytes, key))

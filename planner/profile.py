@@ -55,6 +55,9 @@ class NodeProfile:
     # False where backward never reaches its autograd nodes (nothing returned depends on its
     # output): what it saved is freed with its output, not by its backward
     backward_runs: bool = True
+    # its last saved tensor is packed before its outputs are made (an input or an intermediate,
+    # saved before the last kernel runs): recomputation that stops here never makes them
+    stops_before_output: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,13 +162,15 @@ class ProfileInterpreter(fx.Interpreter):
         versions = [t._version for t in inputs]
         producers = [t.grad_fn for t in inputs]  # before an in-place op replaces them
         saved: dict[int, int] = {}
+        tracker = self.tracker
+        last_pack = [0]  # tracker.allocations when the node last saved a tensor
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             if tensor.layout == torch.strided:
                 saved[storage_key(tensor)] = tensor.untyped_storage().nbytes()
+            last_pack[0] = tracker.allocations
             return tensor
 
-        tracker = self.tracker
         tracker.reset_peak()
         tracker.written.clear()
         tracker.random = False
@@ -180,10 +185,12 @@ class ProfileInterpreter(fx.Interpreter):
         live_after = tracker.live_bytes
 
         record = NodeProfile(random=tracker.random)
+        made_after_last_save = []
         for tensor in tensors_in(result):
             key = storage_key(tensor)
             if key not in self.owner and key not in self.static_keys:
                 self.owner[key] = n.name
+                made_after_last_save.append(tracker.ordinal.get(id(tensor.untyped_storage()), 0) > last_pack[0])
                 record.output_bytes += tensor.untyped_storage().nbytes()
                 if tensor.requires_grad and tensor.is_floating_point():
                     record.grad_bytes += tensor.numel() * tensor.element_size()
@@ -193,6 +200,7 @@ class ProfileInterpreter(fx.Interpreter):
         record.mutated_buffers = tuple(sorted({self.buffer_names[key] for key in tracker.written
                                                if key in self.buffer_names}))
         record.saves = self._owners(saved)
+        record.stops_before_output = bool(saved) and bool(made_after_last_save) and all(made_after_last_save)
         if record.output_bytes or record.mutates:
             record.grad_aliases = self._gradient_aliases(n, result, inputs, producers)
         record.saved_bytes = sum(

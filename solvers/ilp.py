@@ -119,7 +119,10 @@ def _search_restricted(
     began = time.perf_counter()
     live_budget = budget_bytes - problem.static_bytes
     built = build_model(problem, live_budget, live_budget, max_region_nodes, long_starts)
-    if hint is not None:
+    # Only a plan that fits: CP-SAT 9.15 aborts the process ("Check failed:
+    # heuristics.fixed_search != nullptr") on a hinted model that its loading finds
+    # infeasible with interleaved workers, and a plan that fits proves the model feasible.
+    if hint is not None and peak_bytes(problem, hint) <= budget_bytes:
         hint_plan(built, problem, hint)
     solver = _solver(max(0.0, time_limit_s - (time.perf_counter() - began)), workers)
     solver.parameters.subsolvers.append("max_lp")

@@ -45,6 +45,10 @@ class NodeCost:
     arguments: tuple[int, ...] = ()
     is_output: bool = False  # returned by the graph: alive until backward starts
     random: bool = False  # draws random numbers: a region holding it keeps a copy of the RNG state
+    # Its last saved tensor is packed before it makes its output (an input or an intermediate,
+    # saved before its last kernel runs: a linear, a GELU, dropout's product): recomputation that
+    # stops at it (`Problem.recomputed`) never makes its output. Not with itself in `saves`.
+    stops_before_output: bool = False
 
     @property
     def saves_for_backward(self) -> bool:
@@ -80,6 +84,8 @@ class Problem:
             if region.step != 1 or len(region) == 0 or region.start < 0 or region.stop > len(self.nodes):
                 raise ValueError(f"allowed region {region} is not a non-empty run of the {len(self.nodes)} nodes")
         for index, node in enumerate(self.nodes):
+            if node.stops_before_output and index in node.saves:
+                raise ValueError(f"node {index} ({node.name!r}) saves its own output, so it makes it before it stops")
             for owner in (*node.uses, *node.saves, *node.mutates, *node.grad_aliases, *node.holds, *node.arguments,
                           *(user for user, _ in node.shared_grads)):
                 if not 0 <= owner <= index:

@@ -133,7 +133,9 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
                     last_copy[owner] = max(last_copy[owner], backward_step[k])
         for j in recomputed:
             node = nodes[j]
-            hold(node.output_bytes, recompute_step[j], last_copy[j])
+            # Recomputation stops at its last node, maybe before that node makes its output.
+            made = j < recomputed.stop - 1 or not node.stops_before_output
+            hold(node.output_bytes if made else 0, recompute_step[j], last_copy[j])
             hold(node.saved_bytes, recompute_step[j], backward_step[j])
             transient[recompute_step[j]] += node.transient_bytes
 

@@ -246,8 +246,9 @@ def scan_regions(structure: Structure, problem: Problem, start: int) -> Iterator
     saved_running = 0
     best = 0
 
-    def recompute(e: int) -> None:
-        """Add node e's recomputation step (every node before it added already)."""
+    def recompute(e: int) -> int:
+        """Add node e's recomputation step (every node before it added already); return the
+        largest value of the steps before it."""
         nonlocal saved_running, permanent_bytes, best
         saved_running += saved[e]
         step_bytes = saved_running + transient[e]
@@ -281,9 +282,11 @@ def scan_regions(structure: Structure, problem: Problem, start: int) -> Iterator
         own = 0 if e in permanent else out[e]
         covered_until[e] = e
         value = step_bytes + permanent_bytes + own + extra
+        earlier = best
         values.append(value)
         if value > best:
             best = value
+        return earlier
 
     saver = [node.saves_for_backward for node in problem.nodes]
     last_saver = -1
@@ -293,14 +296,18 @@ def scan_regions(structure: Structure, problem: Problem, start: int) -> Iterator
     stop_best = 0
     for e in range(start, structure.n):
         if saver[e]:
-            for k in (*pending, e):
+            for k in pending:
                 recompute(k)
+            earlier = recompute(e)
             pending.clear()
             at_stop.clear()
             stop_values = list(values)
-            stop_best = best
+            # Stopping at e, maybe before e makes its output (made if a later saver comes).
+            if problem.nodes[e].stops_before_output:
+                stop_values[-1] -= out[e]
+            stop_best = max(earlier, stop_values[-1])
             last_saver = e
-            yield e, saved_running + permanent_bytes, best
+            yield e, saved_running + permanent_bytes, stop_best
             continue
         pending.append(e)
         if last_saver < 0:

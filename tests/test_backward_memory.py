@@ -1,5 +1,5 @@
-"""Backward's memory as measured: gradients in flight between nodes, and branches whose
-backward never runs."""
+"""Backward's memory as measured: gradients in flight between nodes, branches whose backward
+never runs, and where recomputation that stops at a node leaves its output unmade."""
 import torch
 from torch import nn
 
@@ -53,3 +53,12 @@ def test_a_branch_whose_backward_never_runs_saves_nothing_for_backward():
     assert p.problem.measured_gradients is not None
     check = p.verify(steps=1)
     assert abs(check.original_peak_error) <= 0.01, check
+
+
+def test_recomputation_stops_before_the_output_of_a_node_that_saves_only_its_inputs():
+    # Linear, GELU and dropout's product save inputs (or a mask) before their last kernel runs;
+    # ReLU saves its result and LayerNorm its statistics, both made by the kernel.
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.ReLU(), nn.Dropout(0.1), nn.LayerNorm(8), nn.Linear(8, 8))
+    p = plan(model, torch.randn(4, 8), budget_gb=80, repeats=1)
+    stops = {node.name: node.stops_before_output for node in p.problem.nodes}
+    assert stops == {"_0": True, "_1": True, "_2": False, "_3": True, "_4": False, "_5": True}
