@@ -117,20 +117,28 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
 
     # Recomputation: a second copy of each region's outputs and saved tensors, and the RNG
     # state kept from the region's forward to its backward where it draws random numbers.
+    referenced_until = [n if node.is_output else last_forward_use[j] for j, node in enumerate(nodes)]
     for region in regions:
-        hold(problem.region_rng_bytes(region), region.start, backward_step[region.start])
+        rng_bytes = problem.region_rng_bytes(region)
+        hold(rng_bytes, region.start, backward_step[region.start])
         recomputed = problem.recomputed(region)
+        if not recomputed:
+            continue
+        stop = recompute_step[recomputed.stop - 1]
+        hold(rng_bytes, recompute_step[recomputed.start], stop)  # fork_rng's copy while recomputing
         last_copy = {j: recompute_step[j] for j in recomputed}
-        for k in region:
-            # A node past the stop is not recomputed, but what it reads or holds is still
-            # referenced by the model's code when recomputation stops.
-            step = recompute_step[min(k, recomputed.stop - 1)] if recomputed else 0
+        for k in recomputed:
             for owner in (*nodes[k].uses, *nodes[k].holds, *nodes[k].arguments):
                 if owner in last_copy and owner < k:
-                    last_copy[owner] = max(last_copy[owner], step)
+                    last_copy[owner] = max(last_copy[owner], recompute_step[k])
             for owner in nodes[k].saves:
                 if owner in last_copy:
                     last_copy[owner] = max(last_copy[owner], backward_step[k])
+        # What a node past the stop reads or holds, or what the region returns, is still
+        # referenced by the model's code when recomputation stops.
+        for j in recomputed:
+            if referenced_until[j] >= recomputed.stop:
+                last_copy[j] = max(last_copy[j], stop)
         for j in recomputed:
             node = nodes[j]
             # Recomputation stops at its last node, maybe before that node makes its output.

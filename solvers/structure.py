@@ -42,6 +42,8 @@ class Structure:
         holds_before: distinct owners < k that the model's code holds while k runs, not read by k.
         saves_of: distinct owners that node k saves.
         forward_until: last forward step at which j's output is alive whatever the plan.
+        referenced_until: last node that reads, holds or is passed j's output (n if returned):
+            a recomputation that stops before it still references j when it stops.
         keep_until: largest index of a node that could keep j alive into backward (-1: none).
         last_ref: max(forward_until, keep_until).
         gradient_backward: gradients in flight plus parameter gradients at the backward of i.
@@ -64,6 +66,7 @@ class Structure:
     holds_before: tuple[tuple[int, ...], ...]
     saves_of: tuple[tuple[int, ...], ...]
     forward_until: tuple[int, ...]
+    referenced_until: tuple[int, ...]
     keep_until: tuple[int, ...]
     last_ref: tuple[int, ...]
     gradient_backward: tuple[int, ...]
@@ -134,10 +137,12 @@ def _build(problem: Problem) -> Structure:
             savers[owner].append(k)
 
     forward_until = []
+    referenced_until = []
     keep_until = []
     for j, node in enumerate(nodes):
         last_use = max([held_until[j], *consumers[j]])
         forward_until.append(n - 1 if node.is_output else last_use)
+        referenced_until.append(n if node.is_output else last_use)
         keep_until.append(max([-1, *consumers[j], *savers[j]]))
     last_ref = [max(f, k) for f, k in zip(forward_until, keep_until)]
 
@@ -204,6 +209,7 @@ def _build(problem: Problem) -> Structure:
         holds_before=tuple(holds_before),
         saves_of=tuple(saves_of),
         forward_until=tuple(forward_until),
+        referenced_until=tuple(referenced_until),
         keep_until=tuple(keep_until),
         last_ref=tuple(last_ref),
         gradient_backward=tuple(gradient_backward),
@@ -289,34 +295,39 @@ def scan_regions(structure: Structure, problem: Problem, start: int) -> Iterator
         return earlier
 
     saver = [node.saves_for_backward for node in problem.nodes]
+    referenced_until = structure.referenced_until
     last_saver = -1
     pending: list[int] = []  # nodes after the last saver: recomputed only if a later one comes
-    at_stop: set[int] = set()  # recomputed outputs that pending nodes still reference
-    stop_values: list[int] = []  # values with those kept alive until the stop
-    stop_best = 0
+    # Recomputed outputs that something past the last saver reads, holds or is returned: the
+    # model's code still references them when recomputation stops there.
+    referenced_later: list[int] = []
+    stop_best = 0  # the region's recomputation peak, stopping at the last saver
+    random = False  # the region draws random numbers: checkpoint forks the RNG state to recompute
     for e in range(start, structure.n):
+        random = random or problem.nodes[e].random
+        fork = problem.rng_state_bytes if random else 0
         if saver[e]:
+            referenced_later += [k for k in (*pending, e) if referenced_until[k] > e]
             for k in pending:
                 recompute(k)
             earlier = recompute(e)
             pending.clear()
-            at_stop.clear()
             stop_values = list(values)
             # Stopping at e, maybe before e makes its output (made if a later saver comes).
             if problem.nodes[e].stops_before_output:
                 stop_values[-1] -= out[e]
-            stop_best = max(earlier, stop_values[-1])
+            referenced_later = [j for j in referenced_later if referenced_until[j] > e and j not in permanent]
+            lowest = e  # the first step these change
+            for j in referenced_later:
+                for k in range(covered_until[j] + 1, e + 1):
+                    stop_values[k - start] += out[j]
+                lowest = min(lowest, covered_until[j] + 1)
+            stop_best = max(earlier, max(stop_values[lowest - start:]))
             last_saver = e
-            yield e, saved_running + permanent_bytes, stop_best
+            yield e, saved_running + permanent_bytes, stop_best + fork
             continue
         pending.append(e)
         if last_saver < 0:
             yield e, saved_running + permanent_bytes, 0
             continue
-        for j in (*structure.uses_before[e], *structure.holds_before[e]):
-            if start <= j <= last_saver and j not in permanent and j not in at_stop and covered_until[j] < last_saver:
-                at_stop.add(j)
-                for k in range(covered_until[j] + 1, last_saver + 1):
-                    stop_values[k - start] += out[j]
-                    stop_best = max(stop_best, stop_values[k - start])
-        yield e, saved_running + permanent_bytes, stop_best
+        yield e, saved_running + permanent_bytes, stop_best + fork

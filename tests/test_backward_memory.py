@@ -62,3 +62,50 @@ def test_recomputation_stops_before_the_output_of_a_node_that_saves_only_its_inp
     p = plan(model, torch.randn(4, 8), budget_gb=80, repeats=1)
     stops = {node.name: node.stops_before_output for node in p.problem.nodes}
     assert stops == {"_0": True, "_1": True, "_2": False, "_3": True, "_4": False, "_5": True}
+
+
+class ReturnsAnIntermediate(nn.Module):
+    """A block with dropout that returns an early result next to its last: recomputing it
+    forks the RNG state, and the early result stays referenced until recomputation stops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        early = self.fc1(x)
+        hidden = nn.functional.dropout(torch.tanh(self.fc2(early)), 0.2, self.training)
+        return torch.tanh(self.fc3(hidden)), early
+
+
+class TwoOutputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block1, self.block2 = ReturnsAnIntermediate(), ReturnsAnIntermediate()
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last, early = self.block1(x)
+        last, early = self.block2(last * early)
+        return self.head(last * early)
+
+
+def test_recomputation_holds_what_the_region_returns_and_a_forked_rng_state():
+    import time
+
+    from planner.api import Plan
+    from solvers.problem import Status
+    from solvers.simulate import make_solution
+
+    torch.manual_seed(0)
+    base = plan(TwoOutputs(), torch.randn(256, 64), budget_gb=80, repeats=1)
+    # Checkpoint both blocks whatever the solver would choose: their recomputation is the peak.
+    regions = tuple(sorted((r for r, spec in base.wrapped.items() if spec.module in ("block1", "block2")),
+                           key=lambda r: r.start))
+    solution = make_solution(base.problem, regions, base.budget_bytes, Status.FEASIBLE, "test", time.perf_counter())
+    p = Plan(base._model, base._sample, base._traced, base.problem, base.profile, solution, base.budget_bytes,
+             base.reserved_bytes, base.requested_solver, base.solver_options, base.setup, base.wrapped)
+    assert [c.wrapped.module for c in p.checkpoints] == ["block1", "block2"]
+    check = p.verify(steps=1)
+    assert check.gradients_match
+    assert abs(check.peak_error) <= 0.001, check
