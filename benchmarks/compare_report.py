@@ -1,0 +1,286 @@
+"""The results of `benchmarks/compare.py` and their report: per model, one table of every
+configuration (peak, step time, measured and predicted overhead, share of every block's), the
+issue's targets met or missed (with why), a plot of peak against step time, and how the
+allocator's view compares with the tensor tracker's."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Most a plan's overhead may be, as a share of checkpointing every block, at each budget.
+SHARE_TARGETS = {"every block's peak": 0.6, "60%": 0.4, "80%": 0.2}
+PREDICTION_TOLERANCE = 0.10  # predicted overhead within 10% of the measured one,
+PREDICTION_SLACK_MS = 2.0  # or within 2 ms
+
+
+def mib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**20:.1f} MiB"
+
+
+@dataclass
+class Config:
+    name: str
+    kind: str  # "baseline", "compile", "planner"
+    module: Any = None
+    budget_bytes: int | None = None
+    solver: str = ""
+    fraction: float | None = None
+    infeasible: str = ""  # why there is no module
+    note: str = ""
+    compile_s: float | None = None
+    predicted_peak_bytes: int | None = None
+    peak: int | None = None  # the allocator's, kernel scratch included
+    peak_without_scratch: int | None = None
+    tensor_peak: int | None = None  # LiveBytesTracker's (eager configurations only)
+    times_ms: list[float] = field(default_factory=list)
+    backend: Any = None
+    regions: tuple[tuple[str, ...], ...] | None = None  # planner: the recomputed node ranges
+    budget_label: str = ""  # planner: "every block's peak", "40%", ...
+    predicted_overhead_ms: float | None = None  # planner: p.recompute_ms
+    optimal: bool = False  # planner: the solver proved its plan the cheapest of its decision space
+
+    @property
+    def eager(self) -> bool:
+        return self.kind != "compile"
+
+    @property
+    def step_ms(self) -> float | None:
+        return statistics.median(self.times_ms) if self.times_ms else None
+
+    @property
+    def spread_ms(self) -> float:
+        """max - min of the step times over rounds."""
+        return max(self.times_ms) - min(self.times_ms) if self.times_ms else 0.0
+
+
+@dataclass
+class ModelResult:
+    spec: Any  # compare_models.Spec
+    description: str
+    configs: list[Config]  # "none" first
+    plan_s: float
+    notes: list[str]
+    every_predicted_ms: float | None = None  # the planner's prediction of every block's overhead
+
+
+def overhead_ms(result: ModelResult, config: Config) -> float:
+    """Measured overhead: the configuration's median step time minus the unplanned one's."""
+    return config.step_ms - result.configs[0].step_ms
+
+
+def every_overhead_ms(result: ModelResult) -> float:
+    every = next(c for c in result.configs if c.name == "every block")
+    return overhead_ms(result, every)
+
+
+def prediction_ok(result: ModelResult, config: Config) -> bool:
+    measured = overhead_ms(result, config)
+    error = abs(config.predicted_overhead_ms - measured)
+    return error <= max(PREDICTION_TOLERANCE * abs(measured), PREDICTION_SLACK_MS)
+
+
+def table(result: ModelResult) -> str:
+    none = result.configs[0]
+    every = every_overhead_ms(result)
+    rows = ["| configuration | budget | peak | under budget | step: median [min-max] | overhead, measured "
+            "| overhead, predicted | share of every block's, measured (predicted) | notes |",
+            "|" + "---|" * 9]
+    for c in result.configs:
+        budget = f"{mib(c.budget_bytes)} ({c.budget_label})" if c.budget_bytes is not None else "-"
+        if c.module is None:
+            rows.append(f"| {c.name} | {budget} | - | {c.infeasible} | - | - | - | - | |")
+            continue
+        measured = overhead_ms(result, c)
+        share = f"{measured / every:.2f}" if every > 0 and c is not none else "-"
+        predicted = "-"
+        if c.predicted_overhead_ms is not None:
+            predicted = f"{c.predicted_overhead_ms:.0f} ms" + ("" if prediction_ok(result, c) else " (off)")
+            if result.every_predicted_ms:
+                share += f" ({c.predicted_overhead_ms / result.every_predicted_ms:.2f})"
+        elif c.name == "every block" and result.every_predicted_ms is not None:
+            predicted = f"{result.every_predicted_ms:.0f} ms"
+        under = "-" if c.budget_bytes is None else ("yes" if c.peak <= c.budget_bytes else "NO")
+        notes = c.note
+        if c.kind == "planner":
+            notes = f"predicted peak {mib(c.predicted_peak_bytes)}; {notes}"
+        if c.kind == "compile":
+            notes = f"compile + first step {c.compile_s:.1f} s; {notes}"
+        rows.append(f"| {c.name} | {budget} | {mib(c.peak)} | {under} | {c.step_ms:.0f} ms "
+                    f"[{min(c.times_ms):.0f}-{max(c.times_ms):.0f}] | {measured:+.0f} ms | {predicted} "
+                    f"| {share} | {notes} |")
+    return "\n".join(rows)
+
+
+def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
+    """Lines for the targets and, per target, met (True), missed (False) or not applicable
+    (None): every plan under budget; the share of every block's overhead at most
+    `SHARE_TARGETS` at each budget; every predicted overhead within 10% (or 2 ms) of measured.
+    A missed share says why: the cheapest plan the solver can choose is predicted above it
+    (its decision space is the limit), or the prediction is below it and the clock is not."""
+    planner = [c for c in result.configs if c.kind == "planner"]
+    ran = [c for c in planner if c.module is not None]
+    lines: list[str] = []
+    flags: dict[str, bool | None] = {}
+    noise_ms, noise_line = noise(result)
+
+    over = [c for c in ran if c.peak > c.budget_bytes]
+    flags["under budget"] = not over if ran else None
+    text = (f"every planner run measured under its budget ({len(ran)} runs)" if not over else
+            "OVER budget: " + ", ".join(f"{c.name} {mib(c.peak)} > {mib(c.budget_bytes)}" for c in over))
+    not_run = [c for c in planner if c.module is None]
+    if not_run:
+        text += "; not run: " + ", ".join(f"{c.name} ({c.infeasible})" for c in not_run)
+    lines.append(f"- Under budget: {text}.")
+
+    every = every_overhead_ms(result)
+    for label, target in SHARE_TARGETS.items():
+        key = f"share <= {target} at {label}"
+        config = next((c for c in planner if c.budget_label == label), None)
+        if config is None or config.module is None:
+            flags[key] = None
+            why = config.infeasible if config is not None else "not run"
+            lines.append(f"- Share at {label} (target {target}): no plan ({why}).")
+            continue
+        if every <= 0:
+            flags[key] = None
+            lines.append(f"- Share at {label}: every block's overhead measured {every:+.0f} ms (noise exceeds it).")
+            continue
+        share = overhead_ms(result, config) / every
+        flags[key] = share <= target
+        line = f"- Share at {label} (target {target}): {share:.2f}"
+        if share > target:
+            predicted = (config.predicted_overhead_ms / result.every_predicted_ms
+                         if result.every_predicted_ms else None)
+            if predicted is not None and predicted > target and config.optimal:
+                line += (f" missed: the cheapest plan of whole-submodule regions at this budget (proven by "
+                         f"{config.solver}) is predicted at {predicted:.2f} of every block's; meeting it needs "
+                         "regions that keep some outputs (selective policies, not planned yet)")
+            elif predicted is not None:
+                line += f" missed: predicted {predicted:.2f}, so the clock exceeds the prediction"
+            beyond = overhead_ms(result, config) - target * every > noise_ms
+            line += "" if beyond else " (within the timing noise)"
+        lines.append(line + ".")
+
+    predicted = [c for c in ran if c.predicted_overhead_ms is not None]
+    off = [c for c in predicted if not prediction_ok(result, c)]
+    flags["predicted overhead within 10% or 2 ms"] = not off if predicted else None
+    lines.append(
+        f"- Predicted overhead within {100 * PREDICTION_TOLERANCE:.0f}% or {PREDICTION_SLACK_MS:g} ms of measured: "
+        f"{len(predicted) - len(off)}/{len(predicted)}"
+        + ("" if not off else "; off: " + ", ".join(
+            f"{c.name} predicted {c.predicted_overhead_ms:.0f} ms, measured {overhead_ms(result, c):+.0f} ms"
+            for c in off))
+        + (f"; every block: predicted {result.every_predicted_ms:.0f} ms, measured {every:+.0f} ms"
+           if result.every_predicted_ms is not None else "") + ".")
+    lines.append(noise_line)
+    return lines, flags
+
+
+def noise(result: ModelResult) -> tuple[float, str]:
+    """The timing noise of a model's run: the median over configurations of their spread
+    (max - min over rounds), and how far apart configurations running the same plan measured."""
+    runnable = [c for c in result.configs if c.module is not None and len(c.times_ms) > 1]
+    spread = statistics.median(c.spread_ms for c in runnable) if runnable else 0.0
+    same = {}
+    for c in result.configs:
+        if c.regions is not None and c.module is not None:
+            same.setdefault(c.regions, []).append(c)
+    pairs = [group for group in same.values() if len(group) > 1]
+    line = (f"- Timing noise: median spread (max - min over rounds) of a configuration's step time "
+            f"{spread:.0f} ms")
+    if pairs:
+        worst = max(pairs, key=lambda group: max(c.step_ms for c in group) - min(c.step_ms for c in group))
+        gap = max(c.step_ms for c in worst) - min(c.step_ms for c in worst)
+        line += (f"; {len(pairs)} group(s) of planner runs with identical plans, whose medians differ by up to "
+                 f"{gap:.0f} ms ({' vs '.join(c.name for c in worst)})")
+    return spread, line + "."
+
+
+def _place_labels(figure, axes, labels) -> None:
+    """Annotate each point, trying offsets until the label overlaps no marker and no label
+    placed before."""
+    from matplotlib.transforms import Bbox
+
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    placed = []
+    for x, y, _, _ in labels:
+        px, py = axes.transData.transform((x, y))
+        placed.append(Bbox.from_extents(px - 4, py - 4, px + 4, py + 4))
+    offsets = [(4, 3), (4, -9), (4, 10), (-4, 3), (-4, -9), (4, -16), (4, 17), (-4, 10), (-4, -16), (4, 24)]
+    for x, y, text, color in labels:
+        for dx, dy in offsets:
+            annotation = axes.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=6.5,
+                                       color=color, ha="left" if dx > 0 else "right")
+            box = annotation.get_window_extent(renderer).expanded(1.02, 1.1)
+            if not any(box.overlaps(other) for other in placed) or (dx, dy) == offsets[-1]:
+                placed.append(box)
+                break
+            annotation.remove()
+
+
+def plot(result: ModelResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [(c.step_ms, c.peak / 2**20, c) for c in result.configs if c.module is not None]
+    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=90)
+    colors = {"baseline": "#444444", "compile": "#1f77b4"}
+    solver_colors = ["#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+    solvers = sorted({c.solver for _, _, c in points if c.kind == "planner"})
+    markers = {"baseline": "s", "compile": "^", "planner": "o"}
+    labels = []
+    for x, y, c in points:
+        color = colors.get(c.kind) or solver_colors[solvers.index(c.solver) % len(solver_colors)]
+        axes.scatter(x, y, color=color, marker=markers[c.kind], s=28, zorder=3)
+        labels.append((x, y, c.name.replace("planner ", "").replace("sqrt(N) segments", "sqrt(N) seg"), color))
+    front = []
+    for x, y, c in sorted(points, key=lambda point: (point[0], point[1])):
+        if not front or y < front[-1][1]:
+            front.append((x, y, c))
+    if front:
+        xs = [x for x, _, _ in front]
+        ys = [y for _, y, _ in front]
+        axes.step(xs + [max(x for x, _, _ in points)], ys + [ys[-1]], where="post", color="#999999",
+                  linewidth=1, linestyle="--", zorder=1, label="Pareto front")
+    budgets = sorted({c.budget_bytes for c in result.configs if c.budget_bytes is not None})
+    for budget in budgets:
+        axes.axhline(budget / 2**20, color="#dddddd", linewidth=0.8, zorder=0)
+    handles = [plt.Line2D([], [], color="#444444", marker="s", linestyle="", label="baselines")]
+    if any(c.kind == "compile" for _, _, c in points):
+        handles.append(plt.Line2D([], [], color="#1f77b4", marker="^", linestyle="", label="torch.compile,\nbudget b"))
+    handles += [plt.Line2D([], [], color=solver_colors[i % len(solver_colors)], marker="o", linestyle="",
+                           label=f"planner {name},\n% of unplanned peak") for i, name in enumerate(solvers)]
+    handles.append(plt.Line2D([], [], color="#999999", linestyle="--", label="Pareto front"))
+    handles.append(plt.Line2D([], [], color="#dddddd", label="planner budgets"))
+    axes.margins(x=0.12, y=0.08)
+    axes.set_xlabel("median step time, forward+backward (ms)", fontsize=9)
+    axes.set_ylabel("measured peak (MiB)", fontsize=9)
+    axes.set_title(f"{result.spec.title}: peak vs step time", fontsize=9)
+    axes.tick_params(labelsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout(rect=(0, 0, 0.77, 1))
+    _place_labels(figure, axes, labels)  # after the layout: placement works in display coordinates
+    figure.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(0.77, 0.95), frameon=False)
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def validation(results: list[ModelResult]) -> str:
+    """How the allocator's view (kernel scratch left out) compares with the tensor tracker's."""
+    lines = []
+    for result in results:
+        eager = [c for c in result.configs if c.module is not None and c.eager]
+        exact = [c for c in eager if c.peak_without_scratch == c.tensor_peak]
+        deviation = max(eager, key=lambda c: abs(c.peak_without_scratch - c.tensor_peak))
+        difference = deviation.peak_without_scratch - deviation.tensor_peak
+        scratch = [(c.peak - c.tensor_peak) / c.tensor_peak for c in eager]
+        lines.append(
+            f"- {result.spec.key}: {len(eager)} eager configurations, {len(exact)} identical to the byte; largest "
+            f"difference {difference:+d} B ({100 * difference / deviation.tensor_peak:+.3f}%, {deviation.name}); "
+            f"kernel scratch adds {100 * min(scratch):+.1f}% to {100 * max(scratch):+.1f}% to the peak")
+    return "\n".join(lines)
