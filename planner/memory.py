@@ -209,7 +209,10 @@ def storage_bytes(tensors: Any) -> int:
 @contextmanager
 def preserved_state(model: torch.nn.Module, devices: list[torch.device]) -> Iterator[None]:
     """Run work on `model` and leave it, and the global RNG, as they were: buffers (BatchNorm
-    statistics) are restored, gradients are put back, the training flag is kept.
+    statistics) are restored, gradients are put back, the training flag is kept. Inside, the
+    parameters have no gradients, as at each step of a training loop that zeroes them with
+    `set_to_none` (the default): autograd then hands each new gradient over instead of adding
+    it into `.grad` (which leaves a temporary behind, and measured backward windows depend on it).
 
     Example:
         >>> with preserved_state(model, [torch.device("cpu")]):
@@ -220,6 +223,8 @@ def preserved_state(model: torch.nn.Module, devices: list[torch.device]) -> Iter
     training = {module: module.training for module in model.modules()}
     cuda_devices = [d for d in devices if d.type == "cuda"]
     try:
+        for parameter in model.parameters():
+            parameter.grad = None
         with torch.random.fork_rng(devices=cuda_devices):
             yield
     finally:

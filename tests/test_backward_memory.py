@@ -1,5 +1,6 @@
 """Backward's memory as measured: gradients in flight between nodes, branches whose backward
 never runs, and where recomputation that stops at a node leaves its output unmade."""
+import pytest
 import torch
 from torch import nn
 
@@ -109,3 +110,25 @@ def test_recomputation_holds_what_the_region_returns_and_a_forked_rng_state():
     check = p.verify(steps=1)
     assert check.gradients_match
     assert abs(check.peak_error) <= 0.001, check
+
+
+@pytest.mark.parametrize("build", ["small_gpt", "vit"])
+def test_planning_a_model_that_has_gradients_measures_a_fresh_step(build):
+    # Mid-training, `.grad` holds the last step's gradients; autograd then adds each new one
+    # into it, leaving temporaries that a training loop zeroing with set_to_none never has.
+    import conftest
+    import models_hf
+
+    from planner.verify import training_loss
+    from planner.trace import split_sample
+
+    model, sample = getattr(conftest, build)() if build == "small_gpt" else models_hf.vit()
+    fresh = plan(model, sample, budget_gb=80, repeats=1)
+    args, kwargs = split_sample(sample)
+    training_loss(model(*args, **kwargs)).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    again = plan(model, sample, budget_gb=80, repeats=1)
+    assert again.problem.measured_gradients == fresh.problem.measured_gradients
+    assert again.baseline_peak_bytes == fresh.baseline_peak_bytes
+    for name, p in model.named_parameters():
+        assert torch.equal(p.grad, grads[name]), f"{name}: planning changed its gradient"
