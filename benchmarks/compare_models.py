@@ -37,56 +37,49 @@ def build_gpt(quick: bool):
                            f"batch {batch} x {length} tokens")
 
 
-def build_gpt2(quick: bool):
+def _text_sizes(quick: bool) -> tuple[int, int, int, int, int, int]:
+    """(layers, hidden, heads, vocab, length, batch) of the Hugging Face text models."""
+    return (2, 64, 4, 512, 64, 2) if quick else (6, 256, 4, 8192, 512, 1)
+
+
+def _text_model(model_class: Any, config: Any, quick: bool, causal: bool, detail: str):
+    """The model, a sample with labels (the model computes its loss) and a description."""
     import torch
+
+    layers, hidden, heads, vocab, length, batch = _text_sizes(quick)
+    ids = torch.randint(0, vocab, (batch, length))
+    sample = {"input_ids": ids, "labels": ids, **({"use_cache": False} if causal else {})}
+    return model_class(config), sample, (
+        f"{model_class.__name__}: {layers} layers, hidden {hidden}, {heads} heads, vocab {vocab}, {detail}; "
+        f"batch {batch} x {length} tokens; loss computed by the model (labels)")
+
+
+def build_gpt2(quick: bool):
     import transformers
 
-    if quick:
-        layers, hidden, heads, vocab, length, batch = 2, 64, 4, 512, 64, 2
-    else:
-        layers, hidden, heads, vocab, length, batch = 6, 256, 4, 8192, 512, 1
+    layers, hidden, heads, vocab, length, _ = _text_sizes(quick)
     config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab,
                                      n_positions=length, bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(config)
-    ids = torch.randint(0, vocab, (batch, length))
-    return model, {"input_ids": ids, "labels": ids, "use_cache": False}, (
-        f"GPT2LMHeadModel: {layers} layers, hidden {hidden}, {heads} heads, vocab {vocab}, dropout 0.1; "
-        f"batch {batch} x {length} tokens; loss computed by the model (labels)")
+    return _text_model(transformers.GPT2LMHeadModel, config, quick, True, "dropout 0.1")
 
 
 def build_llama(quick: bool):
-    import torch
     import transformers
 
-    if quick:
-        layers, hidden, heads, vocab, length, batch = 2, 64, 4, 512, 64, 2
-    else:
-        layers, hidden, heads, vocab, length, batch = 6, 256, 4, 8192, 512, 1
+    layers, hidden, heads, vocab, length, _ = _text_sizes(quick)
     config = transformers.LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=int(2.75 * hidden),
                                       num_attention_heads=heads, num_key_value_heads=heads, vocab_size=vocab,
                                       max_position_embeddings=length, bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    model = transformers.LlamaForCausalLM(config)
-    ids = torch.randint(0, vocab, (batch, length))
-    return model, {"input_ids": ids, "labels": ids, "use_cache": False}, (
-        f"LlamaForCausalLM: {layers} layers, hidden {hidden}, {heads} heads, vocab {vocab}, SiLU MLP "
-        f"{int(2.75 * hidden)}; batch {batch} x {length} tokens; loss computed by the model (labels)")
+    return _text_model(transformers.LlamaForCausalLM, config, quick, True, f"SiLU MLP {int(2.75 * hidden)}")
 
 
 def build_bert(quick: bool):
-    import torch
     import transformers
 
-    if quick:
-        layers, hidden, heads, vocab, length, batch = 2, 64, 4, 512, 64, 2
-    else:
-        layers, hidden, heads, vocab, length, batch = 6, 256, 4, 8192, 512, 1
+    layers, hidden, heads, vocab, length, _ = _text_sizes(quick)
     config = transformers.BertConfig(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=4 * hidden,
                                      num_attention_heads=heads, vocab_size=vocab, max_position_embeddings=length)
-    model = transformers.BertForMaskedLM(config)
-    ids = torch.randint(0, vocab, (batch, length))
-    return model, {"input_ids": ids, "labels": ids}, (
-        f"BertForMaskedLM: {layers} layers, hidden {hidden}, {heads} heads, vocab {vocab}, dropout 0.1; "
-        f"batch {batch} x {length} tokens; loss computed by the model (labels)")
+    return _text_model(transformers.BertForMaskedLM, config, quick, False, "dropout 0.1")
 
 
 def build_cnn(quick: bool):
