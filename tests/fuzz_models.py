@@ -434,14 +434,16 @@ def training_step(model: nn.Module, sample: torch.Tensor,
 
 
 def _trains(model: nn.Module, sample: torch.Tensor) -> bool:
-    """fx traces it, its unplanned step raises no autograd error, the output is finite and
-    every parameter gets a gradient (no dead branches)."""
+    """fx traces it, its unplanned step raises no autograd error, the output and every
+    gradient are finite (products of products can overflow in backward: seed 236 drew one),
+    and every parameter gets a gradient (no dead branches)."""
     try:
         torch.fx.symbolic_trace(copy.deepcopy(model))
         output, grads = training_step(copy.deepcopy(model), sample)
     except RuntimeError:
         return False
-    return bool(torch.isfinite(output).all()) and len(grads) == len(list(model.parameters()))
+    finite = bool(torch.isfinite(output).all()) and all(bool(torch.isfinite(g).all()) for g in grads.values())
+    return finite and len(grads) == len(list(model.parameters()))
 
 
 def random_model(seed: int) -> tuple[nn.Module, torch.Tensor]:
