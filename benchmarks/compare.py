@@ -134,14 +134,19 @@ def inductor_with_budget(budget: float):
 # One model
 
 
-def every_block_prediction(spec: Spec, model, base) -> float | None:
-    """The planner's predicted overhead of checkpointing every block (the regions of its own
-    problem that are the blocks' calls), or None where a block is not one of them."""
+def block_names(spec: Spec, model) -> list[str]:
+    """The qualified names of the model's blocks."""
     blocks = set(map(id, spec.blocks(model)))
-    names = {name for name, module in model.named_modules() if id(module) in blocks}
-    regions = tuple(sorted((region for region, wrapped in base.wrapped.items() if wrapped.module in names),
-                           key=lambda region: region.start))
-    return base.problem.recompute_ms(regions) if len(regions) == len(names) else None
+    return [name for name, module in model.named_modules() if id(module) in blocks]
+
+
+def every_block_prediction(spec: Spec, model, base) -> float | None:
+    """The planner's predicted overhead of checkpointing every block, or None where a block is
+    not a submodule call it can checkpoint."""
+    try:
+        return base.with_submodules(block_names(spec, model)).recompute_ms
+    except ValueError:
+        return None
 
 
 def run_model(spec: Spec, args) -> ModelResult:

@@ -24,7 +24,7 @@ from planner.static import check_optimizer, check_world_size, static_breakdown
 from planner.targets import target as find_target
 from planner.trace import Traced, split_sample, trace
 from planner.verify import Verification, training_loss, verify_modules
-from solvers import Problem, Solution, held_after_forward, peak_bytes, solve
+from solvers import Problem, Solution, Status, held_after_forward, peak_bytes, solve
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +193,27 @@ class Plan(PlanFigures):
         solution = solve(problem, budget_bytes, method=method, **solver_options)
         return Plan(self._model, self._sample, self._traced, problem, self.profile, solution, budget_bytes,
                     reserved_bytes, method, solver_options, self.setup.with_reserve(reserved_bytes), self.wrapped)
+
+    def with_submodules(self, modules: Sequence[str]) -> "Plan":
+        """The same measurements with exactly `modules` checkpointed (qualified names), as a
+        plan you would write by hand: to predict and verify it beside the solver's. Its budget
+        is this plan's, or its own predicted peak where that is higher.
+
+        Example:
+            >>> every_block = p.with_submodules([f"blocks.{i}" for i in range(8)])
+            >>> every_block.recompute_ms, every_block.predicted_peak_bytes
+        """
+        region_of = {spec.module: region for region, spec in self.wrapped.items()}
+        for module in modules:
+            if module not in region_of:
+                raise ValueError(f"{module!r} is not a submodule call this plan can checkpoint (called once per "
+                                 f"forward, traced): try one of {', '.join(sorted(region_of)[:6])}")
+        regions = tuple(sorted({region_of[module] for module in modules}, key=lambda region: region.start))
+        peak = peak_bytes(self.problem, regions)
+        solution = Solution(regions, peak, self.problem.recompute_ms(regions), Status.FEASIBLE, "given", 0.0)
+        return Plan(self._model, self._sample, self._traced, self.problem, self.profile, solution,
+                    max(self.budget_bytes, peak), self.reserved_bytes, self.requested_solver, self.solver_options,
+                    self.setup, self.wrapped)
 
     def verify(self, sample: Any = None, steps: int = 3) -> Verification:
         """Run real forward+backward steps of the original and the planned module and measure

@@ -310,28 +310,37 @@ def build_model(
 
 
 def _recomputed(model: Any, problem: Problem, member: list[dict[int, Any]], in_region: list[Any]) -> list[Any]:
-    """Per node, 1 where its region recomputes it: a saving node whenever it is in a region,
-    another node where its region goes on to a saving node (bounded below only: the objective
-    pushes it down)."""
+    """Per node, 1 where its region runs its forward again (`Problem.rerun`). Recomputation
+    reaches a saving node whenever it is in a region, and another node where its region goes
+    on to a saving node; a node runs where it is reached, except a saving node that stops
+    before making its output, which runs only where its region goes on past it (bounded below
+    only: the objective pushes them down)."""
     n = len(problem.nodes)
-    recomputed: list[Any] = [0] * (n + 1)
+    reached: list[Any] = [0] * (n + 1)
+    runs: list[Any] = [0] * n
     for i in reversed(range(n)):
         if not member[i]:
             continue
+        goes_on = None if isinstance(reached[i + 1], int) else reached[i + 1] - member[i + 1].get(i + 1, 0)
         if problem.nodes[i].saves_for_backward:
-            recomputed[i] = in_region[i]
-        elif not isinstance(recomputed[i + 1], int):
-            var = model.new_bool_var(f"recomputed_{i}")
-            model.add(var >= recomputed[i + 1] - member[i + 1].get(i + 1, 0))
-            recomputed[i] = var
-    return recomputed[:n]
+            reached[i] = in_region[i]
+        elif goes_on is not None:
+            reached[i] = model.new_bool_var(f"recomputed_{i}")
+            model.add(reached[i] >= goes_on)
+        runs[i] = reached[i]
+        if problem.nodes[i].saves_for_backward and problem.nodes[i].stops_before_output:
+            runs[i] = 0
+            if goes_on is not None:
+                runs[i] = model.new_bool_var(f"reruns_{i}")
+                model.add(runs[i] >= goes_on)
+    return runs
 
 
 def scaled_cost(built: IlpModel, regions: tuple[range, ...]) -> int:
     """A plan's objective value in the model's scaled units."""
     assert built.problem is not None
-    recomputed = (i for region in regions for i in built.problem.recomputed(region))
-    return sum(built.costs[i] for i in recomputed) + built.region_cost * len(regions)
+    rerun = (i for region in regions for i in built.problem.rerun(region))
+    return sum(built.costs[i] for i in rerun) + built.region_cost * len(regions)
 
 
 def _rng_states(problem: Problem, member: list[dict[int, Any]], unit: int) -> list[Any]:

@@ -98,10 +98,18 @@ class Problem:
         return len(self.nodes)
 
     def recompute_ms(self, regions: tuple[range, ...]) -> float:
-        """Added step time of a plan: every node a region recomputes runs twice (see
-        `recomputed`), and each region costs `region_overhead_ms` more."""
-        recomputed = sum(self.nodes[i].compute_ms for region in regions for i in self.recomputed(region))
-        return recomputed + self.region_overhead_ms * len(regions)
+        """Added step time of a plan: every node whose forward a region runs again does so
+        twice (see `rerun`), and each region costs `region_overhead_ms` more."""
+        rerun = sum(self.nodes[i].compute_ms for region in regions for i in self.rerun(region))
+        return rerun + self.region_overhead_ms * len(regions)
+
+    def rerun(self, region: range) -> range:
+        """The nodes of `region` whose forward runs again: `recomputed(region)`, less its last
+        node where that one stops before making its output (its last kernel never runs)."""
+        recomputed = self.recomputed(region)
+        if recomputed and self.nodes[recomputed.stop - 1].stops_before_output:
+            return range(recomputed.start, recomputed.stop - 1)
+        return recomputed
 
     def region_rng_bytes(self, region: range) -> int:
         """The RNG state a region keeps: `rng_state_bytes` if one of its nodes is random."""

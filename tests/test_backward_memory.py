@@ -92,24 +92,20 @@ class TwoOutputs(nn.Module):
 
 
 def test_recomputation_holds_what_the_region_returns_and_a_forked_rng_state():
-    import time
-
-    from planner.api import Plan
-    from solvers.problem import Status
-    from solvers.simulate import make_solution
-
     torch.manual_seed(0)
     base = plan(TwoOutputs(), torch.randn(256, 64), budget_gb=80, repeats=1)
     # Checkpoint both blocks whatever the solver would choose: their recomputation is the peak.
-    regions = tuple(sorted((r for r, spec in base.wrapped.items() if spec.module in ("block1", "block2")),
-                           key=lambda r: r.start))
-    solution = make_solution(base.problem, regions, base.budget_bytes, Status.FEASIBLE, "test", time.perf_counter())
-    p = Plan(base._model, base._sample, base._traced, base.problem, base.profile, solution, base.budget_bytes,
-             base.reserved_bytes, base.requested_solver, base.solver_options, base.setup, base.wrapped)
+    p = base.with_submodules(["block1", "block2"])
     assert [c.wrapped.module for c in p.checkpoints] == ["block1", "block2"]
     check = p.verify(steps=1)
     assert check.gradients_match
     assert abs(check.peak_error) <= 0.001, check
+
+
+def test_a_plan_of_given_submodules_names_what_it_cannot_checkpoint():
+    base = plan(TwoOutputs(), torch.randn(8, 64), budget_gb=80, repeats=1)
+    with pytest.raises(ValueError, match="'block3' is not a submodule call"):
+        base.with_submodules(["block1", "block3"])
 
 
 @pytest.mark.parametrize("build", ["small_gpt", "vit"])

@@ -1,0 +1,117 @@
+"""Does predicted recompute time meet the clock? Per model, every block checkpointed by the
+planner (`Plan.with_submodules`): each region's forward and its recomputation timed inside
+real training steps (the region's own forward call, wrapped), against the sums of its nodes'
+forward times that the planner measured and predicts with; and the step's overhead over the
+unplanned model (7 alternating rounds, medians) against `recompute_ms`.
+
+It tells where a predicted overhead (benchmarks/compare.py) goes wrong: in the node times
+(region forward and recompute off their sums), or in the rest of the step (regions on time,
+step overhead not).
+
+    .venv/bin/python benchmarks/recompute_clock.py [--models gpt,gpt2,llama,bert,cnn,vit]
+                                                   [--rounds 7] [--no-save]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from compare import block_names, step, timed_step  # noqa: E402
+from compare_models import SPECS  # noqa: E402
+
+
+def timed_regions(module) -> dict[str, list[float]]:
+    """Wrap each checkpointed submodule's own forward (inside checkpoint) with a clock: its
+    calls alternate forward, recomputation (as long as each step recomputes every region)."""
+    from planner.apply import CheckpointedForward
+
+    times: dict[str, list[float]] = {}
+    for name, submodule in module.named_modules():
+        forward = submodule.__dict__.get("forward")
+        if not isinstance(forward, CheckpointedForward):
+            continue
+
+        def timed(*args, _original=forward.original, _name=name, **kwargs):
+            started = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:  # recomputation ends by raising at its last saving node
+                times.setdefault(_name, []).append(1000 * (time.perf_counter() - started))
+
+        forward.original = timed
+    return times
+
+
+def run(key: str, rounds: int) -> str:
+    import torch
+    from planner import plan
+
+    spec = SPECS[key]
+    torch.manual_seed(0)
+    model, sample, _ = spec.build(False)
+    model.train()
+    step(model, sample)
+    base = plan(model, sample, budget_gb=80, repeats=3)
+    planned_plan = base.with_submodules(block_names(spec, model))
+    planned = planned_plan.module()
+    times = timed_regions(planned)
+    step(planned, sample)
+    step(model, sample)
+    times.clear()
+    plain: list[float] = []
+    checked: list[float] = []
+    for index in range(rounds):
+        pairs = [(model, plain), (planned, checked)]
+        for module, record in pairs if index % 2 == 0 else reversed(pairs):
+            record.append(timed_step(module, sample))
+    nodes = planned_plan.problem.nodes
+    forward = recompute = predicted_forward = predicted_recompute = 0.0
+    for region, checkpoint in zip(planned_plan.solution.regions, planned_plan.checkpoints):
+        calls = times[checkpoint.wrapped.module]
+        forward += statistics.median(calls[0::2])
+        recompute += statistics.median(calls[1::2])
+        predicted_forward += sum(nodes[i].compute_ms for i in region)
+        predicted_recompute += sum(nodes[i].compute_ms for i in planned_plan.problem.recomputed(region))
+    overhead = statistics.median(checked) - statistics.median(plain)
+    calls_ms = planned_plan.problem.region_overhead_ms * len(planned_plan.solution.regions)
+    return (f"| {key} | {len(planned_plan.solution.regions)} | {forward:.0f} ms | {predicted_forward:.0f} ms "
+            f"| {recompute:.0f} ms | {predicted_recompute:.0f} ms | {statistics.median(plain):.0f} ms "
+            f"| {overhead:+.0f} ms | {planned_plan.recompute_ms:.0f} ms ({calls_ms:.1f} ms per-call) |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(SPECS), help=f"comma-separated subset of {','.join(SPECS)}")
+    parser.add_argument("--rounds", type=int, default=7, help="timed rounds (default 7)")
+    parser.add_argument("--no-save", action="store_true", help="print only, do not append to RESULTS.md")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    rows = ["| model | regions | region forwards, measured | sum of node times | recomputations, measured "
+            "| sum of recomputed node times | unplanned step | step overhead, measured | predicted overhead |",
+            "|" + "---|" * 9]
+    for key in [key.strip() for key in args.models.split(",") if key.strip()]:
+        rows.append(run(key, args.rounds))
+        print(rows[-1], flush=True)
+    body = "\n".join(rows) + (
+        "\n\nEvery block checkpointed by the planner, one intra-op thread. Region times are medians over the "
+        f"{args.rounds} rounds of each region's own forward call, timed inside the step (first call: forward; "
+        "second: recomputation, up to its last saving node), summed over regions.")
+    print(body)
+    if not args.no_save:
+        from results import append_results
+
+        append_results("Recompute time against the clock", "python benchmarks/recompute_clock.py", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
