@@ -145,6 +145,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 is_output=node.name in returned,
                 random=record.random,
                 stops_before_output=record.stops_before_output,
+                stop_ms=record.stop_ms,
             )
         )
     spans = None

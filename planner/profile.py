@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -21,13 +20,13 @@ from torch.utils._pytree import tree_flatten
 
 from planner.allocations import backward_memory, forward_scratch, memory_profile
 from planner.memory import LiveBytesTracker, storage_bytes, storage_key
+from planner.timing import COMPUTE_OPS, TimingInterpreter
 from planner.verify import training_loss
 
 logger = logging.getLogger(__name__)
 
 META_KEY = "planner.profile"
 NODE_LABEL = "planner.node:"  # record_function label of each node's forward, for the profiler
-COMPUTE_OPS = ("call_function", "call_method", "call_module")
 # Backward kinds that can return the output's gradient (or a view of it) as an input's gradient.
 ALIASING_BACKWARDS = ("AddBackward0", "CatBackward0", "CloneBackward0")
 
@@ -58,6 +57,9 @@ class NodeProfile:
     # its last saved tensor is packed before its outputs are made (an input or an intermediate,
     # saved before the last kernel runs): recomputation that stops here never makes them
     stops_before_output: bool = False
+    # forward time up to its last saved tensor (what recomputation stopping here costs); None
+    # where not measured (then all of forward_ms counts)
+    stop_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -262,45 +264,6 @@ class ProfileInterpreter(fx.Interpreter):
         return [p for p in parameters.values() if p.requires_grad]
 
 
-class TimingInterpreter(fx.Interpreter):
-    """Runs the graph and adds each compute node's forward time (ms) to `times[node.name]`:
-    the call alone, not the interpreter's fetching of its arguments (which recomputation under
-    checkpoint, compiled code, does not pay), as a node run alone is timed too.
-
-    On CUDA, CUDA events bracket each node and are read after one synchronisation.
-    """
-
-    def __init__(self, gm: fx.GraphModule, times: dict[str, list[float]], device: torch.device):
-        super().__init__(gm)
-        self.times = times
-        self.device = device
-        self.events: list[tuple[str, Any, Any]] = []
-
-    def run_node(self, n: fx.Node) -> Any:
-        if n.op not in COMPUTE_OPS:
-            return super().run_node(n)
-        args, kwargs = self.fetch_args_kwargs_from_env(n)
-        call = getattr(self, n.op)
-        if self.device.type == "cuda":
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            result = call(n.target, args, kwargs)
-            end.record()
-            self.events.append((n.name, start, end))
-            return result
-        started = time.perf_counter()
-        result = call(n.target, args, kwargs)
-        self.times.setdefault(n.name, []).append((time.perf_counter() - started) * 1000)
-        return result
-
-    def collect(self) -> None:
-        if self.events:
-            torch.cuda.synchronize(self.device)
-            for name, start, end in self.events:
-                self.times.setdefault(name, []).append(start.elapsed_time(end))
-            self.events.clear()
-
-
 def profile(
     gm: fx.GraphModule,
     inputs: list[torch.Tensor],
@@ -353,16 +316,20 @@ def profile(
             record.backward_transient_bytes = max(0, backward.temporaries.get(name, 0))
         del interpreter
         times: dict[str, list[float]] = {}
+        stop_times: dict[str, list[float]] = {}
         for run in range(warmup + repeats):
             if progress:
                 progress(f"timing forward pass {run + 1}/{warmup + repeats}")
-            timer = TimingInterpreter(gm, times if run >= warmup else {}, device)
+            timer = TimingInterpreter(gm, times if run >= warmup else {}, device, stop_times if run >= warmup else {})
             timer.run(*inputs)
             timer.collect()
 
     for node in gm.graph.nodes:
         if node.op in COMPUTE_OPS:
-            node.meta[META_KEY].forward_ms = statistics.median(times[node.name])
+            record = node.meta[META_KEY]
+            record.forward_ms = statistics.median(times[node.name])
+            if node.name in stop_times:
+                record.stop_ms = min(record.forward_ms, statistics.median(stop_times[node.name]))
     return graph_profile(gm, inputs, device, "CUDA events" if device.type == "cuda" else "time.perf_counter",
                          loss_bytes=loss_bytes, gradients=tuple(backward.gradients))
 

@@ -78,10 +78,12 @@ class _Scan:
         self._iterator = scan_regions(structure, problem, start)
         self._floor = min_recompute_gradients
         self._saver = [node.saves_for_backward for node in problem.nodes]
-        self._stops_before_output = [node.stops_before_output for node in problem.nodes]
+        # What recomputation saves on the node it stops at (its time after its last save).
+        self._stop_saving = [node.compute_ms - node.stop_cost_ms for node in problem.nodes]
         self.peak: list[int] = []  # index b - start - 1: the region [start, b)'s own peak
         self.lower: list[int] = []  # a lower bound on peak for [start, b') with b' >= b
-        self.recomputed_stop: list[int] = []  # the same index: where the nodes [start, b) reruns end (Problem.rerun)
+        self.recomputed_stop: list[int] = []  # the same index: where [start, b)'s recomputation stops
+        self.stop_saving: list[float] = []  # the same index: what stopping there saves (NodeCost.stop_ms)
         self.last_saver = -1  # the region's last node that saves, so far (-1: none)
         self._settled = -1  # backward steps up to the last saver, with the region's own tensors
         self._pending: list[int] = []  # backward steps after it, had a later saver joined
@@ -107,8 +109,8 @@ class _Scan:
                 self._pending.append(gradient_backward[e] + backward)
                 self._pending_max = max(self._pending_max, gradient_backward[e])
             held = max(self._settled, self._pending_max)
-            self.recomputed_stop.append(self.last_saver + (0 if self._stops_before_output[self.last_saver] else 1)
-                                        if self.last_saver >= 0 else self.start)
+            self.recomputed_stop.append(self.last_saver + 1 if self.last_saver >= 0 else self.start)
+            self.stop_saving.append(self._stop_saving[self.last_saver] if self.last_saver >= 0 else 0.0)
             if self.last_saver < 0:  # nothing to recompute (yet)
                 self.peak.append(held)
                 self.lower.append(held)
@@ -341,7 +343,8 @@ class _Search:
                     b = k + 1
                     scan.ensure(b)
                     index = b - t - 1
-                    region_ms = cumulative_ms[scan.recomputed_stop[index]] - cumulative_ms[t] + overhead_ms
+                    region_ms = (cumulative_ms[scan.recomputed_stop[index]] - cumulative_ms[t]
+                                 - scan.stop_saving[index] + overhead_ms)
                     # Entries cheap enough for this region (and so for any longer one) ...
                     lo = bisect_left(front.negative_costs, region_ms - bound)
                     # ... and light enough for any region [t, b') with b' >= b.

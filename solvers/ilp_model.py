@@ -75,6 +75,7 @@ class IlpModel:
     objective: Any  # the objective expression (recompute mode) or the peak variable
     region_cost: int = 0  # scaled fixed cost per region, added for every region start
     problem: Problem | None = None
+    stop_costs: list[int] | None = None  # scaled NodeCost.stop_cost_ms per node
 
 
 def _tables(
@@ -295,52 +296,58 @@ def build_model(
     largest = max([node.compute_ms for node in nodes] + [problem.region_overhead_ms, 1e-12])
     objective_scale = 2.0 ** math.floor(math.log2((2**40 / max(1, 2 * n)) / largest))
     costs = [round(node.compute_ms * objective_scale) for node in nodes]
+    stop_costs = [round(node.stop_cost_ms * objective_scale) for node in nodes]
     region_cost = round(problem.region_overhead_ms * objective_scale)
     # member[a][a]: node a starts its region; each region pays checkpoint's fixed cost once.
     starts = [member[a][a] for a in range(n) if a in member[a]] if region_cost else []
     if live_budget is None:
         objective = budget
     else:
-        recomputed = _recomputed(model, problem, member, in_region)
-        objective = (sum(cost * recomputed[i] for i, cost in enumerate(costs) if cost)
+        objective = (sum(cost * var for cost, var in _recompute_terms(model, problem, member, in_region, costs,
+                                                                     stop_costs) if cost)
                      + sum(region_cost * start for start in starts))
     model.minimize(objective)
     return IlpModel(model, member, in_region, alive, kept, prefix, objective_scale, budget, costs, objective,
-                  region_cost, problem)
+                  region_cost, problem, stop_costs)
 
 
-def _recomputed(model: Any, problem: Problem, member: list[dict[int, Any]], in_region: list[Any]) -> list[Any]:
-    """Per node, 1 where its region runs its forward again (`Problem.rerun`). Recomputation
-    reaches a saving node whenever it is in a region, and another node where its region goes
-    on to a saving node; a node runs where it is reached, except a saving node that stops
-    before making its output, which runs only where its region goes on past it (bounded below
-    only: the objective pushes them down)."""
+def _recompute_terms(model: Any, problem: Problem, member: list[dict[int, Any]], in_region: list[Any],
+                     costs: list[int], stop_costs: list[int]) -> list[tuple[int, Any]]:
+    """(scaled cost, 0/1 variable) terms whose sum is what recomputation costs
+    (`Problem.region_recompute_ms`). Recomputation reaches a saving node whenever it is in a
+    region, and another node where its region goes on to a saving node; a reached saving node
+    costs its `stop_costs` and, where its region goes on past it, the rest of its time (the
+    variables are bounded below only: the objective pushes them down)."""
     n = len(problem.nodes)
     reached: list[Any] = [0] * (n + 1)
-    runs: list[Any] = [0] * n
+    terms: list[tuple[int, Any]] = []
     for i in reversed(range(n)):
         if not member[i]:
             continue
         goes_on = None if isinstance(reached[i + 1], int) else reached[i + 1] - member[i + 1].get(i + 1, 0)
         if problem.nodes[i].saves_for_backward:
             reached[i] = in_region[i]
+            terms.append((stop_costs[i], in_region[i]))
+            if goes_on is not None and costs[i] > stop_costs[i]:
+                past = model.new_bool_var(f"recomputed_past_{i}")
+                model.add(past >= goes_on)
+                terms.append((costs[i] - stop_costs[i], past))
         elif goes_on is not None:
             reached[i] = model.new_bool_var(f"recomputed_{i}")
             model.add(reached[i] >= goes_on)
-        runs[i] = reached[i]
-        if problem.nodes[i].saves_for_backward and problem.nodes[i].stops_before_output:
-            runs[i] = 0
-            if goes_on is not None:
-                runs[i] = model.new_bool_var(f"reruns_{i}")
-                model.add(runs[i] >= goes_on)
-    return runs
+            terms.append((costs[i], reached[i]))
+    return terms
 
 
 def scaled_cost(built: IlpModel, regions: tuple[range, ...]) -> int:
     """A plan's objective value in the model's scaled units."""
     assert built.problem is not None
-    rerun = (i for region in regions for i in built.problem.rerun(region))
-    return sum(built.costs[i] for i in rerun) + built.region_cost * len(regions)
+    total = built.region_cost * len(regions)
+    for region in regions:
+        recomputed = built.problem.recomputed(region)
+        if recomputed:
+            total += sum(built.costs[i] for i in recomputed[:-1]) + built.stop_costs[recomputed.stop - 1]
+    return total
 
 
 def _rng_states(problem: Problem, member: list[dict[int, Any]], unit: int) -> list[Any]:

@@ -49,6 +49,15 @@ class NodeCost:
     # saved before its last kernel runs: a linear, a GELU, dropout's product): recomputation that
     # stops at it (`Problem.recomputed`) never makes its output. Not with itself in `saves`.
     stops_before_output: bool = False
+    # Forward time up to its last saved tensor, where measured: what recomputation that stops
+    # at it costs (a linear: almost nothing; dropout: its mask). None: all of compute_ms.
+    stop_ms: float | None = None
+
+    @property
+    def stop_cost_ms(self) -> float:
+        """What recomputation that stops at this node spends on it: `stop_ms`, at most
+        `compute_ms`."""
+        return self.compute_ms if self.stop_ms is None else min(self.stop_ms, self.compute_ms)
 
     @property
     def saves_for_backward(self) -> bool:
@@ -98,18 +107,18 @@ class Problem:
         return len(self.nodes)
 
     def recompute_ms(self, regions: tuple[range, ...]) -> float:
-        """Added step time of a plan: every node whose forward a region runs again does so
-        twice (see `rerun`), and each region costs `region_overhead_ms` more."""
-        rerun = sum(self.nodes[i].compute_ms for region in regions for i in self.rerun(region))
-        return rerun + self.region_overhead_ms * len(regions)
+        """Added step time of a plan: what each region's recomputation costs
+        (`region_recompute_ms`), and `region_overhead_ms` more per region."""
+        return sum(self.region_recompute_ms(region) for region in regions) + self.region_overhead_ms * len(regions)
 
-    def rerun(self, region: range) -> range:
-        """The nodes of `region` whose forward runs again: `recomputed(region)`, less its last
-        node where that one stops before making its output (its last kernel never runs)."""
+    def region_recompute_ms(self, region: range) -> float:
+        """Forward time a region's recomputation costs: its nodes up to its last saving node
+        (`recomputed`), that last one only up to its last saved tensor (`NodeCost.stop_ms`)."""
         recomputed = self.recomputed(region)
-        if recomputed and self.nodes[recomputed.stop - 1].stops_before_output:
-            return range(recomputed.start, recomputed.stop - 1)
-        return recomputed
+        if not recomputed:
+            return 0.0
+        return (sum(self.nodes[i].compute_ms for i in recomputed[:-1])
+                + self.nodes[recomputed.stop - 1].stop_cost_ms)
 
     def region_rng_bytes(self, region: range) -> int:
         """The RNG state a region keeps: `rng_state_bytes` if one of its nodes is random."""

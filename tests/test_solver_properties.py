@@ -68,6 +68,8 @@ def problems(
                 random=draw(st.integers(0, 4)) == 0,  # dropout: its region keeps an RNG state
                 # a linear or GELU: recomputation stopping here never makes its output
                 stops_before_output=i not in saves and draw(st.booleans()),
+                # forward time up to its last save (a dropout's mask: most of it; a linear: none)
+                stop_ms=draw(st.sampled_from([None, 0.0, 0.25, 1.0])),
             )
         )
     # Gradients in flight as measured (planner.allocations.BackwardMemory), sometimes: any
