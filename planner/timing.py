@@ -50,7 +50,9 @@ class TimingInterpreter(fx.Interpreter):
                 last_save[0].record()
             else:
                 last_save[0] = time.perf_counter()
-            return tensor
+            # Detached: the tensor itself, saved by its own grad_fn, would make a reference cycle
+            # that only Python's garbage collector frees, in the middle of later nodes' timings.
+            return tensor.detach()
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             if cuda:
