@@ -29,14 +29,16 @@ import torch.fx as fx
 from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, check_state, state_shapes
-from planner.graph import compute_nodes, module_path
-from planner.json_values import (UnsupportedValue, decode_value, dtype_from_name, dtype_name, encode_value, json_text,
-                                 target_name)
-from planner.profile import META_KEY, NodeProfile
+from planner.graph import compute_nodes
+from planner.json_values import UnsupportedValue, decode_value, dtype_from_name, json_text
+from planner.plan_records import (cost_from_record, cost_record, describe_node, graph_nodes, model_device,
+                                   module_checkpoint, node_identity, profile_delta, profile_full, region_record,
+                                   report_setup, sample_structure, verification_from_record, whole_modules)
+from planner.profile import META_KEY
 from planner.report import PlanFigures, format_report
-from planner.trace import bind_arguments, split_sample, trace
+from planner.trace import trace
 from planner.verify import Verification
-from solvers import NodeCost, Problem, Solution, Status
+from solvers import Problem, Solution, Status
 
 if TYPE_CHECKING:
     from planner.api import Checkpoint, Plan
@@ -49,98 +51,6 @@ READABLE_VERSIONS = (1, 2, 3)
 FX_FRONTEND = "torch.fx.symbolic_trace"  # the value of Traced.frontend for the fx frontend
 EXPORT_FRONTEND = "torch.export"
 APPLICABLE_FRONTENDS = (FX_FRONTEND, EXPORT_FRONTEND)
-_NODE_REFERENCES = ("uses", "saves", "mutates", "grad_aliases", "holds", "arguments")  # NodeCost fields that hold node indices
-
-
-# ---------------------------------------------------------------------------------------------
-# What a model looks like
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
-
-
-def _whole_modules(gm: fx.GraphModule) -> list[str]:
-    """call_module targets that fx would have traced into: the leaves the plan was traced with
-    (given by the user or found automatically). Re-tracing needs all of them."""
-    default = fx.Tracer()
-    whole = []
-    for node in gm.graph.nodes:
-        if node.op == "call_module" and node.target not in whole:
-            if not default.is_leaf_module(gm.get_submodule(node.target), node.target):
-                whole.append(node.target)
-    return whole
-
-
-def _graph_nodes(gm: fx.GraphModule) -> list[dict[str, str]]:
-    return [
-        {"name": node.name, "op": node.op, "target": target_name(node.target), "module": module_path(node)}
-        for node in compute_nodes(gm)
-    ]
-
-
-def _identity(node: dict[str, str]) -> tuple[str, str, str]:
-    """What must match between a saved graph and a model's: name, op and target."""
-    return node["name"], node["op"], node["target"]
-
-
-def _sample_structure(model: nn.Module, sample: Any, tensor_names: tuple[str, ...],
-                      fixed_args: dict[str, Any]) -> dict[str, Any]:
-    args, kwargs = split_sample(sample)
-    bound = bind_arguments(inspect.signature(model.forward), args, kwargs)
-    arguments: list[dict[str, Any]] = []
-    for name, value in bound.items():
-        if name in tensor_names:
-            arguments.append({"name": name, "tensor": {
-                "shape": list(value.shape), "dtype": dtype_name(value.dtype), "requires_grad": value.requires_grad,
-            }})
-        else:
-            arguments.append({"name": name, "value": encode_value(fixed_args.get(name, value))})
-    device = next(value.device for value in bound.values() if isinstance(value, torch.Tensor))
-    return {"device": str(device), "arguments": arguments}
-
-
-def _cost_record(cost: NodeCost, names: list[str]) -> dict[str, Any]:
-    record = dataclasses.asdict(cost)
-    for key in _NODE_REFERENCES:
-        record[key] = [names[index] for index in record[key]]
-    record["shared_grads"] = [[names[user], size] for user, size in cost.shared_grads]
-    del record["name"]
-    return record
-
-
-def _cost(name: str, record: dict[str, Any], index: dict[str, int]) -> NodeCost:
-    known = {field.name for field in dataclasses.fields(NodeCost)}
-    values = {key: value for key, value in record.items() if key in known}
-    for key in _NODE_REFERENCES:
-        values[key] = tuple(index[owner] for owner in values.get(key, ()))
-    values["shared_grads"] = tuple((index[user], size) for user, size in values.get("shared_grads", ()))
-    return NodeCost(name=name, **values)
-
-
-def _profile_defaults() -> dict[str, Any]:
-    return dataclasses.asdict(NodeProfile())
-
-
-def _profile_delta(profile: dict[str, Any], cost: dict[str, Any]) -> dict[str, Any]:
-    """The profiler's record less what the cost record already says (same field, same value)
-    and less defaults: usually the forward time and the buffers the node writes."""
-    def plain(value: Any) -> Any:
-        return list(value) if isinstance(value, tuple) else value
-
-    defaults = _profile_defaults()
-    return {
-        key: value for key, value in profile.items()
-        if not (plain(cost[key]) == plain(value) if key in cost else plain(value) == plain(defaults.get(key)))
-    }
-
-
-def _profile_full(delta: dict[str, Any], cost: dict[str, Any]) -> dict[str, Any]:
-    """The inverse of `_profile_delta`."""
-    defaults = _profile_defaults()
-    return {**defaults, **{key: cost[key] for key in defaults if key in cost}, **delta}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,12 +117,12 @@ class SavedPlan(PlanFigures):
         """
         traced = plan.traced
         gm = traced.gm
-        graph = tuple(_graph_nodes(gm))
+        graph = tuple(graph_nodes(gm))
         names = [node.name for node in plan.problem.nodes]
         if names != [node["name"] for node in graph]:
             raise ValueError("the plan's problem does not follow its traced graph; cannot save it")
         profiles = tuple(dataclasses.asdict(node.meta[META_KEY]) for node in compute_nodes(gm))
-        whole = tuple(_whole_modules(gm)) if traced.frontend == FX_FRONTEND else tuple(traced.leaves)
+        whole = tuple(whole_modules(gm)) if traced.frontend == FX_FRONTEND else tuple(traced.leaves)
         return cls(
             model_class=f"{type(plan.model).__module__}.{type(plan.model).__qualname__}",
             frontend=traced.frontend,
@@ -227,7 +137,7 @@ class SavedPlan(PlanFigures):
             graph=graph,
             profiles=profiles,
             trace_leaves=whole,
-            sample=_sample_structure(plan.model, plan.sample, traced.tensor_names, traced.fixed_args),
+            sample=sample_structure(plan.model, plan.sample, traced.tensor_names, traced.fixed_args),
             state=state_shapes(plan.model),
             verification=plan.verification,
             wrapped=tuple(checkpoint.wrapped for checkpoint in plan.checkpoints),
@@ -280,12 +190,12 @@ class SavedPlan(PlanFigures):
             "static_breakdown": self.static_breakdown,
             "leaves": list(self.leaves),
             "trace_leaves": list(self.trace_leaves),
-            "regions": [_region_record(names, spec) for names, spec in zip(self.regions, self.wrapped)],
+            "regions": [region_record(names, spec) for names, spec in zip(self.regions, self.wrapped)],
             "sample": self.sample,
             "nodes": [
-                {**node, "cost": record, "profile": _profile_delta(profile, record)}
+                {**node, "cost": record, "profile": profile_delta(profile, record)}
                 for node, record, profile in zip(
-                    self.graph, (_cost_record(cost, names) for cost in self.problem.nodes), self.profiles
+                    self.graph, (cost_record(cost, names) for cost in self.problem.nodes), self.profiles
                 )
             ],
             "state_dict": self.state,
@@ -309,7 +219,7 @@ class SavedPlan(PlanFigures):
             nodes = data["nodes"]
             index = {node["name"]: i for i, node in enumerate(nodes)}
             problem = Problem(
-                nodes=tuple(_cost(node["name"], node["cost"], index) for node in nodes),
+                nodes=tuple(cost_from_record(node["name"], node["cost"], index) for node in nodes),
                 static_bytes=data["static_bytes"],
                 allowed_regions=(None if data.get("allowed_regions") is None
                                  else tuple(range(start, stop) for start, stop in data["allowed_regions"])),
@@ -323,7 +233,7 @@ class SavedPlan(PlanFigures):
             wrapped = []
             for record in data["regions"]:
                 names = record["nodes"] if isinstance(record, dict) else record
-                wrapped.append(_module_checkpoint(record))
+                wrapped.append(module_checkpoint(record))
                 start = index[names[0]]
                 region = range(start, start + len(names))
                 if [nodes[i]["name"] for i in region] != list(names):
@@ -337,7 +247,7 @@ class SavedPlan(PlanFigures):
                 solver=data["solver"],
                 solve_seconds=data["solve_seconds"],
             )
-            verification = _verification(data.get("verification"))
+            verification = verification_from_record(data.get("verification"))
             return cls(
                 model_class=data["model"],
                 frontend=data["frontend"],
@@ -350,7 +260,7 @@ class SavedPlan(PlanFigures):
                 timing=data["timing"],
                 leaves=tuple(data["leaves"]),
                 graph=tuple({key: n.get(key, "") for key in ("name", "op", "target", "module")} for n in nodes),
-                profiles=tuple(_profile_full(n["profile"], n["cost"]) for n in nodes),
+                profiles=tuple(profile_full(n["profile"], n["cost"]) for n in nodes),
                 trace_leaves=tuple(data["trace_leaves"]),
                 sample=data["sample"],
                 state=data["state_dict"],
@@ -385,7 +295,7 @@ class SavedPlan(PlanFigures):
             >>> saved.sample_for(model)
             {'tokens': tensor([[0, 0, ...]])}
         """
-        device = _model_device(model)
+        device = model_device(model)
         values: dict[str, Any] = {}
         for argument in self.sample["arguments"]:
             name = argument["name"]
@@ -435,17 +345,17 @@ class SavedPlan(PlanFigures):
                 f"{model_name} takes tensor arguments {traced.tensor_names} here but the plan was made "
                 f"for {saved_inputs}"
             )
-        got = _graph_nodes(traced.gm)
+        got = graph_nodes(traced.gm)
         for position, (expected, found) in enumerate(zip(self.graph, got)):
-            if _identity(expected) != _identity(found):
+            if node_identity(expected) != node_identity(found):
                 raise ValueError(
                     f"{model_name} does not match the saved plan (made for {self.model_class}): compute "
-                    f"node {position} is {_describe(found)} in this model but {_describe(expected)} in the plan"
+                    f"node {position} is {describe_node(found)} in this model but {describe_node(expected)} in the plan"
                 )
         if len(got) != len(self.graph):
             common = min(len(got), len(self.graph))
-            first = (f"the first extra one is {_describe(got[common])}" if len(got) > common
-                     else f"the first missing one is {_describe(self.graph[common])}")
+            first = (f"the first extra one is {describe_node(got[common])}" if len(got) > common
+                     else f"the first missing one is {describe_node(self.graph[common])}")
             raise ValueError(
                 f"{model_name} does not match the saved plan (made for {self.model_class}): it has "
                 f"{len(got)} compute nodes and the plan {len(self.graph)}; {first}"
@@ -495,52 +405,12 @@ class SavedPlan(PlanFigures):
             reserved_bytes=self.reserved_bytes, baseline_peak_bytes=self.baseline_peak_bytes,
             timing=self.timing, checkpoints=self.checkpoints, verification=self.verification,
             origin=f", loaded from {self.source}" if self.source else "", static_breakdown=self.static_breakdown,
-            **_report_setup(self.planned_for),
+            **report_setup(self.planned_for),
         )
 
     def __repr__(self) -> str:
         return (f"SavedPlan(model={self.model_class!r}, solver={self.solver!r}, regions={len(self.solution.regions)}, "
                 f"predicted_peak_bytes={self.predicted_peak_bytes})")
-
-
-def _region_record(names: list[str], spec: ModuleCheckpoint | None) -> dict[str, Any]:
-    if spec is None:
-        return {"nodes": names}
-    return {"module": spec.module, "class": spec.module_class, "random": spec.random,
-            "written_buffers": list(spec.written_buffers), "nodes": names}
-
-
-def _module_checkpoint(record: Any) -> ModuleCheckpoint | None:
-    """The submodule a saved region checkpoints (None in versions 1 and 2: node ranges)."""
-    if not isinstance(record, dict) or "module" not in record:
-        return None
-    return ModuleCheckpoint(module=record["module"], module_class=record["class"], random=record["random"],
-                            written_buffers=tuple(record["written_buffers"]))
-
-
-def _verification(record: dict[str, Any] | None) -> Verification | None:
-    """The saved measured figures, or None where they are absent or from another version."""
-    if record is None:
-        return None
-    known = {field.name for field in dataclasses.fields(Verification)}
-    try:
-        return Verification(**{key: value for key, value in record.items() if key in known})
-    except TypeError:
-        return None
-
-
-def _report_setup(planned_for: dict[str, Any] | None) -> dict[str, Any]:
-    """The report's arguments about what a saved plan was for (none for version 1 plans)."""
-    if not planned_for:
-        return {}
-    return {"device": planned_for.get("device", ""), "world_size": planned_for.get("world_size", 1),
-            "measurement": planned_for.get("measurement", "whole step"),
-            "times_estimated": planned_for.get("times_estimated", False),
-            "scratch_measured": planned_for.get("scratch_measured", True)}
-
-
-def _describe(node: dict[str, str]) -> str:
-    return f"{node['name']!r} ({node['op']} {node['target']})"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,155 @@
+"""The plain records a saved plan is made of (`planner.persist`): what a model looks like (its
+graph, leaves and sample), each node's cost and profile, each region, and the measured figures,
+to and from JSON-ready values.
+
+Example:
+    >>> record = cost_record(problem.nodes[3], [node.name for node in problem.nodes])
+    >>> cost_from_record("linear", record, index) == problem.nodes[3]
+    True
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from planner.apply import ModuleCheckpoint
+from planner.graph import compute_nodes, module_path
+from planner.json_values import dtype_name, encode_value, target_name
+from planner.profile import NodeProfile
+from planner.trace import bind_arguments, split_sample
+from planner.verify import Verification
+from solvers import NodeCost
+
+_NODE_REFERENCES = ("uses", "saves", "mutates", "grad_aliases", "holds", "arguments")  # NodeCost fields that hold node indices
+
+
+def model_device(model: nn.Module) -> torch.device:
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def whole_modules(gm: fx.GraphModule) -> list[str]:
+    """call_module targets that fx would have traced into: the leaves the plan was traced with
+    (given by the user or found automatically). Re-tracing needs all of them."""
+    default = fx.Tracer()
+    whole = []
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and node.target not in whole:
+            if not default.is_leaf_module(gm.get_submodule(node.target), node.target):
+                whole.append(node.target)
+    return whole
+
+
+def graph_nodes(gm: fx.GraphModule) -> list[dict[str, str]]:
+    return [
+        {"name": node.name, "op": node.op, "target": target_name(node.target), "module": module_path(node)}
+        for node in compute_nodes(gm)
+    ]
+
+
+def node_identity(node: dict[str, str]) -> tuple[str, str, str]:
+    """What must match between a saved graph and a model's: name, op and target."""
+    return node["name"], node["op"], node["target"]
+
+
+def sample_structure(model: nn.Module, sample: Any, tensor_names: tuple[str, ...],
+                      fixed_args: dict[str, Any]) -> dict[str, Any]:
+    args, kwargs = split_sample(sample)
+    bound = bind_arguments(inspect.signature(model.forward), args, kwargs)
+    arguments: list[dict[str, Any]] = []
+    for name, value in bound.items():
+        if name in tensor_names:
+            arguments.append({"name": name, "tensor": {
+                "shape": list(value.shape), "dtype": dtype_name(value.dtype), "requires_grad": value.requires_grad,
+            }})
+        else:
+            arguments.append({"name": name, "value": encode_value(fixed_args.get(name, value))})
+    device = next(value.device for value in bound.values() if isinstance(value, torch.Tensor))
+    return {"device": str(device), "arguments": arguments}
+
+
+def cost_record(cost: NodeCost, names: list[str]) -> dict[str, Any]:
+    record = dataclasses.asdict(cost)
+    for key in _NODE_REFERENCES:
+        record[key] = [names[index] for index in record[key]]
+    record["shared_grads"] = [[names[user], size] for user, size in cost.shared_grads]
+    del record["name"]
+    return record
+
+
+def cost_from_record(name: str, record: dict[str, Any], index: dict[str, int]) -> NodeCost:
+    known = {field.name for field in dataclasses.fields(NodeCost)}
+    values = {key: value for key, value in record.items() if key in known}
+    for key in _NODE_REFERENCES:
+        values[key] = tuple(index[owner] for owner in values.get(key, ()))
+    values["shared_grads"] = tuple((index[user], size) for user, size in values.get("shared_grads", ()))
+    return NodeCost(name=name, **values)
+
+
+def _profile_defaults() -> dict[str, Any]:
+    return dataclasses.asdict(NodeProfile())
+
+
+def profile_delta(profile: dict[str, Any], cost: dict[str, Any]) -> dict[str, Any]:
+    """The profiler's record less what the cost record already says (same field, same value)
+    and less defaults: usually the forward time and the buffers the node writes."""
+    def plain(value: Any) -> Any:
+        return list(value) if isinstance(value, tuple) else value
+
+    defaults = _profile_defaults()
+    return {
+        key: value for key, value in profile.items()
+        if not (plain(cost[key]) == plain(value) if key in cost else plain(value) == plain(defaults.get(key)))
+    }
+
+
+def profile_full(delta: dict[str, Any], cost: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of `_profile_delta`."""
+    defaults = _profile_defaults()
+    return {**defaults, **{key: cost[key] for key in defaults if key in cost}, **delta}
+
+
+def region_record(names: list[str], spec: ModuleCheckpoint | None) -> dict[str, Any]:
+    if spec is None:
+        return {"nodes": names}
+    return {"module": spec.module, "class": spec.module_class, "random": spec.random,
+            "written_buffers": list(spec.written_buffers), "nodes": names}
+
+
+def module_checkpoint(record: Any) -> ModuleCheckpoint | None:
+    """The submodule a saved region checkpoints (None in versions 1 and 2: node ranges)."""
+    if not isinstance(record, dict) or "module" not in record:
+        return None
+    return ModuleCheckpoint(module=record["module"], module_class=record["class"], random=record["random"],
+                            written_buffers=tuple(record["written_buffers"]))
+
+
+def verification_from_record(record: dict[str, Any] | None) -> Verification | None:
+    """The saved measured figures, or None where they are absent or from another version."""
+    if record is None:
+        return None
+    known = {field.name for field in dataclasses.fields(Verification)}
+    try:
+        return Verification(**{key: value for key, value in record.items() if key in known})
+    except TypeError:
+        return None
+
+
+def report_setup(planned_for: dict[str, Any] | None) -> dict[str, Any]:
+    """The report's arguments about what a saved plan was for (none for version 1 plans)."""
+    if not planned_for:
+        return {}
+    return {"device": planned_for.get("device", ""), "world_size": planned_for.get("world_size", 1),
+            "measurement": planned_for.get("measurement", "whole step"),
+            "times_estimated": planned_for.get("times_estimated", False),
+            "scratch_measured": planned_for.get("scratch_measured", True)}
+
+
+def describe_node(node: dict[str, str]) -> str:
+    return f"{node['name']!r} ({node['op']} {node['target']})"
