@@ -77,9 +77,6 @@ class _Scan:
         self.start = start
         self._iterator = scan_regions(structure, problem, start)
         self._floor = min_recompute_gradients
-        self._saver = [node.saves_for_backward for node in problem.nodes]
-        # What recomputation saves on the node it stops at (its time after its last save).
-        self._stop_saving = [node.compute_ms - node.stop_cost_ms for node in problem.nodes]
         self.peak: list[int] = []  # index b - start - 1: the region [start, b)'s own peak
         self.lower: list[int] = []  # a lower bound on peak for [start, b') with b' >= b
         self.recomputed_stop: list[int] = []  # the same index: where [start, b)'s recomputation stops
@@ -100,7 +97,7 @@ class _Scan:
             except StopIteration:
                 return False
             self._recompute = recompute  # stops at the last saver (see scan_regions)
-            if self._saver[e]:
+            if self.structure.saves_for_backward[e]:
                 self._settled = max(self._settled, gradient_backward[e] + backward, *self._pending)
                 self._pending.clear()
                 self._pending_max = -1
@@ -110,7 +107,7 @@ class _Scan:
                 self._pending_max = max(self._pending_max, gradient_backward[e])
             held = max(self._settled, self._pending_max)
             self.recomputed_stop.append(self.last_saver + 1 if self.last_saver >= 0 else self.start)
-            self.stop_saving.append(self._stop_saving[self.last_saver] if self.last_saver >= 0 else 0.0)
+            self.stop_saving.append(self.structure.stop_saving_ms[self.last_saver] if self.last_saver >= 0 else 0.0)
             if self.last_saver < 0:  # nothing to recompute (yet)
                 self.peak.append(held)
                 self.lower.append(held)

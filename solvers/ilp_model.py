@@ -75,7 +75,7 @@ class IlpModel:
     objective: Any  # the objective expression (recompute mode) or the peak variable
     region_cost: int = 0  # scaled fixed cost per region, added for every region start
     problem: Problem | None = None
-    stop_costs: list[int] | None = None  # scaled NodeCost.stop_cost_ms per node
+    stop_costs: list[int] = dataclasses.field(default_factory=list)  # scaled NodeCost.stop_cost_ms per node
 
 
 def _tables(
@@ -94,7 +94,7 @@ def _tables(
     then so can every node between a and i. Dropping these is exact and tightens the LP."""
     n = structure.n
     out = structure.output_bytes
-    saver = [node.saves_for_backward for node in problem.nodes]
+    saver = structure.saves_for_backward
     backward: list[dict[int, int]] = [{} for _ in range(n)]
     recompute: list[dict[int, int]] = [{} for _ in range(n)]
     for a in range(n):

@@ -41,6 +41,9 @@ class Structure:
             arguments (k's region inputs if k starts it).
         holds_before: distinct owners < k that the model's code holds while k runs, not read by k.
         saves_of: distinct owners that node k saves.
+        saves_for_backward: `NodeCost.saves_for_backward` (recomputation runs up to such nodes).
+        stop_saving_ms: what recomputation that stops at node k saves on it: compute_ms less
+            `NodeCost.stop_cost_ms`.
         forward_until: last forward step at which j's output is alive whatever the plan.
         referenced_until: last node that reads, holds or is passed j's output (n if returned):
             a recomputation that stops before it still references j when it stops.
@@ -65,6 +68,8 @@ class Structure:
     uses_before: tuple[tuple[int, ...], ...]
     holds_before: tuple[tuple[int, ...], ...]
     saves_of: tuple[tuple[int, ...], ...]
+    saves_for_backward: tuple[bool, ...]
+    stop_saving_ms: tuple[float, ...]
     forward_until: tuple[int, ...]
     referenced_until: tuple[int, ...]
     keep_until: tuple[int, ...]
@@ -208,6 +213,8 @@ def _build(problem: Problem) -> Structure:
         uses_before=tuple(uses_before),
         holds_before=tuple(holds_before),
         saves_of=tuple(saves_of),
+        saves_for_backward=tuple(node.saves_for_backward for node in nodes),
+        stop_saving_ms=tuple(node.compute_ms - node.stop_cost_ms for node in nodes),
         forward_until=tuple(forward_until),
         referenced_until=tuple(referenced_until),
         keep_until=tuple(keep_until),
@@ -294,7 +301,7 @@ def scan_regions(structure: Structure, problem: Problem, start: int) -> Iterator
             best = value
         return earlier
 
-    saver = [node.saves_for_backward for node in problem.nodes]
+    saver = structure.saves_for_backward
     referenced_until = structure.referenced_until
     last_saver = -1
     pending: list[int] = []  # nodes after the last saver: recomputed only if a later one comes
