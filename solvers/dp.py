@@ -31,141 +31,18 @@ them instead: that plan recomputes less and keeps less, so no optimum is lost.
 from __future__ import annotations
 
 import bisect
-import heapq
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import accumulate
 
 from solvers.problem import InfeasibleBudget, Problem, Solution, Status
 from solvers.simulate import make_solution, peak_bytes
-from solvers.structure import Structure, scan_regions
+from solvers.dp_settings import DpSettings, dp_settings
+from solvers.pareto import Entry, Front, Stair, merge_fronts
+from solvers.structure import RegionScan, Structure
 
 logger = logging.getLogger(__name__)
-
-class _Entry:
-    """One Pareto point: bytes kept outside the frontier set, recompute ms, and how we got here."""
-
-    __slots__ = ("held", "cost", "parent", "region")
-
-    def __init__(self, held: int, cost: float, parent: "_Entry | None", region: tuple[int, int] | None):
-        self.held = held
-        self.cost = cost
-        self.parent = parent
-        self.region = region
-
-    def regions(self) -> tuple[range, ...]:
-        found = []
-        entry: _Entry | None = self
-        while entry is not None:
-            if entry.region is not None:
-                found.append(range(*entry.region))
-            entry = entry.parent
-        return tuple(reversed(found))
-
-
-class _Scan:
-    """Region peaks for regions starting at one node, computed lazily as they are needed.
-
-    A region recomputes up to its last node that saves a tensor, just before that node's
-    backward (`Problem.recomputed`). The backward of a later node in the region runs before
-    the recomputation and holds none of the region's own tensors; should a longer region
-    reach another saver, it runs after one and holds them."""
-
-    def __init__(self, structure: Structure, problem: Problem, start: int, min_recompute_gradients: list[int]):
-        self.structure = structure
-        self.start = start
-        self._iterator = scan_regions(structure, problem, start)
-        self._floor = min_recompute_gradients
-        self.peak: list[int] = []  # index b - start - 1: the region [start, b)'s own peak
-        self.lower: list[int] = []  # a lower bound on peak for [start, b') with b' >= b
-        self.recomputed_stop: list[int] = []  # the same index: where [start, b)'s recomputation stops
-        self.stop_saving: list[float] = []  # the same index: what stopping there saves (NodeCost.stop_ms)
-        self.last_saver = -1  # the region's last node that saves, so far (-1: none)
-        self._settled = -1  # backward steps up to the last saver, with the region's own tensors
-        self._pending: list[int] = []  # backward steps after it, had a later saver joined
-        self._pending_max = -1  # the same steps as they are: gradients only
-        self._recompute = 0  # the recomputation's own peak for the region so far (scan_regions)
-
-    def ensure(self, stop: int) -> bool:
-        """Compute up to the region [start, stop); False when stop is past the graph."""
-        gradient_backward = self.structure.gradient_backward
-        gradient_recompute = self.structure.gradient_recompute
-        while self.start + len(self.peak) < stop:
-            try:
-                e, backward, recompute = next(self._iterator)
-            except StopIteration:
-                return False
-            self._recompute = recompute  # stops at the last saver (see scan_regions)
-            if self.structure.saves_for_backward[e]:
-                self._settled = max(self._settled, gradient_backward[e] + backward, *self._pending)
-                self._pending.clear()
-                self._pending_max = -1
-                self.last_saver = e
-            else:
-                self._pending.append(gradient_backward[e] + backward)
-                self._pending_max = max(self._pending_max, gradient_backward[e])
-            held = max(self._settled, self._pending_max)
-            self.recomputed_stop.append(self.last_saver + 1 if self.last_saver >= 0 else self.start)
-            self.stop_saving.append(self.structure.stop_saving_ms[self.last_saver] if self.last_saver >= 0 else 0.0)
-            if self.last_saver < 0:  # nothing to recompute (yet)
-                self.peak.append(held)
-                self.lower.append(held)
-                continue
-            at_saver = gradient_recompute[self.last_saver + 1]
-            self.peak.append(max(held, at_saver + self._recompute))
-            # A longer region either keeps this recomputation or recomputes more, later.
-            self.lower.append(max(held, min(at_saver, self._floor[e + 1]) + self._recompute))
-        return True
-
-
-class _Front:
-    """The Pareto front of one frontier set: held bytes ascending, cost strictly descending."""
-
-    __slots__ = ("entries", "helds", "negative_costs")
-
-    def __init__(self, entries: list[_Entry]):
-        self.entries = entries
-        self.helds = [entry.held for entry in entries]
-        self.negative_costs = [-entry.cost for entry in entries]  # ascending
-
-
-# A transition applied to a slice of a front: (front, lo, hi, added held, added ms, region).
-_Stair = tuple[_Front, int, int, int, float, "tuple[int, int] | None"]
-
-
-def _merge(stairs: list[_Stair], cost_limit: float, feasibility_only: bool, bucket_bytes: int = 0) -> _Front:
-    """Pareto front of the union of shifted front slices, materialising only the survivors.
-
-    Each slice is itself a staircase, so after taking an entry the next useful one in the same
-    slice is found by bisection on cost instead of walking every dominated entry. With
-    `bucket_bytes`, only the cheapest entry per held-bytes bucket survives (a thinner front:
-    fewer options, never a wrong one)."""
-    heap = []
-    for index, (front, lo, hi, held, cost, _) in enumerate(stairs):
-        if lo < hi:
-            heap.append((front.helds[lo] + held, front.entries[lo].cost + cost, index, lo))
-    heapq.heapify(heap)
-    best = cost_limit
-    survivors: list[_Entry] = []
-    while heap:
-        held, cost, index, position = heapq.heappop(heap)
-        front, _, hi, added_held, added_cost, region = stairs[index]
-        if cost < best:
-            entry = _Entry(held, cost, front.entries[position], region)
-            if bucket_bytes and survivors and survivors[-1].held // bucket_bytes == held // bucket_bytes:
-                survivors[-1] = entry
-            else:
-                survivors.append(entry)
-            best = cost
-            if feasibility_only:
-                break
-        following = bisect.bisect_right(front.negative_costs, added_cost - best, position + 1, hi)
-        if following < hi:
-            entry = front.entries[following]
-            heapq.heappush(heap, (entry.held + added_held, entry.cost + added_cost, index, following))
-    return _Front(survivors)
-
 
 def _boundaries(problem: Problem, stride: int, fraction: float = 0.0) -> list[bool]:
     """Where regions may start and end: everywhere with stride 1 and no `fraction`; else at
@@ -227,7 +104,7 @@ class _Search:
             self._mask_bytes[mask] = cached
         return cached
 
-    def _weaken(self, states: dict[int, list[_Stair]]) -> dict[int, list[_Stair]]:
+    def _weaken(self, states: dict[int, list[Stair]]) -> dict[int, list[Stair]]:
         """Keep the `max_states - 1` frontier sets with the cheapest entries; merge the others
         into their common subset, counting the members they drop as kept bytes (an
         over-estimate of memory, so merged plans still fit)."""
@@ -252,7 +129,7 @@ class _Search:
 
     def run(
         self, live_budget: int, cost_bound: float = float("inf"), feasibility_only: bool = False
-    ) -> tuple[_Entry | None, bool]:
+    ) -> tuple[Entry | None, bool]:
         """Cheapest plan whose live bytes (static excluded) stay <= live_budget; the flag says
         whether the search was exact (no frontier sets merged)."""
         structure = self.structure
@@ -270,8 +147,8 @@ class _Search:
         rng_state_bytes = self.problem.rng_state_bytes
         random = [node.random for node in self.problem.nodes]
         bucket_bytes = 0 if self.max_front is None else max(1, live_budget // self.max_front)
-        pending: list[dict[int, list[_Stair]] | None] = [{} for _ in range(n + 1)]
-        pending[0][0] = [(_Front([_Entry(0, 0.0, None, None)]), 0, 1, 0, 0.0, None)]
+        pending: list[dict[int, list[Stair]] | None] = [{} for _ in range(n + 1)]
+        pending[0][0] = [(Front([Entry(0, 0.0, None, None)]), 0, 1, 0, 0.0, None)]
         self._mask_bytes[0] = 0
         for t in range(n):
             states = pending[t]
@@ -283,7 +160,7 @@ class _Search:
                 exact = False
             fronts = {}
             for key in sorted(states):
-                front = _merge(states[key], bound, feasibility_only, bucket_bytes)
+                front = merge_fronts(states[key], bound, feasibility_only, bucket_bytes)
                 if front.entries:
                     fronts[key] = front
             next_states = pending[t + 1]
@@ -314,7 +191,7 @@ class _Search:
             # A region [t, b).
             if not structure.useful_start[t] or not self.boundary[t]:
                 continue
-            scan = _Scan(structure, self.problem, t, self.min_recompute_gradients)
+            scan = RegionScan(structure, self.problem, t, self.min_recompute_gradients)
             for key, front in fronts.items():
                 inputs = key
                 inputs_bytes = mask_bytes[key]
@@ -360,7 +237,7 @@ class _Search:
                     pending[b].setdefault(new_key, []).append((front, lo, hi, released + rng, region_ms, (t, b)))
                     if b == n and not feasibility_only:
                         bound = min(bound, front.entries[hi - 1].cost + region_ms + slack)
-        best: _Entry | None = None
+        best: Entry | None = None
         best_rank: tuple[float, int, int] | None = None
         finals = pending[n] or {}
         for key in sorted(finals):
@@ -371,72 +248,8 @@ class _Search:
                 rank = (entry.cost + cost, entry.held + held, key)
                 if best_rank is None or rank < best_rank:
                     best_rank = rank
-                    best = _Entry(entry.held + held, entry.cost + cost, entry, region)
+                    best = Entry(entry.held + held, entry.cost + cost, entry, region)
         return best, exact
-
-
-@dataclass(frozen=True)
-class DpSettings:
-    """How much of the search space dp keeps (see the module docstring).
-
-    Example:
-        >>> DpSettings.for_problem(problem)
-        DpSettings(max_states=64, max_front=None, stride=1)
-    """
-
-    max_states: int = 64  # frontier sets kept per boundary before merging the rest
-    max_front: int | None = None  # Pareto points kept per set (None: all of them)
-    stride: int = 1  # regions start and end only at every stride-th node that holds memory (and at n)
-    max_region_nodes: int | None = None  # longest region considered (None: any length)
-    boundary_fraction: float = 0.0  # boundaries only at nodes holding this share of the largest
-
-    @staticmethod
-    def for_problem(problem: Problem) -> "DpSettings":
-        """Exact settings for narrow graphs (chains, CNNs, transformers: frontier <= 16
-        outputs, and always room for every set when it is <= 12); bounded ones for wide DAGs,
-        so that dp stays a fast heuristic there."""
-        structure = Structure.of(problem)
-        width = structure.frontier_width
-        if structure.n > EXACT_MAX_NODES and width <= EXACT_FRONTIER_WIDTH:
-            # Long chains (a 70B transformer: 5 000 nodes): the exact search grows with n^2
-            # times its Pareto fronts; on a 32-layer Llama (1 922 nodes) it did not finish in
-            # 300 s. Bounded: 20 s, 65.69 ms of recompute where regions of up to 100 nodes with
-            # full fronts gave 65.39 ms in 86 s (see RESULTS.md).
-            return DpSettings(max_states=max(64, 2**min(width, 12)), max_front=256, max_region_nodes=128,
-                              boundary_fraction=0.01)
-        if width <= 12:  # room for every frontier set there can be: exact for sure
-            return DpSettings(max_states=max(64, 2**width))
-        if width <= EXACT_FRONTIER_WIDTH:
-            return DpSettings()
-        if structure.n <= 150:
-            return DpSettings(max_states=32)
-        if structure.n <= 300:
-            return DpSettings(max_states=16, max_front=64)
-        return DpSettings(max_states=2, max_front=16, stride=-(-structure.n // 250))
-
-    @property
-    def complete(self) -> bool:
-        """No Pareto point or boundary left out (frontier sets may still be merged)."""
-        return (self.max_front is None and self.stride == 1 and self.max_region_nodes is None
-                and self.boundary_fraction == 0)
-
-
-EXACT_FRONTIER_WIDTH = 16
-EXACT_MAX_NODES = 1000  # longer chains get a bounded search
-
-
-def _settings(problem: Problem, options: dict[str, object]) -> DpSettings:
-    defaults = DpSettings.for_problem(problem)
-    unknown = set(options) - {"max_states", "max_front", "stride", "max_region_nodes", "boundary_fraction"}
-    if unknown:
-        raise TypeError(f"dp got unknown options {sorted(unknown)}")
-    return DpSettings(
-        max_states=int(options.get("max_states", defaults.max_states)),  # type: ignore[arg-type]
-        max_front=options.get("max_front", defaults.max_front),  # type: ignore[arg-type]
-        stride=int(options.get("stride", defaults.stride)),  # type: ignore[arg-type]
-        max_region_nodes=options.get("max_region_nodes", defaults.max_region_nodes),  # type: ignore[arg-type]
-        boundary_fraction=float(options.get("boundary_fraction", defaults.boundary_fraction)),  # type: ignore[arg-type]
-    )
 
 
 def _search(problem: Problem, settings: DpSettings) -> _Search:
@@ -471,7 +284,7 @@ def minimum_peak_plan_dp(
         >>> peak_bytes(problem, regions) == peak
         True
     """
-    settings = _settings(problem, options)
+    settings = dp_settings(problem, options)
     if settings.stride > 1:  # big graphs: probe on a coarser grid, it only needs to be quick
         settings = replace(settings, stride=2 * settings.stride)
     cache = problem.__dict__.setdefault("_minimum_peak_dp", {})
@@ -526,7 +339,7 @@ def solve_dp(problem: Problem, budget_bytes: int, cost_bound_ms: float | None = 
         >>> solution.peak_bytes <= 0.6 * peak_bytes(problem), solution.status
         (True, <Status.OPTIMAL: 'optimal'>)
     """
-    settings = _settings(problem, options)
+    settings = dp_settings(problem, options)
     started = time.perf_counter()
     if peak_bytes(problem) <= budget_bytes:  # nothing to recompute
         return make_solution(problem, (), budget_bytes, Status.OPTIMAL, "dp", started)

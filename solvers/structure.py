@@ -17,6 +17,8 @@ or the start of a region that is not j's own and contains a consumer of j. Then:
   holds what the backward of s holds from earlier nodes, the gradients in flight there, and
   the region's own recomputed tensors (`scan_regions` below).
 
+`RegionScan` reads `scan_regions` lazily for the dp solver.
+
 Example:
     >>> structure = Structure.of(problem)
     >>> structure.gradient_backward[0] >= 0
@@ -338,3 +340,58 @@ def scan_regions(structure: Structure, problem: Problem, start: int) -> Iterator
             yield e, saved_running + permanent_bytes, 0
             continue
         yield e, saved_running + permanent_bytes, stop_best + fork
+
+
+class RegionScan:
+    """Region peaks for regions starting at one node, computed lazily as they are needed.
+
+    A region recomputes up to its last node that saves a tensor, just before that node's
+    backward (`Problem.recomputed`). The backward of a later node in the region runs before
+    the recomputation and holds none of the region's own tensors; should a longer region
+    reach another saver, it runs after one and holds them."""
+
+    def __init__(self, structure: Structure, problem: Problem, start: int, min_recompute_gradients: list[int]):
+        self.structure = structure
+        self.start = start
+        self._iterator = scan_regions(structure, problem, start)
+        self._floor = min_recompute_gradients
+        self.peak: list[int] = []  # index b - start - 1: the region [start, b)'s own peak
+        self.lower: list[int] = []  # a lower bound on peak for [start, b') with b' >= b
+        self.recomputed_stop: list[int] = []  # the same index: where [start, b)'s recomputation stops
+        self.stop_saving: list[float] = []  # the same index: what stopping there saves (NodeCost.stop_ms)
+        self.last_saver = -1  # the region's last node that saves, so far (-1: none)
+        self._settled = -1  # backward steps up to the last saver, with the region's own tensors
+        self._pending: list[int] = []  # backward steps after it, had a later saver joined
+        self._pending_max = -1  # the same steps as they are: gradients only
+        self._recompute = 0  # the recomputation's own peak for the region so far (scan_regions)
+
+    def ensure(self, stop: int) -> bool:
+        """Compute up to the region [start, stop); False when stop is past the graph."""
+        gradient_backward = self.structure.gradient_backward
+        gradient_recompute = self.structure.gradient_recompute
+        while self.start + len(self.peak) < stop:
+            try:
+                e, backward, recompute = next(self._iterator)
+            except StopIteration:
+                return False
+            self._recompute = recompute  # stops at the last saver (see scan_regions)
+            if self.structure.saves_for_backward[e]:
+                self._settled = max(self._settled, gradient_backward[e] + backward, *self._pending)
+                self._pending.clear()
+                self._pending_max = -1
+                self.last_saver = e
+            else:
+                self._pending.append(gradient_backward[e] + backward)
+                self._pending_max = max(self._pending_max, gradient_backward[e])
+            held = max(self._settled, self._pending_max)
+            self.recomputed_stop.append(self.last_saver + 1 if self.last_saver >= 0 else self.start)
+            self.stop_saving.append(self.structure.stop_saving_ms[self.last_saver] if self.last_saver >= 0 else 0.0)
+            if self.last_saver < 0:  # nothing to recompute (yet)
+                self.peak.append(held)
+                self.lower.append(held)
+                continue
+            at_saver = gradient_recompute[self.last_saver + 1]
+            self.peak.append(max(held, at_saver + self._recompute))
+            # A longer region either keeps this recomputation or recomputes more, later.
+            self.lower.append(max(held, min(at_saver, self._floor[e + 1]) + self._recompute))
+        return True

@@ -1,0 +1,79 @@
+"""How much of the search space the dp solver keeps (solvers/dp.py): exact settings for
+narrow graphs, bounded ones for wide DAGs and very long chains, and solver options over them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solvers.problem import Problem
+from solvers.structure import Structure
+
+
+@dataclass(frozen=True)
+class DpSettings:
+    """How much of the search space dp keeps (see the module docstring).
+
+    Example:
+        >>> DpSettings.for_problem(problem)
+        DpSettings(max_states=64, max_front=None, stride=1)
+    """
+
+    max_states: int = 64  # frontier sets kept per boundary before merging the rest
+    max_front: int | None = None  # Pareto points kept per set (None: all of them)
+    stride: int = 1  # regions start and end only at every stride-th node that holds memory (and at n)
+    max_region_nodes: int | None = None  # longest region considered (None: any length)
+    boundary_fraction: float = 0.0  # boundaries only at nodes holding this share of the largest
+
+    @staticmethod
+    def for_problem(problem: Problem) -> "DpSettings":
+        """Exact settings for narrow graphs (chains, CNNs, transformers: frontier <= 16
+        outputs, and always room for every set when it is <= 12); bounded ones for wide DAGs,
+        so that dp stays a fast heuristic there."""
+        structure = Structure.of(problem)
+        width = structure.frontier_width
+        if structure.n > EXACT_MAX_NODES and width <= EXACT_FRONTIER_WIDTH:
+            # Long chains (a 70B transformer: 5 000 nodes): the exact search grows with n^2
+            # times its Pareto fronts; on a 32-layer Llama (1 922 nodes) it did not finish in
+            # 300 s. Bounded: 20 s, 65.69 ms of recompute where regions of up to 100 nodes with
+            # full fronts gave 65.39 ms in 86 s (see RESULTS.md).
+            return DpSettings(max_states=max(64, 2**min(width, 12)), max_front=256, max_region_nodes=128,
+                              boundary_fraction=0.01)
+        if width <= 12:  # room for every frontier set there can be: exact for sure
+            return DpSettings(max_states=max(64, 2**width))
+        if width <= EXACT_FRONTIER_WIDTH:
+            return DpSettings()
+        if structure.n <= 150:
+            return DpSettings(max_states=32)
+        if structure.n <= 300:
+            return DpSettings(max_states=16, max_front=64)
+        return DpSettings(max_states=2, max_front=16, stride=-(-structure.n // 250))
+
+    @property
+    def complete(self) -> bool:
+        """No Pareto point or boundary left out (frontier sets may still be merged)."""
+        return (self.max_front is None and self.stride == 1 and self.max_region_nodes is None
+                and self.boundary_fraction == 0)
+
+
+EXACT_FRONTIER_WIDTH = 16
+EXACT_MAX_NODES = 1000  # longer chains get a bounded search
+
+
+def dp_settings(problem: Problem, options: dict[str, object]) -> DpSettings:
+    """`DpSettings.for_problem`, with the solver options that name its fields instead.
+
+    Example:
+        >>> dp_settings(problem, {"max_states": 8}).max_states
+        8
+    """
+    defaults = DpSettings.for_problem(problem)
+    unknown = set(options) - {"max_states", "max_front", "stride", "max_region_nodes", "boundary_fraction"}
+    if unknown:
+        raise TypeError(f"dp got unknown options {sorted(unknown)}")
+    return DpSettings(
+        max_states=int(options.get("max_states", defaults.max_states)),  # type: ignore[arg-type]
+        max_front=options.get("max_front", defaults.max_front),  # type: ignore[arg-type]
+        stride=int(options.get("stride", defaults.stride)),  # type: ignore[arg-type]
+        max_region_nodes=options.get("max_region_nodes", defaults.max_region_nodes),  # type: ignore[arg-type]
+        boundary_fraction=float(options.get("boundary_fraction", defaults.boundary_fraction)),  # type: ignore[arg-type]
+    )

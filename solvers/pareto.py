@@ -1,0 +1,81 @@
+"""Pareto fronts of (bytes kept, recompute ms) for the dp solver (solvers/dp.py): one front
+per frontier set at a boundary, and the merge of shifted front slices into a new front.
+
+Example:
+    >>> front = Front([Entry(0, 5.0, None, None), Entry(8, 1.0, None, None)])
+    >>> merge_fronts([(front, 0, 2, 4, 0.5, (0, 3))], cost_limit=10.0, feasibility_only=False).helds
+    [4, 12]
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+
+
+class Entry:
+    """One Pareto point: bytes kept outside the frontier set, recompute ms, and how we got here."""
+
+    __slots__ = ("held", "cost", "parent", "region")
+
+    def __init__(self, held: int, cost: float, parent: "Entry | None", region: tuple[int, int] | None):
+        self.held = held
+        self.cost = cost
+        self.parent = parent
+        self.region = region
+
+    def regions(self) -> tuple[range, ...]:
+        found = []
+        entry: Entry | None = self
+        while entry is not None:
+            if entry.region is not None:
+                found.append(range(*entry.region))
+            entry = entry.parent
+        return tuple(reversed(found))
+
+
+class Front:
+    """The Pareto front of one frontier set: held bytes ascending, cost strictly descending."""
+
+    __slots__ = ("entries", "helds", "negative_costs")
+
+    def __init__(self, entries: list[Entry]):
+        self.entries = entries
+        self.helds = [entry.held for entry in entries]
+        self.negative_costs = [-entry.cost for entry in entries]  # ascending
+
+
+# A transition applied to a slice of a front: (front, lo, hi, added held, added ms, region).
+Stair = tuple[Front, int, int, int, float, "tuple[int, int] | None"]
+
+
+def merge_fronts(stairs: list[Stair], cost_limit: float, feasibility_only: bool, bucket_bytes: int = 0) -> Front:
+    """Pareto front of the union of shifted front slices, materialising only the survivors.
+
+    Each slice is itself a staircase, so after taking an entry the next useful one in the same
+    slice is found by bisection on cost instead of walking every dominated entry. With
+    `bucket_bytes`, only the cheapest entry per held-bytes bucket survives (a thinner front:
+    fewer options, never a wrong one)."""
+    heap = []
+    for index, (front, lo, hi, held, cost, _) in enumerate(stairs):
+        if lo < hi:
+            heap.append((front.helds[lo] + held, front.entries[lo].cost + cost, index, lo))
+    heapq.heapify(heap)
+    best = cost_limit
+    survivors: list[Entry] = []
+    while heap:
+        held, cost, index, position = heapq.heappop(heap)
+        front, _, hi, added_held, added_cost, region = stairs[index]
+        if cost < best:
+            entry = Entry(held, cost, front.entries[position], region)
+            if bucket_bytes and survivors and survivors[-1].held // bucket_bytes == held // bucket_bytes:
+                survivors[-1] = entry
+            else:
+                survivors.append(entry)
+            best = cost
+            if feasibility_only:
+                break
+        following = bisect.bisect_right(front.negative_costs, added_cost - best, position + 1, hi)
+        if following < hi:
+            entry = front.entries[following]
+            heapq.heappush(heap, (entry.held + added_held, entry.cost + added_cost, index, following))
+    return Front(survivors)
