@@ -6,7 +6,8 @@ Example:
     >>> print(p)
     >>> p.apply(model)            # in place; planner.remove_plan(model) undoes it
 """
-from planner.api import Checkpoint, Plan, plan
+from planner.api import Plan, plan
+from planner.report import Checkpoint
 from planner.apply import remove_plan
 from planner.persist import SavedPlan, load_plan
 from planner.targets import targets  # planner.targets() lists the GPUs a plan can be for

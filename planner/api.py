@@ -19,12 +19,12 @@ from planner.measure import PlanDevice, check_measure, measure_model, plan_devic
 from planner.memory import preserved_state
 from planner.overhead import checkpoint_overhead_ms
 from planner.profile import GraphProfile
-from planner.report import PlanFigures, format_report
+from planner.report import PlanFigures, describe_checkpoints, format_report
 from planner.static import check_optimizer, check_world_size, static_breakdown
 from planner.targets import target as find_target
 from planner.trace import Traced, split_sample, trace
 from planner.verify import Verification, training_loss, verify_modules
-from solvers import Problem, Solution, Status, held_after_forward, peak_bytes, solve
+from solvers import Problem, Solution, Status, peak_bytes, solve
 
 logger = logging.getLogger(__name__)
 
@@ -44,44 +44,6 @@ class Setup:
 
     def with_reserve(self, reserved_bytes: int) -> "Setup":
         return replace(self, static_breakdown={**(self.static_breakdown or {}), "reserved": reserved_bytes})
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One recomputed region: one submodule call, run under checkpoint (its fx nodes listed)."""
-
-    nodes: tuple[str, ...]
-    recompute_ms: float
-    freed_bytes: int  # activation bytes no longer held at the end of forward
-    node_modules: tuple[str, ...] = ()  # the model's submodule of each node ("" for the model)
-    wrapped: ModuleCheckpoint | None = None  # the submodule whose forward runs under checkpoint
-
-    @property
-    def modules(self) -> tuple[str, ...]:
-        """The submodules the nodes belong to, each once, in order of first appearance."""
-        return tuple(dict.fromkeys(self.node_modules))
-
-
-def describe_checkpoints(problem: Problem, regions: tuple[range, ...], modules: Sequence[str],
-                         wrapped: dict[range, ModuleCheckpoint] | None = None) -> tuple[Checkpoint, ...]:
-    """The report's view of each region: its nodes, the submodules they belong to (`modules`
-    holds one path per node), its recompute time, what it frees at the end of forward, and the
-    submodule whose forward it checkpoints (`wrapped`, by node range).
-
-    Example:
-        >>> describe_checkpoints(p.problem, p.solution.regions, [""] * len(p.problem))[0].nodes
-    """
-    unplanned = held_after_forward(problem)
-    return tuple(
-        Checkpoint(
-            nodes=tuple(problem.nodes[i].name for i in region),
-            node_modules=tuple(modules[i] for i in region),
-            recompute_ms=problem.recompute_ms((region,)),
-            freed_bytes=unplanned - held_after_forward(problem, (region,)),
-            wrapped=(wrapped or {}).get(region),
-        )
-        for region in regions
-    )
 
 
 def check_gb(name: str, value: Any, allow_zero: bool = False) -> float:

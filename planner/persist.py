@@ -35,13 +35,13 @@ from planner.plan_records import (cost_from_record, cost_record, describe_node, 
                                    module_checkpoint, node_identity, profile_delta, profile_full, region_record,
                                    report_setup, sample_structure, verification_from_record, whole_modules)
 from planner.profile import META_KEY
-from planner.report import PlanFigures, format_report
+from planner.report import Checkpoint, PlanFigures, describe_checkpoints, format_report
 from planner.trace import trace
 from planner.verify import Verification
 from solvers import Problem, Solution, Status
 
 if TYPE_CHECKING:
-    from planner.api import Checkpoint, Plan
+    from planner.api import Plan
 
 FORMAT = "ckpt-planner plan"
 VERSION = 3
@@ -99,9 +99,7 @@ class SavedPlan(PlanFigures):
         return [[names[i] for i in region] for region in self.solution.regions]
 
     @property
-    def checkpoints(self) -> tuple["Checkpoint", ...]:
-        from planner.api import describe_checkpoints
-
+    def checkpoints(self) -> tuple[Checkpoint, ...]:
         modules = [node.get("module", "") for node in self.graph]
         wrapped = {region: spec for region, spec in zip(self.solution.regions, self.wrapped) if spec is not None}
         return describe_checkpoints(self.problem, self.solution.regions, modules, wrapped)

@@ -1,9 +1,52 @@
-"""The plan report: one formatter for live plans (`Plan`) and loaded ones (`SavedPlan`)."""
+"""The plan report: each recomputed region as the report shows it (`Checkpoint`), and one
+formatter for live plans (`Plan`) and loaded ones (`SavedPlan`)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
-from solvers import Problem, Solution, format_bytes
+from solvers import Problem, Solution, format_bytes, held_after_forward
+
+if TYPE_CHECKING:
+    from planner.apply import ModuleCheckpoint
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One recomputed region: one submodule call, run under checkpoint (its fx nodes listed)."""
+
+    nodes: tuple[str, ...]
+    recompute_ms: float
+    freed_bytes: int  # activation bytes no longer held at the end of forward
+    node_modules: tuple[str, ...] = ()  # the model's submodule of each node ("" for the model)
+    wrapped: ModuleCheckpoint | None = None  # the submodule whose forward runs under checkpoint
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The submodules the nodes belong to, each once, in order of first appearance."""
+        return tuple(dict.fromkeys(self.node_modules))
+
+
+def describe_checkpoints(problem: Problem, regions: tuple[range, ...], modules: Sequence[str],
+                         wrapped: dict[range, ModuleCheckpoint] | None = None) -> tuple[Checkpoint, ...]:
+    """The report's view of each region: its nodes, the submodules they belong to (`modules`
+    holds one path per node), its recompute time, what it frees at the end of forward, and the
+    submodule whose forward it checkpoints (`wrapped`, by node range).
+
+    Example:
+        >>> describe_checkpoints(p.problem, p.solution.regions, [""] * len(p.problem))[0].nodes
+    """
+    unplanned = held_after_forward(problem)
+    return tuple(
+        Checkpoint(
+            nodes=tuple(problem.nodes[i].name for i in region),
+            node_modules=tuple(modules[i] for i in region),
+            recompute_ms=problem.recompute_ms((region,)),
+            freed_bytes=unplanned - held_after_forward(problem, (region,)),
+            wrapped=(wrapped or {}).get(region),
+        )
+        for region in regions
+    )
 
 
 class PlanFigures:

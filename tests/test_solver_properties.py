@@ -169,7 +169,7 @@ def test_ilp_model_admits_every_plan_that_fits(problem: Problem, data: st.DataOb
     # constraint of the model, the valid inequalities (triangle cuts) included.
     # (Regions that start at a memoryless node, and regions that save nothing, are left out of
     # the model on purpose: another plan beats them for sure.)
-    from solvers.ilp import _solver
+    from solvers.ilp_warm_start import cp_sat_solver as _solver
     from solvers.ilp_model import build_model, hint_plan
     from solvers.structure import Structure
 
@@ -295,7 +295,7 @@ def test_ilp_bound_from_dp_never_exceeds_any_plan(problem: Problem, data: st.Dat
 @settings(max_examples=60, **SETTINGS)
 @given(problem=problems(max_nodes=9), data=st.data())
 def test_ilp_greedy_warm_start_fits_and_never_beats_the_optimum(problem: Problem, data: st.DataObject) -> None:
-    from solvers.ilp import _greedy_single_nodes
+    from solvers.ilp_warm_start import greedy_single_nodes as _greedy_single_nodes
 
     truth = Truth.of(problem)
     for budget in budgets(truth, data):
@@ -312,7 +312,7 @@ def test_ilp_greedy_warm_start_fits_and_never_beats_the_optimum(problem: Problem
 @settings(max_examples=40, **SETTINGS)
 @given(problem=problems(max_nodes=8), data=st.data())
 def test_ilp_one_node_warm_start_is_the_best_plan_of_one_node_regions(problem: Problem, data: st.DataObject) -> None:
-    from solvers.ilp import _single_node_optimum
+    from solvers.ilp_warm_start import single_node_optimum as _single_node_optimum
 
     truth = Truth.of(problem)
     for budget in budgets(truth, data):
@@ -336,7 +336,7 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
     # beside the search) is at most the optimum.
     import time
 
-    from solvers.ilp import _lp_guided_plan
+    from solvers.ilp_warm_start import lp_guided_plan as _lp_guided_plan
     from solvers.ilp_model import build_model, scaled_cost
     from solvers.lp_relaxation import LinearRelaxation
 
