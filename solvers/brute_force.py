@@ -2,12 +2,14 @@
 
 A plan is any set of disjoint, non-empty ranges of consecutive nodes whose starts pass
 `Problem.can_start_region`; two adjacent ranges differ from their union. There are F(2n + 1)
-of them (Fibonacci), 75 025 for n = 12, so this refuses larger graphs.
+of them (Fibonacci), 75 025 for n = 12, so this refuses larger graphs. Each region may also
+keep any subset of its `Problem.keep_candidates` (a selective-checkpoint policy).
 """
 from __future__ import annotations
 
 import logging
 import time
+from itertools import chain, combinations, product
 from typing import Iterator
 
 from solvers.problem import InfeasibleBudget, Problem, Solution, Status
@@ -40,6 +42,24 @@ def all_plans(problem: Problem) -> Iterator[tuple[range, ...]]:
     yield from extend(0, ())
 
 
+def all_plans_with_keeps(problem: Problem) -> Iterator[tuple[tuple[range, ...], tuple[int, ...]]]:
+    """Every plan of `problem` as (regions, kept nodes): each of `all_plans` with every
+    choice of a subset of each region's `Problem.keep_candidates`.
+
+    Example:
+        >>> next(all_plans_with_keeps(problem))
+        ((), ())
+    """
+    for regions in all_plans(problem):
+        choices = []
+        for region in regions:
+            candidates = problem.keep_candidates(region)
+            choices.append([subset for size in range(len(candidates) + 1)
+                            for subset in combinations(candidates, size)])
+        for subsets in product(*choices):
+            yield regions, tuple(chain.from_iterable(subsets))
+
+
 def _check_size(problem: Problem) -> None:
     if len(problem) > MAX_NODES:
         raise ValueError(
@@ -56,14 +76,15 @@ def minimum_peak_brute_force(problem: Problem) -> int:
         True
     """
     _check_size(problem)
-    return min(peak_bytes(problem, regions) for regions in all_plans(problem))
+    return min(peak_bytes(problem, regions, kept) for regions, kept in all_plans_with_keeps(problem))
 
 
 def solve_brute_force(problem: Problem, budget_bytes: int, **options: object) -> Solution:
     """The cheapest plan under `budget_bytes` by trying all of them (n <= 12; tests only).
 
     Ties on recompute time go to the lower peak, then to fewer regions (a region that saves
-    nothing changes nothing), then to the earlier plan in `all_plans` order.
+    nothing changes nothing), then to fewer kept nodes, then to the earlier plan in
+    `all_plans_with_keeps` order.
     Raises InfeasibleBudget with the true minimum peak when nothing fits.
 
     Example:
@@ -74,17 +95,17 @@ def solve_brute_force(problem: Problem, budget_bytes: int, **options: object) ->
         raise TypeError(f"brute_force takes no options, got {sorted(options)}")
     _check_size(problem)
     started = time.perf_counter()
-    best: tuple[float, int, int, tuple[range, ...]] | None = None
+    best: tuple[float, int, int, int, tuple[range, ...], tuple[int, ...]] | None = None
     minimum: int | None = None
-    for regions in all_plans(problem):
-        peak = peak_bytes(problem, regions)
+    for regions, kept in all_plans_with_keeps(problem):
+        peak = peak_bytes(problem, regions, kept)
         minimum = peak if minimum is None else min(minimum, peak)
         if peak > budget_bytes:
             continue
-        cost = problem.recompute_ms(regions)
-        if best is None or (cost, peak, len(regions)) < best[:3]:
-            best = (cost, peak, len(regions), regions)
+        cost = problem.recompute_ms(regions, kept)
+        if best is None or (cost, peak, len(regions), len(kept)) < best[:4]:
+            best = (cost, peak, len(regions), len(kept), regions, kept)
     if best is None:
         raise InfeasibleBudget(budget_bytes, minimum or problem.static_bytes, problem.static_bytes, "brute_force")
     logger.debug("brute_force: best recompute %.6g ms, peak %d bytes", best[0], best[1])
-    return make_solution(problem, best[3], budget_bytes, Status.OPTIMAL, "brute_force", started)
+    return make_solution(problem, best[4], budget_bytes, Status.OPTIMAL, "brute_force", started, best[5])

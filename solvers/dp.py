@@ -34,13 +34,14 @@ import bisect
 import logging
 import time
 from dataclasses import replace
-from itertools import accumulate
+from itertools import accumulate, combinations
 
-from solvers.problem import InfeasibleBudget, Problem, Solution, Status
+from solvers.problem import MAX_KEEP_CANDIDATES, InfeasibleBudget, Problem, Solution, Status
 from solvers.simulate import make_solution, peak_bytes
 from solvers.dp_settings import DpSettings, dp_settings
 from solvers.pareto import Entry, Front, Stair, merge_fronts
-from solvers.structure import RegionScan, Structure
+from solvers.region_scan import RegionScan
+from solvers.structure import Structure
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class _Search:
                     mask &= ~(1 << j)
             self.frontier[t] = mask
         self.cumulative_ms = [0.0, *accumulate(structure.compute_ms)]
+        self.random = [node.random for node in problem.nodes]
+        self.keepable = [k for k, node in enumerate(problem.nodes) if node.keepable]
         floor = list(structure.gradient_recompute)
         for b in range(n - 1, -1, -1):
             floor[b] = min(floor[b], floor[b + 1])
@@ -127,6 +130,90 @@ class _Search:
         kept[common] = merged
         return kept
 
+    def keep_candidates(self, t: int, last: int) -> tuple[tuple[int, ...], int]:
+        """The nodes regions [t, b) (b <= last) may keep (`Problem.keep_candidates`): the first
+        `MAX_KEEP_CANDIDATES` keepable ones; and the largest b at which a region still holds
+        no more keepable nodes than that."""
+        first = bisect.bisect_left(self.keepable, t)
+        keepable = self.keepable[first:bisect.bisect_left(self.keepable, last, first)]
+        if len(keepable) > MAX_KEEP_CANDIDATES:
+            return tuple(keepable[:MAX_KEEP_CANDIDATES]), keepable[MAX_KEEP_CANDIDATES]
+        return tuple(keepable), last
+
+    def _regions_from(self, t: int, keep: tuple[int, ...], last: int, fronts: dict[int, Front],
+                      pending: list[dict[int, list[Stair]] | None], live_budget: int, bound: float, slack: float,
+                      feasibility_only: bool) -> float:
+        """Add the transitions of the regions [t, b), b <= last, that keep `keep` to `pending`;
+        return the cost bound, lowered where a region reaches the end of the graph."""
+        structure = self.structure
+        n = structure.n
+        out = structure.output_bytes
+        saved = structure.saved_bytes
+        compute_ms = structure.compute_ms
+        frontier = self.frontier
+        cumulative_ms = self.cumulative_ms
+        mask_bytes = self._mask_bytes
+        overhead_ms = self.problem.region_overhead_ms
+        rng_state_bytes = self.problem.rng_state_bytes
+        random = self.random
+        kept_nodes = frozenset(keep)
+        last_kept = keep[-1] if keep else -1
+        scan = RegionScan(structure, self.problem, t, self.min_recompute_gradients, keep)
+        for key, front in fronts.items():
+            inputs = key
+            inputs_bytes = mask_bytes[key]
+            released = 0  # kept bytes of inputs (and kept nodes) whose last reference has passed
+            kept_out = kept_saved = 0  # what the kept nodes so far hold from their forward on
+            kept_ms = 0.0  # what recomputation skips on them
+            forward_max = 0
+            rng = 0  # the RNG state the region keeps once it holds a random node
+            for k in range(t, last):
+                if random[k]:
+                    rng = rng_state_bytes
+                for j in structure.uses_before[k]:
+                    if j < t and not inputs >> j & 1:
+                        inputs |= 1 << j
+                        inputs_bytes += out[j]
+                forward = structure.forward_fixed[k] + released + kept_saved
+                if forward > forward_max:
+                    forward_max = forward
+                if k in kept_nodes:  # its output is kept like an input: one frontier bit
+                    inputs |= 1 << k
+                    inputs_bytes += out[k]
+                    kept_out += out[k]
+                    kept_saved += saved[k]
+                    kept_ms += compute_ms[k]
+                for g in structure.graduates[k]:
+                    if inputs >> g & 1:
+                        released += out[g]
+                b = k + 1
+                scan.ensure(b)
+                index = b - t - 1
+                stop = scan.recomputed_stop[index]
+                region_ms = (cumulative_ms[stop] - cumulative_ms[t] - kept_ms + overhead_ms
+                             - (0.0 if stop - 1 in kept_nodes else scan.stop_saving[index]))
+                # Entries cheap enough for this region (and so for any longer one) ...
+                lo = bisect.bisect_left(front.negative_costs, region_ms - bound)
+                # ... and light enough for any region [t, b') with b' >= b.
+                floor = max(forward_max, inputs_bytes - kept_out + scan.lower[index]) + rng
+                if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
+                    break
+                if (not self.boundary[b] or not self.problem.allows_region(t, b) or scan.last_saver < 0
+                        or last_kept >= stop):
+                    continue  # (a region that saves nothing recomputes and frees nothing)
+                limit = live_budget - max(forward_max, inputs_bytes - kept_out + scan.peak[index]) - rng
+                hi = bisect.bisect_right(front.helds, limit)
+                if lo >= hi:
+                    continue
+                new_key = inputs & frontier[b]
+                mask_bytes[new_key] = inputs_bytes - released
+                # The RNG state and the kept saved tensors stay until the region's backward.
+                pending[b].setdefault(new_key, []).append(
+                    (front, lo, hi, released + rng + kept_saved, region_ms, (t, b, keep)))
+                if b == n and not feasibility_only:
+                    bound = min(bound, front.entries[hi - 1].cost + region_ms + slack)
+        return bound
+
     def run(
         self, live_budget: int, cost_bound: float = float("inf"), feasibility_only: bool = False
     ) -> tuple[Entry | None, bool]:
@@ -137,15 +224,10 @@ class _Search:
         out = structure.output_bytes
         saved = structure.saved_bytes
         frontier = self.frontier
-        cumulative_ms = self.cumulative_ms
         bisect_right = bisect.bisect_right
-        bisect_left = bisect.bisect_left
         slack = 1e-9 * max(1.0, abs(cost_bound)) if cost_bound != float("inf") else 0.0
         bound = cost_bound + slack
         exact = True
-        overhead_ms = self.problem.region_overhead_ms
-        rng_state_bytes = self.problem.rng_state_bytes
-        random = [node.random for node in self.problem.nodes]
         bucket_bytes = 0 if self.max_front is None else max(1, live_budget // self.max_front)
         pending: list[dict[int, list[Stair]] | None] = [{} for _ in range(n + 1)]
         pending[0][0] = [(Front([Entry(0, 0.0, None, None)]), 0, 1, 0, 0.0, None)]
@@ -188,55 +270,17 @@ class _Search:
                 next_states.setdefault(new_key, []).append((front, 0, hi, resolved + saved[t], 0.0, None))
                 if t + 1 == n and not feasibility_only:
                     bound = min(bound, front.entries[hi - 1].cost + slack)
-            # A region [t, b).
+            # A region [t, b), keeping each subset of its keep candidates.
             if not structure.useful_start[t] or not self.boundary[t]:
                 continue
-            scan = RegionScan(structure, self.problem, t, self.min_recompute_gradients)
-            for key, front in fronts.items():
-                inputs = key
-                inputs_bytes = mask_bytes[key]
-                released = 0  # kept bytes of inputs whose last reference has passed
-                forward_max = 0
-                rng = 0  # the RNG state the region keeps once it holds a random node
-                last = self.problem.last_region_stop(t)
-                if self.max_region_nodes is not None:
-                    last = min(last, t + self.max_region_nodes)
-                for k in range(t, last):
-                    if random[k]:
-                        rng = rng_state_bytes
-                    for j in structure.uses_before[k]:
-                        if j < t and not inputs >> j & 1:
-                            inputs |= 1 << j
-                            inputs_bytes += out[j]
-                    forward = structure.forward_fixed[k] + released
-                    if forward > forward_max:
-                        forward_max = forward
-                    for g in structure.graduates[k]:
-                        if g < t and inputs >> g & 1:
-                            released += out[g]
-                    b = k + 1
-                    scan.ensure(b)
-                    index = b - t - 1
-                    region_ms = (cumulative_ms[scan.recomputed_stop[index]] - cumulative_ms[t]
-                                 - scan.stop_saving[index] + overhead_ms)
-                    # Entries cheap enough for this region (and so for any longer one) ...
-                    lo = bisect_left(front.negative_costs, region_ms - bound)
-                    # ... and light enough for any region [t, b') with b' >= b.
-                    floor = max(forward_max, inputs_bytes + scan.lower[index]) + rng
-                    if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
-                        break
-                    if not self.boundary[b] or not self.problem.allows_region(t, b) or scan.last_saver < 0:
-                        continue  # (a region that saves nothing recomputes and frees nothing)
-                    limit = live_budget - max(forward_max, inputs_bytes + scan.peak[index]) - rng
-                    hi = bisect_right(front.helds, limit)
-                    if lo >= hi:
-                        continue
-                    new_key = inputs & frontier[b]
-                    mask_bytes[new_key] = inputs_bytes - released
-                    # The RNG state stays until the region's backward, like a saved tensor.
-                    pending[b].setdefault(new_key, []).append((front, lo, hi, released + rng, region_ms, (t, b)))
-                    if b == n and not feasibility_only:
-                        bound = min(bound, front.entries[hi - 1].cost + region_ms + slack)
+            last = self.problem.last_region_stop(t)
+            if self.max_region_nodes is not None:
+                last = min(last, t + self.max_region_nodes)
+            candidates, keep_stop = self.keep_candidates(t, last)
+            for size in range(len(candidates) + 1):
+                for keep in combinations(candidates, size):
+                    bound = self._regions_from(t, keep, last if not keep else keep_stop, fronts, pending,
+                                               live_budget, bound, slack, feasibility_only)
         best: Entry | None = None
         best_rank: tuple[float, int, int] | None = None
         finals = pending[n] or {}
@@ -270,18 +314,18 @@ def minimum_peak_dp(problem: Problem, above: int | None = None, **options: objec
         >>> minimum_peak_dp(problem)[0] <= peak_bytes(problem)
         True
     """
-    peak, exact, _ = minimum_peak_plan_dp(problem, above, **options)
+    peak, exact, _, _ = minimum_peak_plan_dp(problem, above, **options)
     return peak, exact
 
 
 def minimum_peak_plan_dp(
     problem: Problem, above: int | None = None, **options: object
-) -> tuple[int, bool, tuple[range, ...]]:
+) -> tuple[int, bool, tuple[range, ...], tuple[int, ...]]:
     """`minimum_peak_dp` plus a plan that reaches that peak.
 
     Example:
-        >>> peak, exact, regions = minimum_peak_plan_dp(problem)
-        >>> peak_bytes(problem, regions) == peak
+        >>> peak, exact, regions, kept = minimum_peak_plan_dp(problem)
+        >>> peak_bytes(problem, regions, kept) == peak
         True
     """
     settings = dp_settings(problem, options)
@@ -294,6 +338,7 @@ def minimum_peak_plan_dp(
     structure = search.structure
     high = peak_bytes(problem) - problem.static_bytes  # the empty plan fits this
     best: tuple[range, ...] = ()
+    best_kept: tuple[int, ...] = ()
     low = max([-1, *(value - 1 for value in structure.gradient_backward)])
     if above is not None:
         low = max(low, min(above, high - 1))
@@ -308,12 +353,12 @@ def minimum_peak_plan_dp(
         found, middle_exact = search.run(middle, feasibility_only=True)
         exact = exact and middle_exact
         if found is not None:
-            best = found.regions()
-            high = peak_bytes(problem, best) - problem.static_bytes  # may land below middle
+            best, best_kept = found.regions(), found.kept()
+            high = peak_bytes(problem, best, best_kept) - problem.static_bytes  # may land below middle
             galloping = False
         else:
             low = middle
-    cache[settings] = result = (high + problem.static_bytes, exact, best)
+    cache[settings] = result = (high + problem.static_bytes, exact, best, best_kept)
     return result
 
 
@@ -352,11 +397,11 @@ def solve_dp(problem: Problem, budget_bytes: int, cost_bound_ms: float | None = 
         if found is None and cost_bound_ms is not None:  # the bound, not the budget, may be why
             found, exact = search.run(live_budget)
     if found is None:
-        minimum, proven, plan = minimum_peak_plan_dp(problem, above=max(live_budget, -1), **options)
+        minimum, proven, plan, kept = minimum_peak_plan_dp(problem, above=max(live_budget, -1), **options)
         if minimum <= budget_bytes:  # the bounded search for the minimum found what the other missed
-            return make_solution(problem, plan, budget_bytes, Status.FEASIBLE, "dp", started)
+            return make_solution(problem, plan, budget_bytes, Status.FEASIBLE, "dp", started, kept)
         raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "dp", proven=proven)
     exact = exact and settings.complete and structure.saves_only_what_it_reads
     status = Status.OPTIMAL if exact else Status.FEASIBLE
     logger.debug("dp: %d regions, recompute %.6g ms, %s", len(found.regions()), found.cost, status.value)
-    return make_solution(problem, found.regions(), budget_bytes, status, "dp", started)
+    return make_solution(problem, found.regions(), budget_bytes, status, "dp", started, found.kept())

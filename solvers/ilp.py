@@ -163,7 +163,7 @@ def solve_ilp(
     if built is None or status == cp_model.INFEASIBLE:
         from solvers.dp import minimum_peak_plan_dp  # the warm start
 
-        dp_minimum, _, dp_plan = minimum_peak_plan_dp(problem)
+        dp_minimum, _, dp_plan, _ = minimum_peak_plan_dp(problem)
         minimum, proven = minimum_peak_ilp(problem, time_limit_s, workers, hint=dp_plan)
         if not proven:
             minimum = min(minimum, dp_minimum)

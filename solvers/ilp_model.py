@@ -48,7 +48,8 @@ from functools import reduce
 from typing import Any
 
 from solvers.problem import Problem
-from solvers.structure import Structure, scan_regions
+from solvers.region_scan import scan_regions
+from solvers.structure import Structure
 
 
 def load_cp_model() -> Any:

@@ -3,7 +3,7 @@ per frontier set at a boundary, and the merge of shifted front slices into a new
 
 Example:
     >>> front = Front([Entry(0, 5.0, None, None), Entry(8, 1.0, None, None)])
-    >>> merge_fronts([(front, 0, 2, 4, 0.5, (0, 3))], cost_limit=10.0, feasibility_only=False).helds
+    >>> merge_fronts([(front, 0, 2, 4, 0.5, (0, 3, ()))], cost_limit=10.0, feasibility_only=False).helds
     [4, 12]
 """
 from __future__ import annotations
@@ -11,26 +11,37 @@ from __future__ import annotations
 import bisect
 import heapq
 
+Region = tuple[int, int, tuple[int, ...]]  # start, stop, the nodes it keeps
+
 
 class Entry:
-    """One Pareto point: bytes kept outside the frontier set, recompute ms, and how we got here."""
+    """One Pareto point: bytes kept outside the frontier set, recompute ms, and how we got here
+    (`region`: the region (start, stop, kept nodes) that led here from `parent`, if any)."""
 
     __slots__ = ("held", "cost", "parent", "region")
 
-    def __init__(self, held: int, cost: float, parent: "Entry | None", region: tuple[int, int] | None):
+    def __init__(self, held: int, cost: float, parent: "Entry | None", region: Region | None):
         self.held = held
         self.cost = cost
         self.parent = parent
         self.region = region
 
-    def regions(self) -> tuple[range, ...]:
+    def _path(self) -> list[Region]:
         found = []
         entry: Entry | None = self
         while entry is not None:
             if entry.region is not None:
-                found.append(range(*entry.region))
+                found.append(entry.region)
             entry = entry.parent
-        return tuple(reversed(found))
+        return list(reversed(found))
+
+    def regions(self) -> tuple[range, ...]:
+        """The plan's regions, in order."""
+        return tuple(range(start, stop) for start, stop, _ in self._path())
+
+    def kept(self) -> tuple[int, ...]:
+        """The nodes the plan's regions keep, in order."""
+        return tuple(node for _, _, keep in self._path() for node in keep)
 
 
 class Front:
@@ -45,7 +56,7 @@ class Front:
 
 
 # A transition applied to a slice of a front: (front, lo, hi, added held, added ms, region).
-Stair = tuple[Front, int, int, int, float, "tuple[int, int] | None"]
+Stair = tuple[Front, int, int, int, float, "Region | None"]
 
 
 def merge_fronts(stairs: list[Stair], cost_limit: float, feasibility_only: bool, bucket_bytes: int = 0) -> Front:

@@ -3,6 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Collection
+
+# A region keeps (a selective-checkpoint policy) only where it holds at most this many keepable
+# nodes: every solver tries each subset of them, and a region spanning several blocks keeps none.
+MAX_KEEP_CANDIDATES = 8
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,9 @@ class NodeCost:
     # Forward time up to its last saved tensor, where measured: what recomputation that stops
     # at it costs (a linear: almost nothing; dropout: its mask). None: all of compute_ms.
     stop_ms: float | None = None
+    # Its output may be kept inside a region (a selective-checkpoint policy caches the ATen
+    # calls that make its output and saved tensors): the region's recomputation then skips it.
+    keepable: bool = False
 
     @property
     def stop_cost_ms(self) -> float:
@@ -93,6 +101,8 @@ class Problem:
             if region.step != 1 or len(region) == 0 or region.start < 0 or region.stop > len(self.nodes):
                 raise ValueError(f"allowed region {region} is not a non-empty run of the {len(self.nodes)} nodes")
         for index, node in enumerate(self.nodes):
+            if node.keepable and node.mutates:
+                raise ValueError(f"node {index} ({node.name!r}) writes in place, so its output cannot be kept")
             if node.stops_before_output and index in node.saves:
                 raise ValueError(f"node {index} ({node.name!r}) saves its own output, so it makes it before it stops")
             for owner in (*node.uses, *node.saves, *node.mutates, *node.grad_aliases, *node.holds, *node.arguments,
@@ -106,19 +116,34 @@ class Problem:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    def recompute_ms(self, regions: tuple[range, ...]) -> float:
+    def recompute_ms(self, regions: tuple[range, ...], kept: Collection[int] = ()) -> float:
         """Added step time of a plan: what each region's recomputation costs
         (`region_recompute_ms`), and `region_overhead_ms` more per region."""
-        return sum(self.region_recompute_ms(region) for region in regions) + self.region_overhead_ms * len(regions)
+        kept = frozenset(kept)
+        return (sum(self.region_recompute_ms(region, kept) for region in regions)
+                + self.region_overhead_ms * len(regions))
 
-    def region_recompute_ms(self, region: range) -> float:
+    def region_recompute_ms(self, region: range, kept: Collection[int] = ()) -> float:
         """Forward time a region's recomputation costs: its nodes up to its last saving node
-        (`recomputed`), that last one only up to its last saved tensor (`NodeCost.stop_ms`)."""
+        (`recomputed`) that it does not keep, the last one only up to its last saved tensor
+        (`NodeCost.stop_ms`)."""
         recomputed = self.recomputed(region)
         if not recomputed:
             return 0.0
-        return (sum(self.nodes[i].compute_ms for i in recomputed[:-1])
-                + self.nodes[recomputed.stop - 1].stop_cost_ms)
+        kept = frozenset(kept)
+        last = recomputed.stop - 1
+        return (sum(self.nodes[i].compute_ms for i in recomputed[:-1] if i not in kept)
+                + (0.0 if last in kept else self.nodes[last].stop_cost_ms))
+
+    def keep_candidates(self, region: range) -> tuple[int, ...]:
+        """The nodes a region may keep: its keepable nodes that recomputation reaches, where it
+        holds at most `MAX_KEEP_CANDIDATES` keepable nodes (a longer region keeps nothing: the
+        solvers try every subset of a region's candidates)."""
+        keepable = [i for i in region if self.nodes[i].keepable]
+        if len(keepable) > MAX_KEEP_CANDIDATES:
+            return ()
+        recomputed = self.recomputed(region)
+        return tuple(i for i in keepable if i in recomputed)
 
     def region_rng_bytes(self, region: range) -> int:
         """The RNG state a region keeps: `rng_state_bytes` if one of its nodes is random."""
@@ -273,11 +298,12 @@ class Status(str, Enum):
 
 @dataclass(frozen=True)
 class Solution:
-    """A plan: which node ranges run under checkpoint, and what that costs.
+    """A plan: which node ranges run under checkpoint, which nodes inside them keep their
+    outputs (`kept`, sorted), and what that costs.
 
     Example:
         >>> Solution(regions=(range(0, 3),), peak_bytes=1024, recompute_ms=2.5,
-        ...          status=Status.OPTIMAL, solver="dp", solve_seconds=0.01)
+        ...          status=Status.OPTIMAL, solver="dp", solve_seconds=0.01, kept=(1,))
     """
 
     regions: tuple[range, ...]
@@ -287,6 +313,7 @@ class Solution:
     solver: str
     solve_seconds: float
     gap: float | None = None  # ilp: relative gap to the proven bound (0.0 when optimal)
+    kept: tuple[int, ...] = ()  # nodes whose outputs their regions keep (selective checkpoint)
 
 
 def format_bytes(size: float) -> str:

@@ -3,14 +3,20 @@
 Time is a list of steps: forward of nodes 0..n-1, then backward of n-1..0, where a region's
 recomputation runs just before the backward of its last node that saves a tensor, and only up
 to that node (`Problem.recomputed`: non-reentrant checkpoint's early stop). Every buffer (a
-node's output,
-its internally saved tensors, a gradient) is alive over an interval of steps; the peak is the
-largest sum of live buffers at any step plus that step's temporaries, plus static memory.
+node's output, its internally saved tensors, a gradient) is alive over an interval of steps;
+the peak is the largest sum of live buffers at any step plus that step's temporaries, plus
+static memory.
+
+A node a region keeps (`kept`: a selective-checkpoint policy caches the ATen calls that make
+its output and saved tensors) holds them from its forward on: its output until the region's
+recomputation has no more use for it, its saved tensors until its backward. Recomputation
+skips it (no time, nothing allocated).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Collection
 
 from solvers.problem import Problem, Solution, Status, gradient_spans
 
@@ -30,17 +36,18 @@ class Timeline:
     peak_step: int
 
 
-def peak_bytes(problem: Problem, regions: tuple[range, ...] = ()) -> int:
-    """Peak memory of one training step with `regions` recomputed.
+def peak_bytes(problem: Problem, regions: tuple[range, ...] = (), kept: Collection[int] = ()) -> int:
+    """Peak memory of one training step with `regions` recomputed, keeping `kept`.
 
     Example:
         >>> peak_bytes(problem, (range(2, 5),)) <= peak_bytes(problem, ())
     """
-    return simulate(problem, regions).peak_bytes
+    return simulate(problem, regions, kept).peak_bytes
 
 
-def validate_regions(problem: Problem, regions: tuple[range, ...]) -> None:
-    """Raise ValueError unless regions are sorted, disjoint, non-empty and startable."""
+def validate_regions(problem: Problem, regions: tuple[range, ...], kept: Collection[int] = ()) -> None:
+    """Raise ValueError unless regions are sorted, disjoint, non-empty and startable, and each
+    kept node is one of its region's `Problem.keep_candidates`."""
     previous_stop = 0
     for region in regions:
         if region.step != 1 or len(region) == 0:
@@ -55,11 +62,19 @@ def validate_regions(problem: Problem, regions: tuple[range, ...]) -> None:
         if not problem.allows_region(region.start, region.stop):
             raise ValueError(f"region {region} is not one of the problem's allowed regions")
         previous_stop = region.stop
+    candidates = {i for region in regions for i in problem.keep_candidates(region)}
+    for i in kept:
+        if i not in candidates:
+            raise ValueError(
+                f"node {i} cannot be kept: it is not a keepable node that a region's recomputation reaches"
+                " (or its region holds over MAX_KEEP_CANDIDATES keepable nodes)"
+            )
 
 
-def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
+def simulate(problem: Problem, regions: tuple[range, ...] = (), kept: Collection[int] = ()) -> Timeline:
     """Walk the step timeline of a plan and return live memory per step and its peak."""
-    validate_regions(problem, regions)
+    kept = frozenset(kept)
+    validate_regions(problem, regions, kept)
     nodes = problem.nodes
     n = len(nodes)
     region_of: dict[int, range] = {i: region for region in regions for i in region}
@@ -107,13 +122,18 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
             for owner in (*node.uses, *node.arguments):
                 if owner < region.start:
                     last[owner] = max(last[owner], backward_step[region.start])
+    first_copy_until: dict[int, int] = {}  # kept j -> where its recomputed "copy" ends (below)
     for j, node in enumerate(nodes):
+        transient[j] += node.transient_bytes
+        if j in kept:
+            hold(node.saved_bytes, j, backward_step[j])  # cached from forward to its backward
+            first_copy_until[j] = last[j]
+            continue
         hold(node.output_bytes, j, last[j])
         if j in region_of:
             transient[j] += node.saved_bytes  # created, then dropped by checkpoint
         else:
             hold(node.saved_bytes, j, backward_step[j])
-        transient[j] += node.transient_bytes
 
     # Recomputation: a second copy of each region's outputs and saved tensors, and the RNG
     # state kept from the region's forward to its backward where it draws random numbers.
@@ -141,6 +161,9 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
                 last_copy[j] = max(last_copy[j], stop)
         for j in recomputed:
             node = nodes[j]
+            if j in kept:  # one storage from its forward until recomputation is done with it
+                hold(node.output_bytes, j, max(first_copy_until[j], last_copy[j]))
+                continue
             # Recomputation stops at its last node, maybe before that node makes its output.
             made = j < recomputed.stop - 1 or not node.stops_before_output
             hold(node.output_bytes if made else 0, recompute_step[j], last_copy[j])
@@ -164,9 +187,9 @@ def simulate(problem: Problem, regions: tuple[range, ...] = ()) -> Timeline:
     return Timeline(tuple(labels), tuple(live), peak, peak_step)
 
 
-def held_after_forward(problem: Problem, regions: tuple[range, ...] = ()) -> int:
+def held_after_forward(problem: Problem, regions: tuple[range, ...] = (), kept: Collection[int] = ()) -> int:
     """Activation bytes still alive when forward ends: what checkpointing shrinks."""
-    timeline = simulate(problem, regions)
+    timeline = simulate(problem, regions, kept)
     return timeline.live_bytes[len(problem) - 1] if len(problem) else 0
 
 
@@ -177,6 +200,7 @@ def make_solution(
     status: Status,
     solver: str,
     started: float,
+    kept: Collection[int] = (),
 ) -> Solution:
     """Re-check a solver's regions with the simulator and package them as a Solution.
 
@@ -187,7 +211,8 @@ def make_solution(
         >>> make_solution(problem, (range(0, 4),), 2**30, Status.OPTIMAL, "dp", time.perf_counter())
     """
     regions = tuple(sorted(regions, key=lambda region: region.start))
-    peak = peak_bytes(problem, regions)
+    kept = tuple(sorted(kept))
+    peak = peak_bytes(problem, regions, kept)
     if peak > budget_bytes:
         raise ValueError(
             f"solver {solver!r} returned a plan with simulated peak {peak} bytes "
@@ -196,8 +221,9 @@ def make_solution(
     return Solution(
         regions=regions,
         peak_bytes=peak,
-        recompute_ms=problem.recompute_ms(regions),
+        recompute_ms=problem.recompute_ms(regions, kept),
         status=status,
         solver=solver,
         solve_seconds=time.perf_counter() - started,
+        kept=kept,
     )

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from solvers import InfeasibleBudget, NodeCost, Problem, Status, minimum_peak_bytes, peak_bytes, solve
-from solvers.brute_force import all_plans
+from solvers.brute_force import all_plans, all_plans_with_keeps
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
@@ -70,6 +70,8 @@ def problems(
                 stops_before_output=i not in saves and draw(st.booleans()),
                 # forward time up to its last save (a dropout's mask: most of it; a linear: none)
                 stop_ms=draw(st.sampled_from([None, 0.0, 0.25, 1.0])),
+                # a matmul: a region may keep its output (a selective-checkpoint policy)
+                keepable=not mutates and draw(st.integers(0, 2)) == 0,
             )
         )
     # Gradients in flight as measured (planner.allocations.BackwardMemory), sometimes: any
@@ -98,22 +100,23 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
 class Truth:
     """Every plan's peak and cost, from the simulator."""
 
-    plans: list[tuple[tuple[range, ...], int, float]]
+    plans: list[tuple[tuple[range, ...], tuple[int, ...], int, float]]  # regions, kept, peak, cost
 
     @staticmethod
     def of(problem: Problem) -> "Truth":
-        return Truth([(plan, peak_bytes(problem, plan), problem.recompute_ms(plan)) for plan in all_plans(problem)])
+        return Truth([(plan, kept, peak_bytes(problem, plan, kept), problem.recompute_ms(plan, kept))
+                      for plan, kept in all_plans_with_keeps(problem)])
 
     @property
     def minimum(self) -> int:
-        return min(peak for _, peak, _ in self.plans)
+        return min(peak for _, _, peak, _ in self.plans)
 
     @property
     def maximum(self) -> int:
-        return max(peak for _, peak, _ in self.plans)
+        return max(peak for _, _, peak, _ in self.plans)
 
     def optimum(self, budget: int) -> float | None:
-        costs = [cost for _, peak, cost in self.plans if peak <= budget]
+        costs = [cost for _, _, peak, cost in self.plans if peak <= budget]
         return min(costs) if costs else None
 
 
@@ -134,7 +137,8 @@ def check_against_truth(problem: Problem, truth: Truth, budget: int, method: str
     solution = solve(problem, budget, method=method, **options)
     assert solution.solver == method
     assert solution.peak_bytes <= budget, f"{method}: peak {solution.peak_bytes} over budget {budget}"
-    assert solution.peak_bytes == peak_bytes(problem, solution.regions), f"{method}: peak not from the simulator"
+    assert solution.peak_bytes == peak_bytes(problem, solution.regions, solution.kept), (
+        f"{method}: peak not from the simulator")
     assert math.isclose(solution.recompute_ms, optimum, abs_tol=1e-9), (
         f"{method}: recompute {solution.recompute_ms} ms at budget {budget}, optimum {optimum} ms "
         f"(plan {solution.regions})"
@@ -177,7 +181,7 @@ def test_ilp_model_admits_every_plan_that_fits(problem: Problem, data: st.DataOb
     budget = data.draw(st.integers(truth.minimum, truth.maximum), label="budget")
     live = budget - problem.static_bytes
     useful = Structure.of(problem).useful_start
-    for plan, peak, _ in truth.plans:
+    for plan, kept, peak, _ in truth.plans:
         if peak > budget or not all(useful[region.start] and problem.recomputed(region) for region in plan):
             continue
         built = build_model(problem, live, live)
@@ -286,7 +290,7 @@ def test_ilp_bound_from_dp_never_exceeds_any_plan(problem: Problem, data: st.Dat
         built = build_model(problem, live, live)
         slack = bound_by_optimum(built, dp.regions)
         bound = scaled_cost(built, dp.regions) - slack
-        for plan, peak, _ in truth.plans:
+        for plan, kept, peak, _ in truth.plans:
             if peak <= budget:
                 assert scaled_cost(built, plan) >= bound, plan
         check_against_truth(problem, truth, budget, "ilp")  # hint=True: dp's bound in use
@@ -316,7 +320,8 @@ def test_ilp_one_node_warm_start_is_the_best_plan_of_one_node_regions(problem: P
 
     truth = Truth.of(problem)
     for budget in budgets(truth, data):
-        costs = [cost for plan, peak, cost in truth.plans if peak <= budget and all(len(r) == 1 for r in plan)]
+        costs = [cost for plan, kept, peak, cost in truth.plans
+                 if peak <= budget and not kept and all(len(r) == 1 for r in plan)]
         plan = _single_node_optimum(problem, budget, None, time_limit_s=10.0, workers=1)
         if not costs:
             assert plan is None, "one-node regions: a plan where none fits"
@@ -357,7 +362,7 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
         down, up = (relaxation.solve(10.0, {index: value}) for value in (0.0, 1.0))
         assert down is not None and up is not None, "LP relaxation: a half of a branch unsolved"
         costs = []
-        for plan, peak, _ in truth.plans:
+        for plan, kept, peak, _ in truth.plans:
             if peak <= budget:
                 cost = scaled_cost(built, plan)
                 costs.append(cost)
@@ -384,7 +389,7 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
 @given(problem=module_problems(max_nodes=9), data=st.data())
 def test_dp_equals_brute_force_with_allowed_regions_and_region_overhead(problem: Problem, data: st.DataObject) -> None:
     truth = Truth.of(problem)
-    assert all(problem.allows_region(r.start, r.stop) for plan, _, _ in truth.plans for r in plan)
+    assert all(problem.allows_region(r.start, r.stop) for plan, _, _, _ in truth.plans for r in plan)
     for budget in budgets(truth, data):
         check_against_truth(problem, truth, budget, "dp")
 

@@ -270,3 +270,43 @@ def test_load_graph_rejects_other_json(tmp_path):
     path.write_text("[1, 2]")
     with pytest.raises(ValueError, match="node-link"):
         load_graph(path)
+
+
+def _block(keepable: bool) -> Problem:
+    """x -> matmul -> gelu -> matmul -> sum: the matmuls are dear to recompute, gelu is cheap."""
+    return Problem(nodes=(
+        node("x", 4),
+        node("mm1", 8, 8.0, uses=(0,), saves=(0,), keepable=keepable),
+        node("gelu", 8, 1.0, uses=(1,), saves=(1,)),
+        node("mm2", 4, 8.0, uses=(2,), saves=(2,), keepable=keepable),
+        node("out", 4, 1.0, uses=(3,), is_output=True),
+    ))
+
+
+@pytest.mark.parametrize("method", EXACT)
+def test_keeping_a_matmul_inside_a_region_is_cheaper_where_it_fits(method):
+    selective, whole = _block(True), _block(False)
+    cheaper = []
+    for budget in range(minimum_peak_bytes(whole), peak_bytes(whole)):
+        with_keeps = solve(selective, budget, method=method)
+        without = solve_brute_force(whole, budget)
+        assert with_keeps.peak_bytes <= budget
+        assert with_keeps.recompute_ms <= without.recompute_ms + 1e-9
+        if with_keeps.recompute_ms < without.recompute_ms - 1e-9:
+            cheaper.append(with_keeps)
+    assert cheaper, "no budget where keeping a matmul's output beats recomputing it"
+    assert all(solution.kept and set(solution.kept) <= {1, 3} for solution in cheaper)
+    # Recomputation skips what a region keeps.
+    plan = cheaper[0]
+    assert plan.recompute_ms == selective.recompute_ms(plan.regions, plan.kept) < selective.recompute_ms(plan.regions)
+
+
+def test_a_region_keeps_only_its_first_candidates_that_recomputation_reaches():
+    many = Problem(nodes=tuple(node(f"mm{i}", 4, 2.0, uses=(i - 1,) if i else (), saves=(i - 1,) if i else (),
+                                    keepable=True) for i in range(solvers.problem.MAX_KEEP_CANDIDATES + 2)))
+    whole = range(0, len(many))
+    assert many.keep_candidates(whole) == ()  # more keepable nodes than a region may choose among
+    # recomputation of [0, 3) runs up to node 2, the last that saves a tensor (node 1)
+    assert many.keep_candidates(range(0, 3)) == (0, 1, 2)
+    with pytest.raises(ValueError, match="cannot be kept"):
+        peak_bytes(many, (whole,), (1,))
