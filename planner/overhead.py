@@ -8,9 +8,15 @@ regions pay it many times, so the solvers add it per region (`Problem.region_ove
 It is measured as the step-time difference of a tiny module run with and without checkpoint
 (its recomputation is a few microseconds and is subtracted), in alternating rounds, median.
 
+A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that sees
+every ATen call of its forward and of its recomputation. `selective_overhead_ms` measures what
+that adds, per region and per call, from tiny modules of two lengths.
+
 Example:
     >>> checkpoint_overhead_ms(torch.device("cpu"))
     0.05
+    >>> selective_overhead_ms(torch.device("cpu"))
+    (0.01, 0.012)
 """
 from __future__ import annotations
 
@@ -20,7 +26,8 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 _WIDTH = 8  # the tiny module: recomputation is negligible next to checkpoint's own work
 _CALLS = 50  # checkpoint calls per timed step
@@ -99,4 +106,82 @@ def _measure(device: torch.device) -> float:
     return max(0.0, (extra - statistics.median(samples["forward"])) / _CALLS)
 
 
-__all__ = ["checkpoint_overhead_ms"]
+class _Layers(nn.Module):
+    """`depth` tiny linear + tanh layers: ATen calls in proportion to depth."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*(nn.Sequential(nn.Linear(_WIDTH, _WIDTH), nn.Tanh()) for _ in range(depth)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class _CallCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _recompute_everything(ctx, func, *args, **kwargs):  # type: ignore[no-untyped-def]
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_contexts():  # type: ignore[no-untyped-def]
+    return create_selective_checkpoint_contexts(_recompute_everything)
+
+
+def selective_overhead_ms(device: torch.device) -> tuple[float, float]:
+    """Milliseconds a selective-checkpoint policy adds to a checkpoint call on `device`: per
+    region, and per ATen call it sees (forward and recomputation; both at least 0). Measured as
+    the step-time difference between plain and selective checkpoint of tiny modules of two
+    lengths, in alternating rounds, median; the line through the two gives both figures.
+
+    Example:
+        >>> per_region, per_call = selective_overhead_ms(torch.device("cpu"))
+    """
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
+        points = [_measure_selective(device, depth) for depth in (1, 6)]
+    (calls_short, extra_short), (calls_long, extra_long) = points
+    per_call = max(0.0, (extra_long - extra_short) / (calls_long - calls_short))
+    return max(0.0, extra_short - per_call * calls_short), per_call
+
+
+def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
+    """(ATen calls seen per checkpoint call, ms the policy adds per checkpoint call)."""
+    module = _Layers(depth).to(device)
+    x = torch.randn(4, _WIDTH, device=device, requires_grad=True)
+    counter = _CallCounter()
+    with counter, torch.no_grad():
+        module(x)
+    seen = 2 * counter.calls  # the forward's calls and the recomputation's
+
+    def step(selective: bool) -> Callable[[], None]:
+        def run() -> None:
+            h = x
+            for _ in range(_CALLS):
+                if selective:
+                    h = checkpoint(module, h, use_reentrant=False, context_fn=_selective_contexts)
+                else:
+                    h = checkpoint(module, h, use_reentrant=False)
+            h.sum().backward()
+        return run
+
+    timed = _timer(device)
+    plain, selective = step(False), step(True)
+    samples: dict[bool, list[float]] = {False: [], True: []}
+    plain()
+    selective()
+    for _ in range(_ROUNDS):
+        for kind, run in ((False, plain), (True, selective)):
+            samples[kind].append(timed(run))
+    extra = statistics.median(samples[True]) - statistics.median(samples[False])
+    return seen, extra / _CALLS
+
+
+__all__ = ["checkpoint_overhead_ms", "selective_overhead_ms"]

@@ -88,6 +88,7 @@ class _Search:
         self.cumulative_ms = [0.0, *accumulate(structure.compute_ms)]
         self.random = [node.random for node in problem.nodes]
         self.keepable = [k for k, node in enumerate(problem.nodes) if node.keepable]
+        self.cumulative_calls = [0, *accumulate(node.aten_calls for node in problem.nodes)]
         floor = list(structure.gradient_recompute)
         for b in range(n - 1, -1, -1):
             floor[b] = min(floor[b], floor[b + 1])
@@ -154,6 +155,10 @@ class _Search:
         cumulative_ms = self.cumulative_ms
         mask_bytes = self._mask_bytes
         overhead_ms = self.problem.region_overhead_ms
+        if keep:  # the selective policy's fixed cost (its per-call cost grows with b, below)
+            overhead_ms += self.problem.keep_region_ms
+        keep_call_ms = self.problem.keep_call_ms if keep else 0.0
+        calls = self.cumulative_calls
         rng_state_bytes = self.problem.rng_state_bytes
         random = self.random
         kept_nodes = frozenset(keep)
@@ -192,6 +197,8 @@ class _Search:
                 stop = scan.recomputed_stop[index]
                 region_ms = (cumulative_ms[stop] - cumulative_ms[t] - kept_ms + overhead_ms
                              - (0.0 if stop - 1 in kept_nodes else scan.stop_saving[index]))
+                if keep_call_ms:
+                    region_ms += keep_call_ms * (calls[b] + calls[stop] - 2 * calls[t])
                 # Entries cheap enough for this region (and so for any longer one) ...
                 lo = bisect.bisect_left(front.negative_costs, region_ms - bound)
                 # ... and light enough for any region [t, b') with b' >= b.

@@ -60,6 +60,7 @@ class NodeCost:
     # Its output may be kept inside a region (a selective-checkpoint policy caches the ATen
     # calls that make its output and saved tensors): the region's recomputation then skips it.
     keepable: bool = False
+    aten_calls: int = 0  # ATen calls its forward makes: a selective region's policy sees each one
 
     @property
     def stop_cost_ms(self) -> float:
@@ -95,6 +96,10 @@ class Problem:
     # Gradients in flight as measured (first, last, bytes): alive at the backward of nodes
     # first..last. None: derived from the graph (`gradient_spans`).
     measured_gradients: tuple[tuple[int, int, int], ...] | None = None
+    # A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that
+    # costs this much per region and per ATen call it sees (forward and recomputation).
+    keep_region_ms: float = 0.0
+    keep_call_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for region in self.allowed_regions or ():
@@ -117,11 +122,24 @@ class Problem:
         return len(self.nodes)
 
     def recompute_ms(self, regions: tuple[range, ...], kept: Collection[int] = ()) -> float:
-        """Added step time of a plan: what each region's recomputation costs
-        (`region_recompute_ms`), and `region_overhead_ms` more per region."""
+        """Added step time of a plan: what each region costs (`region_cost_ms`)."""
         kept = frozenset(kept)
-        return (sum(self.region_recompute_ms(region, kept) for region in regions)
-                + self.region_overhead_ms * len(regions))
+        return sum(self.region_cost_ms(region, kept) for region in regions)
+
+    def region_cost_ms(self, region: range, kept: Collection[int] = ()) -> float:
+        """What one region adds to a step: its recomputation (`region_recompute_ms`), the
+        fixed cost of a checkpoint call (`region_overhead_ms`) and, where it keeps nodes, its
+        policy's cost (`selective_ms`)."""
+        kept = frozenset(kept)
+        selective = self.selective_ms(region) if any(i in kept for i in region) else 0.0
+        return self.region_recompute_ms(region, kept) + self.region_overhead_ms + selective
+
+    def selective_ms(self, region: range) -> float:
+        """What a selective-checkpoint policy costs a region that keeps nodes: `keep_region_ms`,
+        and `keep_call_ms` per ATen call of its forward and of its recomputation."""
+        calls = sum(self.nodes[i].aten_calls for i in region) + sum(
+            self.nodes[i].aten_calls for i in self.recomputed(region))
+        return self.keep_region_ms + self.keep_call_ms * calls
 
     def region_recompute_ms(self, region: range, kept: Collection[int] = ()) -> float:
         """Forward time a region's recomputation costs: its nodes up to its last saving node
