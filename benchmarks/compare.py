@@ -205,8 +205,8 @@ def run_model(spec: Spec, args) -> ModelResult:
                 solution = planned.solution
                 config.optimal = solution.status == Status.OPTIMAL
                 gap = f" (gap {100 * solution.gap:.1f}%)" if solution.gap else ""
-                config.note = (f"{len(planned.checkpoints)} regions, {solution.solver} {solution.status.value}{gap}, "
-                               f"solved in {solution.solve_seconds:.2f} s")
+                config.note = (f"{len(planned.checkpoints)} regions keeping {len(solution.kept)} nodes, "
+                               f"{solution.solver} {solution.status.value}{gap}, solved in {solution.solve_seconds:.2f} s")
             log(f"{spec.key}: {name} budget {mib(budget)}: "
                 f"{config.infeasible or config.note} ({time.perf_counter() - started:.1f} s)")
             configs.append(config)

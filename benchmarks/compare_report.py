@@ -154,10 +154,9 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
             predicted = (config.predicted_overhead_ms / result.every_predicted_ms
                          if result.every_predicted_ms else None)
             if predicted is not None and predicted > target and config.optimal:
-                line += (f" missed: the cheapest plan of whole-submodule regions at this budget (proven "
-                         f"optimal) is predicted at {predicted:.2f} of every block's, a lower bound for such "
-                         "plans; meeting it needs regions that keep some outputs (selective policies, not "
-                         "planned yet)")
+                line += (f" missed: the cheapest plan at this budget (proven optimal over regions of whole "
+                         "submodules, each keeping any subset of its matmul and attention outputs) is predicted "
+                         f"at {predicted:.2f} of every block's: no plan the planner can apply does better")
             elif predicted is not None:
                 line += f" missed: predicted {predicted:.2f}, so the clock exceeds the prediction"
             beyond = overhead_ms(result, config) - target * every > noise_ms

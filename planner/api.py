@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, check_state, sample_shapes, shallow_clone, state_shapes
-from planner.graph import build_problem, compute_nodes, module_calls, module_checkpoint, module_path
+from planner.graph import (build_problem, compute_nodes, kept_indices, module_calls, module_checkpoint, module_path,
+                           saved_calls)
 from planner.measure import PlanDevice, check_measure, measure_model, plan_device
 from planner.memory import preserved_state
 from planner.overhead import checkpoint_overhead_ms
@@ -91,7 +92,11 @@ class Plan(PlanFigures):
         self.solution = solution
         fx_nodes = {node.name: node for node in traced.gm.graph.nodes}
         modules = [module_path(fx_nodes[node.name]) for node in problem.nodes]
-        self.checkpoints = describe_checkpoints(problem, solution.regions, modules, wrapped)
+        # `wrapped` keeps nothing; the solution's regions keep their share of `solution.kept`.
+        keeping = {region: replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, solution.kept))
+                   for region in solution.regions if region in wrapped}
+        self.checkpoints = describe_checkpoints(problem, solution.regions, modules, {**wrapped, **keeping},
+                                                solution.kept)
 
     @property
     def baseline_peak_bytes(self) -> int:
@@ -156,14 +161,16 @@ class Plan(PlanFigures):
         return Plan(self._model, self._sample, self._traced, problem, self.profile, solution, budget_bytes,
                     reserved_bytes, method, solver_options, self.setup.with_reserve(reserved_bytes), self.wrapped)
 
-    def with_submodules(self, modules: Sequence[str]) -> "Plan":
-        """The same measurements with exactly `modules` checkpointed (qualified names), as a
-        plan you would write by hand: to predict and verify it beside the solver's. Its budget
-        is this plan's, or its own predicted peak where that is higher.
+    def with_submodules(self, modules: Sequence[str], kept: Sequence[str] = ()) -> "Plan":
+        """The same measurements with exactly `modules` checkpointed (qualified names), each
+        keeping the outputs of the nodes in `kept` (fx node names) that lie in it, as a plan you
+        would write by hand: to predict and verify it beside the solver's. Its budget is this
+        plan's, or its own predicted peak where that is higher.
 
         Example:
             >>> every_block = p.with_submodules([f"blocks.{i}" for i in range(8)])
             >>> every_block.recompute_ms, every_block.predicted_peak_bytes
+            >>> selective = p.with_submodules(["blocks.0"], kept=["blocks_0_mlp_0", "blocks_0_mlp_2"])
         """
         region_of = {spec.module: region for region, spec in self.wrapped.items()}
         for module in modules:
@@ -171,8 +178,10 @@ class Plan(PlanFigures):
                 raise ValueError(f"{module!r} is not a submodule call this plan can checkpoint (called once per "
                                  f"forward, traced): try one of {', '.join(sorted(region_of)[:6])}")
         regions = tuple(sorted({region_of[module] for module in modules}, key=lambda region: region.start))
-        peak = peak_bytes(self.problem, regions)
-        solution = Solution(regions, peak, self.problem.recompute_ms(regions), Status.FEASIBLE, "given", 0.0)
+        keep = kept_indices(self.problem, regions, kept)
+        peak = peak_bytes(self.problem, regions, keep)
+        solution = Solution(regions, peak, self.problem.recompute_ms(regions, keep), Status.FEASIBLE, "given", 0.0,
+                            kept=keep)
         return Plan(self._model, self._sample, self._traced, self.problem, self.profile, solution,
                     max(self.budget_bytes, peak), self.reserved_bytes, self.requested_solver, self.solver_options,
                     self.setup, self.wrapped)
@@ -201,7 +210,8 @@ class Plan(PlanFigures):
 
     @property
     def module_checkpoints(self) -> tuple[ModuleCheckpoint, ...]:
-        """The submodules whose forward runs under checkpoint, in order."""
+        """The submodules whose forward runs under checkpoint, in order, each with the ATen
+        calls it keeps (`ModuleCheckpoint.saved_calls`) for the plan's kept nodes."""
         loose = [c for c in self.checkpoints if c.wrapped is None]
         if loose:  # the solvers choose only allowed regions: this is a bug, not a user error
             raise RuntimeError(f"region {loose[0].nodes[0]}..{loose[0].nodes[-1]} is not a submodule call")

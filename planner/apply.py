@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import warnings
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from planner.trace import bind_arguments, split_sample
 
@@ -30,16 +31,65 @@ PLAN_ATTRIBUTE = "_checkpoint_plan"  # on the planned model: what apply_plan cha
 
 @dataclass(frozen=True)
 class ModuleCheckpoint:
-    """One region of a plan: one call of a submodule, recomputed in backward.
+    """One region of a plan: one call of a submodule, recomputed in backward, keeping the
+    outputs of the ATen calls in `saved_calls` (a selective-checkpoint policy).
 
     Example:
-        >>> ModuleCheckpoint("transformer.h.3", "GPT2Block", random=True)
+        >>> ModuleCheckpoint("transformer.h.3", "GPT2Block", random=True,
+        ...                  saved_calls=(("aten.addmm.default", 0), ("aten.addmm.default", 2)))
     """
 
     module: str  # the submodule's path in the model ("transformer.h.3")
     module_class: str  # its class name when planned (checked when applied)
     random: bool = True  # draws random numbers: recomputation replays the RNG state
     written_buffers: tuple[str, ...] = ()  # buffers its forward writes (relative names)
+    # ATen calls whose outputs its forward keeps for backward, so recomputation skips them:
+    # (func name, occurrence of that func within the forward, from 0); () keeps nothing
+    saved_calls: tuple[tuple[str, int], ...] = ()
+
+
+class KeepPolicy:
+    """A selective-checkpoint policy for one checkpoint call: MUST_SAVE the listed calls (func
+    name, occurrence), PREFER_RECOMPUTE every other. Calls are counted per func, separately in
+    forward and in recomputation (`ctx.is_recompute`; newer PyTorch asks in forward only).
+
+    Example:
+        >>> policy = KeepPolicy((("aten.addmm.default", 1),))
+        >>> context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+    """
+
+    def __init__(self, saved_calls: Sequence[tuple[str, int]]):
+        self.saved = frozenset((str(name), int(occurrence)) for name, occurrence in saved_calls)
+        self.counts: dict[tuple[bool, str], int] = {}
+
+    def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        key = (bool(ctx.is_recompute), str(func))
+        occurrence = self.counts[key] = self.counts.get(key, -1) + 1
+        return CheckpointPolicy.MUST_SAVE if (key[1], occurrence) in self.saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def missed(self) -> list[tuple[str, int]]:
+        """The listed calls that the forward did not make (its calls differ from the planned ones)."""
+        return sorted(call for call in self.saved if self.counts.get((False, call[0]), -1) < call[1])
+
+
+def keep_contexts(saved_calls: tuple[tuple[str, int], ...], policy: KeepPolicy | None = None) -> tuple[Any, Any]:
+    """checkpoint's `context_fn` for a region keeping `saved_calls`: the selective-checkpoint
+    contexts of a fresh `KeepPolicy` (its counters start at zero for every call). A plain
+    function, so that `functools.partial(keep_contexts, calls)` passes torch.compile too.
+
+    Example:
+        >>> checkpoint(block, x, use_reentrant=False,
+        ...            context_fn=functools.partial(keep_contexts, (("aten.addmm.default", 0),)))
+    """
+    return create_selective_checkpoint_contexts(policy if policy is not None else KeepPolicy(saved_calls))
+
+
+@contextlib.contextmanager
+def _entered(*contexts: Any) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context)
+        yield
 
 
 def shallow_clone(module: nn.Module, memo: dict[int, nn.Module] | None = None) -> nn.Module:
@@ -96,30 +146,52 @@ class CheckpointedForward:
 
     The RNG state is saved for recomputation only where the module draws random numbers (a
     copy of the generator's state per call costs time); buffers the forward writes are put
-    back after recomputation (not under torch.compile, which applies buffer writes once)."""
+    back after recomputation (not under torch.compile, which applies buffer writes once); the
+    calls in `spec.saved_calls` are kept by a selective-checkpoint policy (`KeepPolicy`)."""
 
     def __init__(self, module: nn.Module, spec: ModuleCheckpoint, previous: Any):
         self.module = module
         self.spec = spec
         self.previous = previous  # an instance-level forward that was there before, or None
         self.calls = 0  # calls since the model's last forward began (see AppliedPlan)
+        self.warned = False
+        # torch.compile takes a context_fn that is a function or a functools.partial of one;
+        # cache_hash lets AOTAutograd's cache tell policies apart.
+        self.compiled_context_fn: Any = functools.partial(keep_contexts, spec.saved_calls)
+        self.compiled_context_fn.cache_hash = f"planner.apply.keep_contexts{spec.saved_calls!r}"
 
     def original(self, *args: Any, **kwargs: Any) -> Any:
         if self.previous is not None:
             return self.previous(*args, **kwargs)
         return type(self.module).forward(self.module, *args, **kwargs)
 
-    def _contexts(self) -> tuple[Any, Any]:
-        return contextlib.nullcontext(), restored_buffers(self.module, self.spec.written_buffers)
+    def _contexts(self, policy: KeepPolicy | None = None) -> tuple[Any, Any]:
+        forward, recompute = (contextlib.nullcontext(), contextlib.nullcontext()) if policy is None else (
+            keep_contexts(self.spec.saved_calls, policy))
+        if self.spec.written_buffers:  # outside the policy's mode: its copies are no calls of the forward
+            recompute = _entered(restored_buffers(self.module, self.spec.written_buffers), recompute)
+        return forward, recompute
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.original(*args, **kwargs)
         self.calls += 1
-        if self.spec.written_buffers and not torch.compiler.is_compiling():
-            return checkpoint(self.original, *args, use_reentrant=False, preserve_rng_state=self.spec.random,
-                              context_fn=self._contexts, **kwargs)
-        return checkpoint(self.original, *args, use_reentrant=False, preserve_rng_state=self.spec.random, **kwargs)
+        options: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": self.spec.random}
+        if torch.compiler.is_compiling():
+            if self.spec.saved_calls:
+                options["context_fn"] = self.compiled_context_fn
+            return checkpoint(self.original, *args, **options, **kwargs)
+        policy = KeepPolicy(self.spec.saved_calls) if self.spec.saved_calls else None
+        if policy is not None or self.spec.written_buffers:
+            options["context_fn"] = functools.partial(self._contexts, policy)
+        result = checkpoint(self.original, *args, **options, **kwargs)
+        missed = policy.missed() if policy is not None else []
+        if missed and not self.warned:
+            self.warned = True
+            warnings.warn(f"{self.spec.module!r} made no call {missed[0][0]} number {missed[0][1] + 1} to keep: its "
+                          "ATen calls differ from the planned ones (another input layout?), so it keeps less than "
+                          "planned and recomputes the rest", stacklevel=2)
+        return result
 
 
 @dataclass
@@ -326,5 +398,5 @@ def remove_plan(model: nn.Module) -> nn.Module:
     return model
 
 
-__all__ = ["ModuleCheckpoint", "apply_plan", "check_modules", "check_state", "remove_plan", "sample_shapes",
-           "shallow_clone", "state_shapes"]
+__all__ = ["KeepPolicy", "ModuleCheckpoint", "apply_plan", "check_modules", "check_state", "keep_contexts",
+           "remove_plan", "sample_shapes", "shallow_clone", "state_shapes"]

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Collection, Sequence
 
 import torch.fx as fx
 
 from planner.apply import ModuleCheckpoint
 from planner.profile import COMPUTE_OPS, META_KEY
 from solvers import NodeCost, Problem
+from solvers.problem import MAX_KEEP_CANDIDATES
 
 
 def compute_nodes(gm: fx.GraphModule) -> list[fx.Node]:
@@ -96,6 +98,62 @@ def module_checkpoint(gm: fx.GraphModule, call: ModuleCall) -> ModuleCheckpoint 
     )
 
 
+def saved_calls(gm: fx.GraphModule, region: range, kept: Collection[int]) -> tuple[tuple[str, int], ...]:
+    """The ATen calls a selective-checkpoint policy caches so that `region` keeps the outputs
+    of its nodes in `kept` (node indices): (func name, occurrence of that func counted from the
+    first call of the region's first node), as `ModuleCheckpoint.saved_calls` lists them. The
+    region is one submodule call, whose forward makes its nodes' calls (`NodeProfile.aten_calls`).
+
+    Example:
+        >>> saved_calls(gm, range(10, 24), [12, 20])  # a block's qkv and first MLP linear
+        (('aten.addmm.default', 0), ('aten.addmm.default', 2))
+    """
+    nodes = compute_nodes(gm)
+    kept = frozenset(kept)
+    seen: dict[str, int] = {}
+    found: list[tuple[str, int]] = []
+    for i in region:
+        record = nodes[i].meta[META_KEY]
+        if i in kept and not record.keep_calls:
+            raise ValueError(f"node {nodes[i].name!r} cannot be kept: its ATen calls were not recorded, or not all "
+                             "the storages it makes come from matrix products, convolutions or attention")
+        cached = set(record.keep_calls) if i in kept else set()
+        for position, name in enumerate(record.aten_calls):
+            if position in cached:
+                found.append((name, seen.get(name, 0)))
+            seen[name] = seen.get(name, 0) + 1
+    return tuple(found)
+
+
+def kept_indices(problem: Problem, regions: tuple[range, ...], kept: Sequence[str]) -> tuple[int, ...]:
+    """The sorted node indices of `kept` (node names), each a keep candidate of one of
+    `regions` (`Problem.keep_candidates`); ValueError naming the first that is not, with the
+    nodes the regions may keep.
+
+    Example:
+        >>> kept_indices(problem, (range(8, 43),), ["blocks_0_mlp_0"])
+        (38,)
+    """
+    if isinstance(kept, str):
+        raise TypeError(f"kept takes a list of node names, not the string {kept!r}")
+    index = {node.name: i for i, node in enumerate(problem.nodes)}
+    candidates = {i for region in regions for i in problem.keep_candidates(region)}
+    for name in kept:
+        if index.get(name) in candidates:
+            continue
+        if name not in index:
+            why = "is not a node of the graph"
+        elif not any(index[name] in region for region in regions):
+            why = "lies in none of the checkpointed regions"
+        else:
+            why = ("is not a node a region may keep (a matrix product, convolution or attention whose calls were "
+                   "recorded, that recomputation reaches, in a region of at most "
+                   f"{MAX_KEEP_CANDIDATES} such nodes)")
+        named = ", ".join(problem.nodes[i].name for i in sorted(candidates)[:MAX_KEEP_CANDIDATES]) or "none"
+        raise ValueError(f"cannot keep {name!r}: it {why}; the regions may keep {named}")
+    return tuple(sorted({index[name] for name in kept}))
+
+
 def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[range, ...] | None = None,
                   region_overhead_ms: float = 0.0, rng_state_bytes: int = 0,
                   gradients: tuple[tuple[str, str, int], ...] | None = None) -> Problem:
@@ -121,6 +179,8 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
         returned.add(node.name)
     shared = _shared_gradients(gm, nodes)
     released = _released_with_outputs(nodes, index)
+    # A kept output must not be written in place later: the cached copy would be stale.
+    written = {index[name] for node in nodes for name in node.meta[META_KEY].mutates}
     costs = []
     for i, node in enumerate(nodes):
         record = node.meta[META_KEY]
@@ -146,6 +206,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 random=record.random,
                 stops_before_output=record.stops_before_output,
                 stop_ms=record.stop_ms,
+                keepable=bool(record.keep_calls) and i not in written,
             )
         )
     spans = None

@@ -15,6 +15,10 @@ each submodule call, the outputs it was passed (by the first node of the call). 
 runs make different ATen calls (a frontend that rewrites ops, a data-dependent branch), it
 reports nothing and logs why: the graph's own lifetimes stand.
 
+It also names each node's ATen calls (`NodeCalls`), which say whether a region may keep the
+node's output: a selective-checkpoint policy caches ATen calls by name and occurrence in the
+model's own forward, so only where the two runs' calls match can a node's calls be found there.
+
 Example:
     >>> lifetimes = eager_holds(gm, inputs, lambda: model(x))
     >>> lifetimes.holds.get("relu")   # the model's code still holds relu's output during "fc2"
@@ -29,20 +33,62 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from planner.memory import LiveBytesTracker
+from planner.memory import LiveBytesTracker, draws_random_numbers, written_arguments
 from planner.profile import COMPUTE_OPS, tensors_in
 
 logger = logging.getLogger(__name__)
 
+# The compute-intensive ATen ops whose outputs a region may keep (a selective-checkpoint policy
+# caches them): matrix products, convolution and fused attention, as this PyTorch dispatches
+# nn.Linear (addmm; mm on inputs it must copy or without bias), matmul in attention (bmm),
+# F.scaled_dot_product_attention and nn.Conv2d. Everything else is cheaper to recompute.
+KEEPABLE_OPS = frozenset({
+    "aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
+    "aten.convolution.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_cudnn_attention.default",
+})
+
+
+@dataclass(frozen=True)
+class NodeCalls:
+    """The ATen calls one node made in the graph run, in order: their names, the positions of
+    those that allocated a storage, and whether any wrote in place or drew random numbers.
+
+    Example:
+        >>> NodeCalls(("aten.t.default", "aten.addmm.default"), allocating=(1,)).keepable
+        True
+    """
+
+    names: tuple[str, ...]
+    allocating: tuple[int, ...] = ()
+    writes: bool = False
+    random: bool = False
+
+    @property
+    def keepable(self) -> bool:
+        """Whether a region may keep its output: it makes a storage, every storage it makes
+        comes from a `KEEPABLE_OPS` call (so caching those calls keeps exactly its outputs and
+        saved tensors), it writes nothing in place, and it draws no random numbers (a cached
+        call is skipped when recomputing, which would shift the generator for later draws)."""
+        return (bool(self.allocating) and not self.writes and not self.random
+                and all(self.names[i] in KEEPABLE_OPS for i in self.allocating))
+
 
 class _CallLog(LiveBytesTracker):
     """The tensor tracker, also noting every ATen call's name, each new storage in order
-    (allocation indices) and, for each freed one, how many calls had been made by then."""
+    (allocation indices) with the call that made it, for each freed one how many calls had
+    been made by then, and which calls wrote in place or drew random numbers."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[str] = []
+        self.writing_calls: set[int] = set()
+        self.random_calls: set[int] = set()
         self.allocated: list[int] = []  # storage id per allocation, in order
+        self.allocation_call: list[int] = []  # per allocation, the index of the call that made it
         self.freed: dict[int, int] = {}  # allocation index -> calls made before it was freed
         self._index: dict[int, int] = {}  # storage id of a live allocation -> its index
 
@@ -53,6 +99,10 @@ class _CallLog(LiveBytesTracker):
         return self._index.get(id(storage)) if ref is not None and ref() is storage else None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if written_arguments(func, args, kwargs or {}):
+            self.writing_calls.add(len(self.calls))
+        if draws_random_numbers(func, args, kwargs or {}):
+            self.random_calls.add(len(self.calls))
         self.calls.append(str(func))
         return super().__torch_dispatch__(func, types, args, kwargs)
 
@@ -62,6 +112,7 @@ class _CallLog(LiveBytesTracker):
         if self._refs.get(id(storage)) is not ref:  # a new allocation
             self._index[id(storage)] = len(self.allocated)
             self.allocated.append(id(storage))
+            self.allocation_call.append(len(self.calls) - 1)
 
     def _free(self, key: int, nbytes: int) -> None:
         super()._free(key, nbytes)
@@ -78,13 +129,22 @@ class _GraphRun(fx.Interpreter):
         self.log = log
         self.node_of_call: list[str] = []
         self.output_of: dict[int, str] = {}  # allocation index -> node whose output it is
+        self.calls_of: dict[str, NodeCalls] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op not in COMPUTE_OPS:
             return super().run_node(n)
         first_call, first_allocation = len(self.log.calls), len(self.log.allocated)
         result = super().run_node(n)
-        self.node_of_call += [n.name] * (len(self.log.calls) - first_call)
+        stop_call = len(self.log.calls)
+        self.node_of_call += [n.name] * (stop_call - first_call)
+        own = range(first_call, stop_call)
+        self.calls_of[n.name] = NodeCalls(
+            names=tuple(self.log.calls[first_call:stop_call]),
+            allocating=tuple(sorted({call - first_call for call in self.log.allocation_call[first_allocation:]})),
+            writes=any(call in self.log.writing_calls for call in own),
+            random=any(call in self.log.random_calls for call in own),
+        )
         made = {key: first_allocation + i for i, key in enumerate(self.log.allocated[first_allocation:])}
         for tensor in tensors_in(result):
             index = made.get(id(tensor.untyped_storage()))
@@ -97,10 +157,12 @@ class _GraphRun(fx.Interpreter):
 class EagerLifetimes:
     """`holds`: node name -> the last node during whose forward the model's code still held
     its output (where that is later than the graph's last reader). `arguments`: the first node
-    of a submodule call -> the nodes whose outputs some call starting there was passed."""
+    of a submodule call -> the nodes whose outputs some call starting there was passed.
+    `calls`: node name -> its ATen calls, the same in the model's own forward."""
 
     holds: dict[str, str] = field(default_factory=dict)
     arguments: dict[str, set[str]] = field(default_factory=dict)
+    calls: dict[str, NodeCalls] = field(default_factory=dict)
 
 
 def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], Any]) -> EagerLifetimes:
@@ -138,7 +200,8 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
         mismatch = next((i for i, (a, b) in enumerate(zip(graph_log.calls, eager_log.calls)) if a != b),
                         min(len(graph_log.calls), len(eager_log.calls)))
         logger.info("eager lifetimes not measured: the model's ATen calls differ from the graph's at call %d "
-                    "(%s in the model, %s in the graph); the graph's lifetimes are used", mismatch,
+                    "(%s in the model, %s in the graph); the graph's lifetimes are used, and no region may "
+                    "keep a node's output (its calls cannot be found in the model's forward)", mismatch,
                     eager_log.calls[mismatch] if mismatch < len(eager_log.calls) else "none",
                     graph_log.calls[mismatch] if mismatch < len(graph_log.calls) else "none")
         return EagerLifetimes()
@@ -164,4 +227,4 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
             passed = {name for name in passed if order[name] < order[first]}
             if passed:
                 arguments.setdefault(first, set()).update(passed)
-    return EagerLifetimes(holds, arguments)
+    return EagerLifetimes(holds, arguments, runner.calls_of)

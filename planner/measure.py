@@ -143,17 +143,27 @@ def measure_model(
                 why = ("the model or sample is on the meta device" if not runnable else
                        f"measuring the whole step at once would hold about {format_bytes(fake.needed_bytes)}")
                 say(f"measuring node by node: {why}")
+            logger.info(_NOTHING_KEPT, "the whole step was not run")
             return _no_run(gm, inputs, fake, where, repeats, say)
     say("measuring the whole step")
     summary = profile(gm, inputs, repeats=repeats, progress=say, loss=loss)
     if run_model is not None:
         say("measuring how long the model's own code holds each output")
         note_holds(gm, eager_holds(gm, inputs, run_model))
+    else:
+        logger.info(_NOTHING_KEPT, "the model's own forward was not run")
     return summary
 
 
+# Keeping a node's output inside a region (a selective-checkpoint policy) needs its ATen calls
+# as the model's own forward makes them (`planner.holds`), recorded only where the step runs.
+_NOTHING_KEPT = "no region may keep a node's output (selective checkpointing): %s, so its ATen calls are not known"
+
+
 def note_holds(gm: fx.GraphModule, lifetimes: EagerLifetimes) -> None:
-    """Write `planner.holds.eager_holds`'s answer into the nodes' profiles."""
+    """Write `planner.holds.eager_holds`'s answer into the nodes' profiles: what the model's
+    code holds, what each submodule call is passed, and each node's ATen calls with, where a
+    region may keep its output, the ones a selective policy caches (`NodeProfile.keep_calls`)."""
     by_holder: dict[str, list[str]] = {}
     for name, holder in lifetimes.holds.items():
         by_holder.setdefault(holder, []).append(name)
@@ -162,6 +172,10 @@ def note_holds(gm: fx.GraphModule, lifetimes: EagerLifetimes) -> None:
             node.meta[META_KEY].holds = tuple(sorted(by_holder[node.name]))
         if node.name in lifetimes.arguments:
             node.meta[META_KEY].arguments = tuple(sorted(lifetimes.arguments[node.name]))
+        calls = lifetimes.calls.get(node.name)
+        if calls is not None:
+            node.meta[META_KEY].aten_calls = calls.names
+            node.meta[META_KEY].keep_calls = calls.allocating if calls.keepable else ()
 
 
 def _no_run(gm: fx.GraphModule, inputs: list[torch.Tensor], fake: Any, where: PlanDevice, repeats: int,

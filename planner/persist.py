@@ -31,9 +31,10 @@ from torch import nn
 from planner.apply import ModuleCheckpoint, apply_plan, check_state, state_shapes
 from planner.graph import compute_nodes
 from planner.json_values import UnsupportedValue, decode_value, dtype_from_name, json_text
-from planner.plan_records import (cost_from_record, cost_record, describe_node, graph_nodes, model_device,
-                                   module_checkpoint, node_identity, profile_delta, profile_full, region_record,
-                                   report_setup, sample_structure, verification_from_record, whole_modules)
+from planner.plan_records import (cost_from_record, cost_record, describe_node, graph_nodes, kept_nodes,
+                                   model_device, module_checkpoint, node_identity, profile_delta, profile_full,
+                                   region_record, report_setup, sample_structure, verification_from_record,
+                                   whole_modules)
 from planner.profile import META_KEY
 from planner.report import Checkpoint, PlanFigures, describe_checkpoints, format_report
 from planner.trace import trace
@@ -102,7 +103,7 @@ class SavedPlan(PlanFigures):
     def checkpoints(self) -> tuple[Checkpoint, ...]:
         modules = [node.get("module", "") for node in self.graph]
         wrapped = {region: spec for region, spec in zip(self.solution.regions, self.wrapped) if spec is not None}
-        return describe_checkpoints(self.problem, self.solution.regions, modules, wrapped)
+        return describe_checkpoints(self.problem, self.solution.regions, modules, wrapped, self.solution.kept)
 
     # -- JSON -------------------------------------------------------------------------------
 
@@ -160,6 +161,7 @@ class SavedPlan(PlanFigures):
         """
         names = [node.name for node in self.problem.nodes]
         s = self.solution
+        kept = {names[i] for i in s.kept}
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -188,7 +190,7 @@ class SavedPlan(PlanFigures):
             "static_breakdown": self.static_breakdown,
             "leaves": list(self.leaves),
             "trace_leaves": list(self.trace_leaves),
-            "regions": [region_record(names, spec) for names, spec in zip(self.regions, self.wrapped)],
+            "regions": [region_record(region, spec, kept) for region, spec in zip(self.regions, self.wrapped)],
             "sample": self.sample,
             "nodes": [
                 {**node, "cost": record, "profile": profile_delta(profile, record)}
@@ -229,9 +231,11 @@ class SavedPlan(PlanFigures):
             )
             regions = []
             wrapped = []
+            kept: list[int] = []  # older plans keep nothing
             for record in data["regions"]:
                 names = record["nodes"] if isinstance(record, dict) else record
                 wrapped.append(module_checkpoint(record))
+                kept += [index[name] for name in kept_nodes(record)]
                 start = index[names[0]]
                 region = range(start, start + len(names))
                 if [nodes[i]["name"] for i in region] != list(names):
@@ -240,10 +244,11 @@ class SavedPlan(PlanFigures):
             solution = Solution(
                 regions=tuple(regions),
                 peak_bytes=data["predicted_peak_bytes"],
-                recompute_ms=problem.recompute_ms(tuple(regions)),
+                recompute_ms=problem.recompute_ms(tuple(regions), kept),
                 status=Status(data["status"]),
                 solver=data["solver"],
                 solve_seconds=data["solve_seconds"],
+                kept=tuple(sorted(kept)),
             )
             verification = verification_from_record(data.get("verification"))
             return cls(

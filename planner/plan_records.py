@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any
+from typing import Any, Collection
 
 import torch
 import torch.fx as fx
@@ -115,19 +115,53 @@ def profile_full(delta: dict[str, Any], cost: dict[str, Any]) -> dict[str, Any]:
     return {**defaults, **{key: cost[key] for key in defaults if key in cost}, **delta}
 
 
-def region_record(names: list[str], spec: ModuleCheckpoint | None) -> dict[str, Any]:
-    if spec is None:
-        return {"nodes": names}
-    return {"module": spec.module, "class": spec.module_class, "random": spec.random,
-            "written_buffers": list(spec.written_buffers), "nodes": names}
+def region_record(names: list[str], spec: ModuleCheckpoint | None, kept: Collection[str] = ()) -> dict[str, Any]:
+    """One saved region: its nodes, the submodule it checkpoints, and where it keeps outputs,
+    the nodes it keeps and the ATen calls its policy caches (`ModuleCheckpoint.saved_calls`).
+
+    Example:
+        >>> region_record(["fc1", "relu"], ModuleCheckpoint("block", "Block"), kept={"fc1"})["kept"]
+        ['fc1']
+    """
+    record: dict[str, Any] = {"nodes": names}
+    if spec is not None:
+        record = {"module": spec.module, "class": spec.module_class, "random": spec.random,
+                  "written_buffers": list(spec.written_buffers), **record}
+    keeps = [name for name in names if name in kept]
+    if keeps:
+        record["kept"] = keeps
+    if spec is not None and spec.saved_calls:
+        record["saved_calls"] = [[name, occurrence] for name, occurrence in spec.saved_calls]
+    return record
 
 
 def module_checkpoint(record: Any) -> ModuleCheckpoint | None:
-    """The submodule a saved region checkpoints (None in versions 1 and 2: node ranges)."""
+    """The submodule a saved region checkpoints (None in versions 1 and 2: node ranges), with
+    the calls it keeps (none in plans saved before keeps existed)."""
     if not isinstance(record, dict) or "module" not in record:
         return None
     return ModuleCheckpoint(module=record["module"], module_class=record["class"], random=record["random"],
-                            written_buffers=tuple(record["written_buffers"]))
+                            written_buffers=tuple(record["written_buffers"]),
+                            saved_calls=tuple((str(name), int(occurrence))
+                                              for name, occurrence in record.get("saved_calls", ())))
+
+
+def kept_nodes(record: Any) -> list[str]:
+    """The nodes a saved region keeps (none in plans saved before keeps existed); ValueError
+    where one is not a node of the region.
+
+    Example:
+        >>> kept_nodes({"nodes": ["fc1", "relu"], "kept": ["fc1"]})
+        ['fc1']
+    """
+    if not isinstance(record, dict):
+        return []
+    kept = list(record.get("kept", ()))
+    outside = [name for name in kept if name not in record["nodes"]]
+    if outside:
+        raise ValueError(f"region {record['nodes'][0]}..{record['nodes'][-1]} keeps {outside[0]!r}, "
+                         "which is not one of its nodes")
+    return kept
 
 
 def verification_from_record(record: dict[str, Any] | None) -> Verification | None:

@@ -60,6 +60,12 @@ class NodeProfile:
     # forward time up to its last saved tensor (what recomputation stopping here costs); None
     # where not measured (then all of forward_ms counts)
     stop_ms: float | None = None
+    # its ATen calls in the model's own forward, in order (planner.holds; empty where the whole
+    # step was not run, or the model's calls differ from the graph's)
+    aten_calls: tuple[str, ...] = ()
+    # where a region may keep its output (planner.holds.NodeCalls.keepable), the positions in
+    # `aten_calls` of the calls that make its storages: what a selective policy caches
+    keep_calls: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ formatter for live plans (`Plan`) and loaded ones (`SavedPlan`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Sequence
 
 from solvers import Problem, Solution, format_bytes, held_after_forward
 
@@ -20,6 +20,7 @@ class Checkpoint:
     freed_bytes: int  # activation bytes no longer held at the end of forward
     node_modules: tuple[str, ...] = ()  # the model's submodule of each node ("" for the model)
     wrapped: ModuleCheckpoint | None = None  # the submodule whose forward runs under checkpoint
+    kept: tuple[str, ...] = ()  # the nodes whose outputs it keeps (a selective-checkpoint policy)
 
     @property
     def modules(self) -> tuple[str, ...]:
@@ -28,25 +29,28 @@ class Checkpoint:
 
 
 def describe_checkpoints(problem: Problem, regions: tuple[range, ...], modules: Sequence[str],
-                         wrapped: dict[range, ModuleCheckpoint] | None = None) -> tuple[Checkpoint, ...]:
+                         wrapped: dict[range, ModuleCheckpoint] | None = None,
+                         kept: Collection[int] = ()) -> tuple[Checkpoint, ...]:
     """The report's view of each region: its nodes, the submodules they belong to (`modules`
-    holds one path per node), its recompute time, what it frees at the end of forward, and the
-    submodule whose forward it checkpoints (`wrapped`, by node range).
+    holds one path per node), the nodes it keeps (of `kept`), its recompute time, what it frees
+    at the end of forward, and the submodule whose forward it checkpoints (`wrapped`, by range).
 
     Example:
         >>> describe_checkpoints(p.problem, p.solution.regions, [""] * len(p.problem))[0].nodes
     """
     unplanned = held_after_forward(problem)
-    return tuple(
-        Checkpoint(
+    checkpoints = []
+    for region in regions:
+        keeps = tuple(i for i in sorted(kept) if i in region)
+        checkpoints.append(Checkpoint(
             nodes=tuple(problem.nodes[i].name for i in region),
             node_modules=tuple(modules[i] for i in region),
-            recompute_ms=problem.recompute_ms((region,)),
-            freed_bytes=unplanned - held_after_forward(problem, (region,)),
+            recompute_ms=problem.recompute_ms((region,), keeps),
+            freed_bytes=unplanned - held_after_forward(problem, (region,), keeps),
             wrapped=(wrapped or {}).get(region),
-        )
-        for region in regions
-    )
+            kept=tuple(problem.nodes[i].name for i in keeps),
+        ))
+    return tuple(checkpoints)
 
 
 class PlanFigures:
@@ -158,8 +162,9 @@ def format_report(
         lines.append(f"    {'#':>3}  {'checkpointed submodule':<{width}} {'class':<{kind_width}} {'nodes':>5} "
                      f"{'recompute':>12} {'freed':>11}")
         for index, (c, name, kind) in enumerate(zip(checkpoints, names, kinds)):
+            keeps = f"  keeps {', '.join(c.kept)}" if c.kept else ""
             lines.append(f"    {index:>3}  {name:<{width}} {kind:<{kind_width}} {len(c.nodes):>5} "
-                         f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}")
+                         f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}{keeps}")
     if verification is not None:
         lines += ["", str(verification)]
     return "\n".join(lines)

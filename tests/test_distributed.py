@@ -296,3 +296,44 @@ def test_fsdp2_planned_matches_unplanned(saved_plan, tmp_path):
 def test_ddp_planned_matches_unplanned(saved_plan, tmp_path):
     name, path = saved_plan
     _check(_spawn("ddp", name, path, tmp_path / "ranks"))
+
+
+@pytest.fixture(scope="module")
+def saved_keep_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every block of the small GPT checkpointed, keeping its linears' outputs (a selective
+    policy), as a hand-written plan; saved, so each rank applies the saved calls to keep."""
+    model, sample = _build("gpt")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        p = planner.plan(model, sample, budget_gb=80, repeats=1)
+    finally:
+        torch.set_num_threads(threads)
+    blocks = [f"blocks.{i}" for i in range(len(model.blocks))]
+    kept = [node.name for node in p.problem.nodes if node.keepable and node.name.startswith("blocks_")]
+    keeping = p.with_submodules(blocks, kept=kept)
+    assert len(keeping.solution.kept) == 4 * len(blocks)  # qkv, proj and the MLP's two linears
+    assert all(len(spec.saved_calls) == 4 for spec in keeping.module_checkpoints)
+    return Path(keeping.save(tmp_path_factory.mktemp("keep_plan") / "plan.json"))
+
+
+def _fsdp2_keeping(name: str, rank: int, plan_path: str) -> dict[str, Any]:
+    """`_fsdp2`, noting any warning that a planned submodule kept less than its plan says (its
+    ATen calls under fully_shard differ from the planned ones)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = _fsdp2(name, rank, plan_path)
+    result["missed_keeps"] = [str(w.message) for w in caught if "keeps less than planned" in str(w.message)]
+    return result
+
+
+JOBS["fsdp2_keep"] = _fsdp2_keeping
+
+
+def test_fsdp2_keep_plan_matches_unplanned(saved_keep_plan, tmp_path):
+    assert all(len(spec.saved_calls) == 4 for spec in planner.load_plan(saved_keep_plan).wrapped)
+    results = _spawn("fsdp2_keep", "gpt", saved_keep_plan, tmp_path / "ranks")
+    _check(results)
+    assert [result["missed_keeps"] for result in results] == [[]] * WORLD

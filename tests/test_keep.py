@@ -1,0 +1,349 @@
+"""Keeping outputs inside a region (selective activation checkpointing), end to end: which
+nodes a region may keep, the policy that keeps them in the model's own forward, what it saves
+in memory and time, and its survival through torch.compile, other shapes and save/load.
+(FSDP2 with a keep plan: tests/test_distributed.py.)"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import warnings
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conftest import train_step
+from planner import Plan, load_plan, plan
+from planner.apply import KeepPolicy
+from planner.holds import KEEPABLE_OPS, eager_holds
+
+WIDTH = 64
+BLOCKS = 4
+LINEARS = ("attention_qkv", "attention_proj", "fc1", "fc2")
+
+
+class Attention(nn.Module):
+    """Single-head attention written out (two matmuls, softmax, dropout), or two heads through
+    F.scaled_dot_product_attention (the fused CPU kernel takes 4-D inputs)."""
+
+    def __init__(self, fused: bool, dropout: float):
+        super().__init__()
+        self.fused = fused
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+        self.proj = nn.Linear(WIDTH, WIDTH)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = self.qkv(x).chunk(3, dim=-1)  # indexed, not unpacked: fx cannot unpack
+        q, k, v = parts[0], parts[1], parts[2]
+        if self.fused:
+            batch, length = x.size(0), x.size(1)
+            q, k, v = (t.view(batch, length, 2, WIDTH // 2).transpose(1, 2) for t in (q, k, v))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = out.transpose(1, 2).reshape(batch, length, WIDTH)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(WIDTH)
+            out = self.dropout(F.softmax(scores, dim=-1)) @ v
+        return self.dropout(self.proj(out))
+
+
+class Block(nn.Module):
+    def __init__(self, fused: bool, dropout: float):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
+        self.attention = Attention(fused, dropout)
+        self.fc1, self.act, self.fc2 = nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.dropout(self.fc2(self.act(self.fc1(self.norm2(x)))))
+
+
+class KeepGPT(nn.Module):
+    """A GPT-like stack whose blocks alternate written-out and fused attention."""
+
+    def __init__(self, dropout: float = 0.1):
+        super().__init__()
+        self.embedding = nn.Embedding(128, WIDTH)
+        self.blocks = nn.ModuleList(Block(i % 2 == 1, dropout) for i in range(BLOCKS))
+        self.norm = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, 128)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def build(dropout: float = 0.1) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return KeepGPT(dropout), torch.randint(0, 128, (8, 64))
+
+
+BLOCK_NAMES = [f"blocks.{i}" for i in range(BLOCKS)]
+KEPT_LINEARS = [f"blocks_{i}_{name}" for i in range(BLOCKS) for name in LINEARS]
+
+
+@pytest.fixture(scope="module")
+def measured() -> tuple[nn.Module, torch.Tensor, Plan]:
+    model, tokens = build()
+    return model, tokens, plan(model, tokens, budget_gb=80, repeats=1)
+
+
+def selective(p: Plan, kept: list[str] = KEPT_LINEARS) -> Plan:
+    """Every block checkpointed, keeping `kept` (by default every linear's output)."""
+    return p.with_submodules(BLOCK_NAMES, kept=kept)
+
+
+class CallCounter(TorchDispatchMode):
+    """Counts the ATen calls made while it is active, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.calls[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def backward_calls(module: nn.Module, tokens: torch.Tensor) -> Counter[str]:
+    """The ATen calls of one backward (recomputation included)."""
+    loss = module(tokens).pow(2).mean()
+    with CallCounter() as counter:
+        loss.backward()
+    for parameter in module.parameters():
+        parameter.grad = None
+    return counter.calls
+
+
+def assert_same_step(reference: nn.Module, planned: nn.Module, tokens: torch.Tensor) -> None:
+    expected_output, expected = train_step(reference, tokens)
+    output, grads = train_step(planned, tokens)
+    torch.testing.assert_close(output, expected_output)
+    assert grads.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(grads[key], expected[key], msg=key)
+
+
+# -- which nodes are keepable --------------------------------------------------------------------
+
+def test_matrix_products_and_attention_are_keepable_the_rest_is_not(measured):
+    _, _, p = measured
+    keepable = {node.name for node in p.problem.nodes if node.keepable}
+    for i in range(BLOCKS):
+        for name in LINEARS:
+            assert f"blocks_{i}_{name}" in keepable
+    # the written-out attention's two matmuls (blocks 0, 2) and the fused kernel (blocks 1, 3)
+    assert {"matmul", "matmul_1", "matmul_2", "matmul_3"} <= keepable
+    assert {"scaled_dot_product_attention", "scaled_dot_product_attention_1"} <= keepable
+    for name in ("blocks_0_norm1", "blocks_0_act", "softmax", "blocks_0_attention_dropout", "add", "truediv",
+                 "blocks_1_dropout", "reshape", "embedding"):
+        assert name not in keepable, name
+    # each keepable node's cached calls are matrix products or attention
+    from planner.graph import compute_nodes
+    from planner.profile import META_KEY
+
+    for node in compute_nodes(p.traced.gm):
+        record = node.meta[META_KEY]
+        assert bool(record.keep_calls) == (node.name in keepable), node.name
+        assert all(record.aten_calls[i] in KEEPABLE_OPS for i in record.keep_calls)
+
+
+def test_an_output_written_in_place_later_is_not_keepable():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(inplace=True), nn.Linear(16, 16))
+    p = plan(model, torch.randn(8, 16), budget_gb=80, repeats=1)
+    keepable = {node.name: node.keepable for node in p.problem.nodes}
+    assert keepable == {"_0": False, "_1": False, "_2": True}
+
+
+def test_nothing_is_keepable_where_the_calls_are_not_recorded(caplog):
+    model, tokens = build()
+    with caplog.at_level(logging.INFO, logger="planner"):
+        p = plan(model, tokens, budget_gb=80, repeats=1, measure="no-run")
+    assert not any(node.keepable for node in p.problem.nodes)
+    assert "no region may keep a node's output" in caplog.text
+    with pytest.raises(ValueError, match="cannot keep 'blocks_0_fc1'.*may keep none"):
+        p.with_submodules(["blocks.0"], kept=["blocks_0_fc1"])
+
+
+def test_calls_that_differ_from_the_graph_record_nothing():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+    x = torch.randn(4, 8)
+    gm = torch.fx.symbolic_trace(model)
+    assert eager_holds(gm, [x], lambda: model(x)).calls["_0"].keepable
+    assert eager_holds(gm, [x], lambda: model(x) + 1).calls == {}
+
+
+def test_with_submodules_names_what_it_cannot_keep(measured):
+    _, _, p = measured
+    with pytest.raises(ValueError, match="cannot keep 'blocks_0_act': it is not a node a region may keep"):
+        p.with_submodules(["blocks.0"], kept=["blocks_0_act"])
+    with pytest.raises(ValueError, match="cannot keep 'blocks_1_fc1': it lies in none of the checkpointed"):
+        p.with_submodules(["blocks.0"], kept=["blocks_1_fc1"])
+    with pytest.raises(ValueError, match="cannot keep 'nothing': it is not a node of the graph"):
+        p.with_submodules(["blocks.0"], kept=["nothing"])
+    with pytest.raises(TypeError, match="list of node names"):
+        p.with_submodules(["blocks.0"], kept="blocks_0_fc1")
+
+
+# -- the plan in the model's own forward --------------------------------------------------------
+
+def test_saved_calls_name_each_kept_call_by_occurrence(measured):
+    _, _, p = measured
+    q = selective(p, ["blocks_0_attention_proj", "matmul_1", "blocks_1_fc1", "scaled_dot_product_attention"])
+    specs = {spec.module: spec.saved_calls for spec in q.module_checkpoints}
+    # block 0: qkv, proj, fc1, fc2 are its addmm calls 0..3; its matmuls its bmm calls 0 and 1
+    assert specs["blocks.0"] == (("aten.bmm.default", 1), ("aten.addmm.default", 1))
+    assert specs["blocks.1"] == (("aten._scaled_dot_product_flash_attention_for_cpu.default", 0),
+                                 ("aten.addmm.default", 2))
+    assert specs["blocks.2"] == specs["blocks.3"] == ()
+    assert all(spec.saved_calls == () for spec in p.with_submodules(BLOCK_NAMES).module_checkpoints)
+    report = str(q)
+    assert "keeps matmul_1, blocks_0_attention_proj" in report
+    assert "keeps scaled_dot_product_attention, blocks_1_fc1" in report
+
+
+def test_a_selective_plan_matches_the_model_and_its_predicted_peak(measured):
+    model, tokens, p = measured
+    plain, keeping = p.with_submodules(BLOCK_NAMES), selective(p)
+    assert keeping.solution.kept and keeping.recompute_ms < plain.recompute_ms
+    assert keeping.predicted_peak_bytes > plain.predicted_peak_bytes  # keeping costs memory
+    assert_same_step(model, keeping.module(), tokens)
+    check = keeping.verify(steps=1)
+    assert check.outputs_match and check.gradients_match
+    assert abs(check.peak_error) <= 0.03, check
+    assert check.within_budget, check
+
+
+def test_a_plan_keeping_every_candidate_matches_too(measured):
+    model, tokens, p = measured
+    every = [p.problem.nodes[i].name for region in p.with_submodules(BLOCK_NAMES).solution.regions
+             for i in p.problem.keep_candidates(region)]
+    assert "scaled_dot_product_attention" in every and "matmul" in every
+    keeping = selective(p, every)
+    assert keeping.recompute_ms < selective(p).recompute_ms
+    check = keeping.verify(steps=1)
+    assert check.outputs_match and check.gradients_match
+    assert abs(check.peak_error) <= 0.03, check
+
+
+def test_convolutions_kept_beside_batchnorm_statistics():
+    # The region writes BatchNorm statistics (put back after recomputation) and keeps convolutions.
+    from conftest import small_cnn
+
+    model, images = small_cnn()
+    reference, _ = small_cnn()
+    p = plan(model, images, budget_gb=80, repeats=1)
+    stages = [f"stages.{i}" for i in range(len(model.stages))]
+    convolutions = [node.name for node in p.problem.nodes if node.keepable and node.name.startswith("stages_")]
+    assert len(convolutions) == 2 * len(stages)
+    keeping = p.with_submodules(stages, kept=convolutions)
+    assert all(spec.written_buffers and spec.saved_calls for spec in keeping.module_checkpoints)
+    planned = keeping.module()
+    assert_same_step(reference, planned, images)
+    for (key, expected), got in zip(reference.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(got, expected, msg=key)
+    assert backward_calls(planned, images)["aten.convolution.default"] == 0
+
+
+def test_kept_calls_are_not_run_again_in_backward(measured):
+    model, tokens, p = measured
+    plain = backward_calls(p.with_submodules(BLOCK_NAMES).module(), tokens)
+    keeping = backward_calls(selective(p).module(), tokens)
+    # Linear's backward uses mm, never addmm: every addmm in backward is a recomputed linear.
+    assert plain["aten.addmm.default"] == len(KEPT_LINEARS)
+    assert keeping["aten.addmm.default"] == 0
+    # what is not kept is still recomputed
+    assert keeping["aten.native_layer_norm.default"] == plain["aten.native_layer_norm.default"] > 0
+    assert keeping["aten._scaled_dot_product_flash_attention_for_cpu.default"] == 2
+
+
+def test_the_policy_counts_each_func_in_forward_and_recomputation_apart():
+    class Context:
+        def __init__(self, is_recompute: bool):
+            self.is_recompute = is_recompute
+
+    addmm, mm = torch.ops.aten.addmm.default, torch.ops.aten.mm.default
+    policy = KeepPolicy((("aten.addmm.default", 1),))
+    forward = [policy(Context(False), func).name for func in (addmm, mm, addmm, addmm)]
+    assert forward == ["PREFER_RECOMPUTE", "PREFER_RECOMPUTE", "MUST_SAVE", "PREFER_RECOMPUTE"]
+    assert [policy(Context(True), func).name for func in (addmm, addmm)] == ["PREFER_RECOMPUTE", "MUST_SAVE"]
+    assert policy.missed() == [] and KeepPolicy((("aten.mm.default", 1),)).missed() == [("aten.mm.default", 1)]
+
+
+def test_other_batch_sizes_and_lengths_keep_too(measured):
+    model, _, p = measured
+    planned = selective(p).module()
+    for shape in ((3, 40), (1, 64), (8, 16)):
+        tokens = torch.randint(0, 128, shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no missed keep, no larger-than-planned input
+            assert_same_step(model, planned, tokens)
+        assert backward_calls(planned, tokens)["aten.addmm.default"] == 0
+
+
+def test_calls_that_differ_at_apply_time_warn_once_and_still_train(measured):
+    _, tokens, p = measured
+    planned = selective(p).module()
+    # A forward that skips the MLP makes two addmm calls fewer than the plan keeps.
+    for block in planned.blocks:
+        block.__dict__["forward"].previous = lambda x, block=block: x + block.attention(block.norm1(x))
+    with pytest.warns(UserWarning, match="made no call aten.addmm.default number 3 to keep") as caught:
+        for _ in range(2):
+            planned(tokens).sum().backward()
+    assert sum("keeps less than planned" in str(w.message) for w in caught) == BLOCKS  # once per block
+
+
+@pytest.mark.slow
+def test_torch_compile_of_a_selective_plan_trains_like_eager():
+    model, tokens = build(dropout=0.0)
+    tokens = tokens[:4, :32]
+    p = selective(plan(model, tokens, budget_gb=80, repeats=1))
+    expected_output, expected = train_step(model, tokens)
+    compiled = torch.compile(p.module())
+    output, grads = train_step(compiled, tokens)
+    torch.testing.assert_close(output, expected_output, rtol=1e-4, atol=1e-5)
+    for key, value in expected.items():
+        torch.testing.assert_close(grads[f"_orig_mod.{key}"], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+# -- save and load -------------------------------------------------------------------------------
+
+def test_save_and_load_keep_the_kept_nodes_and_their_calls(measured, tmp_path):
+    model, tokens, p = measured
+    keeping = selective(p, KEPT_LINEARS + ["scaled_dot_product_attention"])
+    path = keeping.save(tmp_path / "plan.json")
+    saved = load_plan(path)
+    assert saved.solution.kept == keeping.solution.kept
+    assert saved.wrapped == keeping.module_checkpoints
+    assert saved.recompute_ms == pytest.approx(keeping.recompute_ms)
+    assert [c.kept for c in saved.checkpoints] == [c.kept for c in keeping.checkpoints]
+    assert "keeps blocks_0_attention_qkv" in str(saved)
+    fresh, _ = build()
+    saved.apply(fresh)
+    assert backward_calls(fresh, tokens)["aten.addmm.default"] == 0
+    assert_same_step(model, fresh, tokens)
+
+    # a plan saved before keeps existed loads as keeping nothing
+    document = json.loads(path.read_text())
+    for region in document["regions"]:
+        region.pop("kept", None)
+        region.pop("saved_calls", None)
+    for node in document["nodes"]:
+        node["cost"].pop("keepable", None)
+        for key in ("aten_calls", "keep_calls"):
+            node["profile"].pop(key, None)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(document))
+    loaded = load_plan(old)
+    assert loaded.solution.kept == () and all(spec.saved_calls == () for spec in loaded.wrapped)
+    assert loaded.recompute_ms == pytest.approx(p.with_submodules(BLOCK_NAMES).recompute_ms)
