@@ -156,11 +156,13 @@ def kept_indices(problem: Problem, regions: tuple[range, ...], kept: Sequence[st
 
 def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[range, ...] | None = None,
                   region_overhead_ms: float = 0.0, rng_state_bytes: int = 0,
-                  gradients: tuple[tuple[str, str, int], ...] | None = None) -> Problem:
+                  gradients: tuple[tuple[str, str, int], ...] | None = None,
+                  selective_ms: tuple[float, float] = (0.0, 0.0)) -> Problem:
     """Collect the per-node profiles of `gm` into a Problem (plain ints and floats), with the
     static memory the plan does not change (see `planner.static`). Regions are limited to the
     node ranges `allowed_regions` (None: any run of nodes), each costs `region_overhead_ms` more,
-    and one that draws random numbers keeps an RNG state of `rng_state_bytes`. `gradients`
+    and one that draws random numbers keeps an RNG state of `rng_state_bytes`; one that keeps
+    nodes costs `selective_ms` (per region, per ATen call: `Problem.selective_ms`). `gradients`
     (measured gradients in flight, `GraphProfile.gradients`) replace the graph's estimate.
 
     Example:
@@ -181,6 +183,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     released = _released_with_outputs(nodes, index)
     # A kept output must not be written in place later: the cached copy would be stale.
     written = {index[name] for node in nodes for name in node.meta[META_KEY].mutates}
+    fixed = _touching_written_inputs(nodes)
     costs = []
     for i, node in enumerate(nodes):
         record = node.meta[META_KEY]
@@ -207,6 +210,8 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 stops_before_output=record.stops_before_output,
                 stop_ms=record.stop_ms,
                 keepable=bool(record.keep_calls) and i not in written,
+                aten_calls=len(record.aten_calls),
+                recomputable=i not in fixed,
             )
         )
     spans = None
@@ -216,7 +221,19 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                              for made, freed, size in gradients))
     return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
                    region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes,
-                   measured_gradients=spans)
+                   measured_gradients=spans, keep_region_ms=selective_ms[0], keep_call_ms=selective_ms[1])
+
+
+def _touching_written_inputs(nodes: list[fx.Node]) -> set[int]:
+    """Nodes no region may hold: those that write a graph input in place, and those that read
+    one written in place at or after them (see `NodeCost.recomputable`)."""
+    last_write: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for name in node.meta[META_KEY].input_writes:
+            last_write[name] = i
+    return {i for i, node in enumerate(nodes)
+            if node.meta[META_KEY].input_writes
+            or any(last_write.get(name, -1) >= i for name in node.meta[META_KEY].input_reads)}
 
 
 def _released_with_outputs(nodes: list[fx.Node], index: dict[str, int]) -> dict[int, set[int]]:

@@ -175,6 +175,8 @@ class SavedPlan(PlanFigures):
             "reserved_bytes": self.reserved_bytes,
             "static_bytes": self.problem.static_bytes,
             "region_overhead_ms": self.problem.region_overhead_ms,
+            "keep_region_ms": self.problem.keep_region_ms,
+            "keep_call_ms": self.problem.keep_call_ms,
             "rng_state_bytes": self.problem.rng_state_bytes,
             "measured_gradients": (None if self.problem.measured_gradients is None
                                    else [[names[first], names[last], size]
@@ -224,6 +226,8 @@ class SavedPlan(PlanFigures):
                 allowed_regions=(None if data.get("allowed_regions") is None
                                  else tuple(range(start, stop) for start, stop in data["allowed_regions"])),
                 region_overhead_ms=data.get("region_overhead_ms", 0.0),
+                keep_region_ms=data.get("keep_region_ms", 0.0),
+                keep_call_ms=data.get("keep_call_ms", 0.0),
                 rng_state_bytes=data.get("rng_state_bytes", 0),  # older plans count them as static
                 measured_gradients=(None if data.get("measured_gradients") is None
                                     else tuple((index[first], index[last], size)
@@ -399,7 +403,8 @@ class SavedPlan(PlanFigures):
         from planner.plot import plot_memory
 
         title = f"Predicted memory of one training step: {self.model_class.rsplit('.', 1)[-1]}"
-        return plot_memory(self.problem, self.solution.regions, self.budget_bytes, path, title)
+        return plot_memory(self.problem, self.solution.regions, self.budget_bytes, path, title,
+                           kept=self.solution.kept)
 
     def __str__(self) -> str:
         return format_report(

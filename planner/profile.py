@@ -60,6 +60,10 @@ class NodeProfile:
     # forward time up to its last saved tensor (what recomputation stopping here costs); None
     # where not measured (then all of forward_ms counts)
     stop_ms: float | None = None
+    # graph inputs (placeholder names, not parameters or buffers) it reads, and writes in place:
+    # a region must not recompute from an input written in place (planner.graph.build_problem)
+    input_reads: tuple[str, ...] = ()
+    input_writes: tuple[str, ...] = ()
     # its ATen calls in the model's own forward, in order (planner.holds; empty where the whole
     # step was not run, or the model's calls differ from the graph's)
     aten_calls: tuple[str, ...] = ()
@@ -161,8 +165,16 @@ class ProfileInterpreter(fx.Interpreter):
         self.buffer_names = {storage_key(buffer): name for name, buffer in gm.named_buffers()}
         self.parameter_names = {id(p): name for name, p in gm.named_parameters()}  # tied: one name
         self.autograd_owners: dict[Any, str] = {}  # autograd node -> fx node that created it
+        self.input_names: dict[int, str] = {}  # storage key of a graph input -> its placeholder
 
     def run_node(self, n: fx.Node) -> Any:
+        if n.op == "placeholder":
+            value = super().run_node(n)
+            for tensor in tensors_in(value):
+                key = storage_key(tensor)
+                if key not in self.buffer_names and id(tensor) not in self.parameter_names:
+                    self.input_names.setdefault(key, n.name)
+            return value
         if n.op not in COMPUTE_OPS:
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
@@ -207,6 +219,10 @@ class ProfileInterpreter(fx.Interpreter):
         record.mutates = tuple(owner for owner in self._owners(written | tracker.written) if owner != n.name)
         record.mutated_buffers = tuple(sorted({self.buffer_names[key] for key in tracker.written
                                                if key in self.buffer_names}))
+        record.input_reads = tuple(sorted({self.input_names[storage_key(t)] for t in inputs
+                                           if storage_key(t) in self.input_names}))
+        record.input_writes = tuple(sorted({self.input_names[key] for key in written | tracker.written
+                                            if key in self.input_names}))
         record.saves = self._owners(saved)
         record.stops_before_output = bool(saved) and bool(made_after_last_save) and all(made_after_last_save)
         if record.output_bytes or record.mutates:

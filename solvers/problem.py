@@ -1,6 +1,7 @@
 """Plain data passed between the planner and the solvers: no torch here."""
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from enum import Enum
 from typing import Collection
@@ -61,6 +62,10 @@ class NodeCost:
     # calls that make its output and saved tensors): the region's recomputation then skips it.
     keepable: bool = False
     aten_calls: int = 0  # ATen calls its forward makes: a selective region's policy sees each one
+    # False: it may lie in no region. It writes a graph input in place (recomputing it would
+    # write it again), or reads one that is written in place at or after it (checkpoint would
+    # keep that input for recomputation, and autograd would see it modified).
+    recomputable: bool = True
 
     @property
     def stop_cost_ms(self) -> float:
@@ -185,17 +190,19 @@ class Problem:
         return self.allowed_regions is None or index in _allowed_stops(self)
 
     def allows_region(self, start: int, stop: int) -> bool:
-        """True where [start, stop) may be a region: a startable start and, where
-        `allowed_regions` is given, one of them."""
-        if not self.can_start_region(start):
+        """True where [start, stop) may be a region: a startable start, only recomputable nodes
+        and, where `allowed_regions` is given, one of them."""
+        if not self.can_start_region(start) or stop > self.last_region_stop(start):
             return False
         return self.allowed_regions is None or stop in _allowed_stops(self)[start]
 
     def last_region_stop(self, start: int) -> int:
-        """The largest stop of a region that may start at `start` (n without allowed regions)."""
-        if self.allowed_regions is None:
-            return len(self.nodes)
-        return max(_allowed_stops(self).get(start, (start,)))
+        """The largest stop of a region that may start at `start`: n, or the largest allowed
+        region's, and before the first node from `start` on that is not `recomputable`."""
+        last = len(self.nodes) if self.allowed_regions is None else max(_allowed_stops(self).get(start, (start,)))
+        fixed = _unrecomputable(self)
+        first_fixed = fixed[bisect.bisect_left(fixed, start)] if fixed and fixed[-1] >= start else last
+        return min(last, first_fixed)
 
 
 def _forbidden_starts(problem: Problem) -> frozenset[int]:
@@ -203,11 +210,21 @@ def _forbidden_starts(problem: Problem) -> frozenset[int]:
     if cached is None:
         forbidden: set[int] = set()
         for mutator, node in enumerate(problem.nodes):
+            if not node.recomputable:
+                forbidden.add(mutator)
             for owner in node.mutates:
                 # A region starting in (owner, mutator] could take the storage as an input.
                 forbidden.update(range(owner + 1, mutator + 1))
         cached = frozenset(forbidden)
         object.__setattr__(problem, "_forbidden_starts", cached)
+    return cached
+
+
+def _unrecomputable(problem: Problem) -> list[int]:
+    cached = problem.__dict__.get("_unrecomputable")
+    if cached is None:
+        cached = [i for i, node in enumerate(problem.nodes) if not node.recomputable]
+        object.__setattr__(problem, "_unrecomputable", cached)
     return cached
 
 

@@ -30,7 +30,23 @@ def segments(problem: Problem, count: int) -> tuple[range, ...]:
         if running >= wanted and len(starts) < count and problem.can_start_region(i + 1):
             starts.append(i + 1)
     bounds = [*starts, n]
-    return tuple(range(a, b) for a, b in zip(bounds, bounds[1:]))
+    return tuple(part for a, b in zip(bounds, bounds[1:]) for part in _valid_parts(problem, range(a, b)))
+
+
+def _valid_parts(problem: Problem, segment: range) -> list[range]:
+    """`segment` less the nodes no region may hold, as regions that may be (each starting at
+    the first node a region may start at)."""
+    parts = []
+    start = segment.start
+    while start < segment.stop:
+        if not problem.can_start_region(start):
+            start += 1
+            continue
+        stop = min(segment.stop, problem.last_region_stop(start))
+        if stop > start:
+            parts.append(range(start, stop))
+        start = max(stop, start + 1)
+    return parts
 
 
 def _freeing_regions(problem: Problem) -> list[range]:
@@ -39,7 +55,7 @@ def _freeing_regions(problem: Problem) -> list[range]:
     if cached is None:
         unplanned = held_after_forward(problem)
         cached = [r for r in problem.allowed_regions or ()
-                  if problem.can_start_region(r.start) and held_after_forward(problem, (r,)) < unplanned]
+                  if problem.allows_region(r.start, r.stop) and held_after_forward(problem, (r,)) < unplanned]
         object.__setattr__(problem, "_freeing_regions", cached)
     return cached
 
