@@ -42,6 +42,7 @@ def line(record: dict) -> str:
         return f"seed {seed:4d}  FAIL  {record['failure']}"
     status = "ok  " if record["ok"] else "FAIL"
     text = (f"seed {seed:4d}  {status}  nodes {record['nodes']:3d}  regions {record['regions']:2d}  "
+            f"kept {record.get('kept', 0):2d}  "
             f"budget {record['budget'] / 2**20:7.2f} MiB  predicted {record['predicted'] / 2**20:7.2f}  "
             f"measured {record['measured'] / 2**20:7.2f}  error {100 * record['error']:+6.2f}%  "
             f"({record['seconds']:.1f} s)")
@@ -80,6 +81,8 @@ def main() -> int:
     worst = max(measured, key=lambda r: abs(r["error"]), default=None)
     worst_text = f"{100 * worst['error']:+.2f}% (seed {worst['seed']})" if worst else "-"
     regions = sum(r.get("regions", 0) for r in records)
+    kept = sum(r.get("kept", 0) for r in records)
+    keeping = sum(bool(r.get("kept")) for r in records)
     hazards = {}
     for record in records:
         for key, value in record.get("features", {}).items():
@@ -101,7 +104,8 @@ def main() -> int:
                      if baseline_worst else "-")
     baseline_off = sum(abs(r["baseline_error"]) > PEAK_TOLERANCE for r in records if "baseline_error" in r)
 
-    print(f"\n{passed}/{n} seeds passed every check in {elapsed:.0f} s ({regions} regions in all)")
+    print(f"\n{passed}/{n} seeds passed every check in {elapsed:.0f} s ({regions} regions in all; "
+          f"{keeping} plans keep {kept} nodes inside their regions)")
     for key, text in CHECKS.items():
         print(f"  {counts[key]:4d}/{n}  {text}")
     print(f"  worst peak error: {worst_text}")
@@ -118,7 +122,8 @@ def main() -> int:
         rows += [f"| {text} | {counts[key]}/{n} |" for key, text in CHECKS.items()]
         rows.append(f"| every check | {passed}/{n} |")
         body = "\n".join(rows) + (
-            f"\n\nSeeds {args.start}..{args.start + n - 1}, {regions} checkpointed regions in all, "
+            f"\n\nSeeds {args.start}..{args.start + n - 1}, {regions} checkpointed regions in all "
+            f"({keeping} plans keep {kept} nodes inside their regions), "
             f"{elapsed:.0f} s. Worst peak error (predicted vs measured): {worst_text}; the unplanned "
             f"prediction was off by more than {100 * PEAK_TOLERANCE:.0f}% on {baseline_off} seeds (worst "
             f"{baseline_text}). Regions by module depth: {depth_text or '-'}. "

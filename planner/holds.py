@@ -13,11 +13,16 @@ their ATen calls one to one. For each node whose output the model's code frees l
 graph does, it names the last node during whose forward the output was still alive, and for
 each submodule call, the outputs it was passed (by the first node of the call). Where the two
 runs make different ATen calls (a frontend that rewrites ops, a data-dependent branch), it
-reports nothing and logs why: the graph's own lifetimes stand.
+reports no lifetimes and logs why: the graph's own lifetimes stand.
 
 It also names each node's ATen calls (`NodeCalls`), which say whether a region may keep the
-node's output: a selective-checkpoint policy caches ATen calls by name and occurrence in the
-model's own forward, so only where the two runs' calls match can a node's calls be found there.
+node's output: a selective-checkpoint policy caches ATen calls by name and occurrence within a
+submodule's forward, counted in the model's own forward. Those need not match the graph's call
+for call (torch.export adds metadata asserts, drops no-op slices, decomposes dropout its own
+way), only in the calls a policy may cache: a node's calls are found in the model's forward
+where, for every submodule call (region) that holds it, the region's `KEEPABLE_OPS` calls are
+the same in order in both runs, so any such call's occurrence counted from the region's start
+is too.
 
 Example:
     >>> lifetimes = eager_holds(gm, inputs, lambda: model(x))
@@ -27,12 +32,13 @@ Example:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Collection, Sequence
 
 import torch
 import torch.fx as fx
 
+from planner.graph import compute_nodes, module_calls
 from planner.memory import LiveBytesTracker, draws_random_numbers, written_arguments
 from planner.profile import COMPUTE_OPS, tensors_in
 
@@ -55,7 +61,9 @@ KEEPABLE_OPS = frozenset({
 @dataclass(frozen=True)
 class NodeCalls:
     """The ATen calls one node made in the graph run, in order: their names, the positions of
-    those that allocated a storage, and whether any wrote in place or drew random numbers.
+    those that allocated a storage, whether any wrote in place or drew random numbers, and
+    whether the model's own forward makes its `KEEPABLE_OPS` calls at the same occurrences in
+    every region that holds it (`found`).
 
     Example:
         >>> NodeCalls(("aten.t.default", "aten.addmm.default"), allocating=(1,)).keepable
@@ -66,14 +74,16 @@ class NodeCalls:
     allocating: tuple[int, ...] = ()
     writes: bool = False
     random: bool = False
+    found: bool = True
 
     @property
     def keepable(self) -> bool:
-        """Whether a region may keep its output: it makes a storage, every storage it makes
+        """Whether a region may keep its output: its calls are found in the model's forward
+        (a policy could not find them otherwise), it makes a storage, every storage it makes
         comes from a `KEEPABLE_OPS` call (so caching those calls keeps exactly its outputs and
         saved tensors), it writes nothing in place, and it draws no random numbers (a cached
         call is skipped when recomputing, which would shift the generator for later draws)."""
-        return (bool(self.allocating) and not self.writes and not self.random
+        return (self.found and bool(self.allocating) and not self.writes and not self.random
                 and all(self.names[i] in KEEPABLE_OPS for i in self.allocating))
 
 
@@ -153,12 +163,95 @@ class _GraphRun(fx.Interpreter):
         return result
 
 
+class _ModuleSpans:
+    """The submodule calls of the model's forward, noted by global module hooks: per call, the
+    module and the range of the log's calls it made, and the modules called from outside any
+    other (the model, and whatever else `run_model` calls), one of which names the rest."""
+
+    def __init__(self, log: _CallLog):
+        self.log = log
+        self.outermost: list[torch.nn.Module] = []
+        self.spans: list[tuple[torch.nn.Module, range]] = []
+        self.broken = False  # a hook pair did not nest (a forward that raised midway, another hook's trick)
+        self._open: list[tuple[torch.nn.Module, int]] = []
+
+    def enter(self, module: torch.nn.Module) -> None:
+        if not self._open and all(module is not seen for seen in self.outermost):
+            self.outermost.append(module)
+        self._open.append((module, len(self.log.calls)))
+
+    def leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if not self._open or self._open[-1][0] is not module:
+            self.broken = True
+            return
+        _, start = self._open.pop()
+        self.spans.append((module, range(start, len(self.log.calls))))
+
+    def by_path(self, paths: Collection[str]) -> dict[str, list[range]]:
+        """Qualified submodule name -> the call ranges of each of its calls (a module registered
+        under several names counts under each), named in the outermost module that names the
+        most of `paths` (the graph's submodule paths): the model."""
+        if not self.outermost or self.broken:
+            return {}
+        named = [self._names(root) for root in self.outermost]
+        names = max(named, key=lambda found: sum(path in found for path in paths))
+        by_module: dict[int, list[str]] = {}
+        for name, module in names.items():
+            by_module.setdefault(id(module), []).append(name)
+        found: dict[str, list[range]] = {}
+        for module, span in self.spans:
+            for name in by_module.get(id(module), ()):
+                found.setdefault(name, []).append(span)
+        return found
+
+    @staticmethod
+    def _names(root: torch.nn.Module) -> dict[str, torch.nn.Module]:
+        return {name: module for name, module in root.named_modules(remove_duplicate=False) if name}
+
+
+def _keepable(names: Sequence[str]) -> list[str]:
+    return [name for name in names if name in KEEPABLE_OPS]
+
+
+def _unmatched_regions(gm: fx.GraphModule, calls_of: dict[str, NodeCalls], eager_calls: list[str],
+                       spans: _ModuleSpans) -> list[range]:
+    """The node ranges of the regions (submodule calls, `planner.graph.module_calls`) whose
+    `KEEPABLE_OPS` calls are not the same, in order, in the graph run and in the module's one
+    call in the model's forward; logs each and why."""
+    nodes = compute_nodes(gm)
+    regions = module_calls(gm)
+    by_path = spans.by_path([call.path for call in regions])
+    unmatched: list[range] = []
+    why: list[str] = []
+    for call in regions:
+        graph = _keepable([name for i in call.nodes for name in calls_of[nodes[i].name].names])
+        found = by_path.get(call.path, [])
+        if len(found) != 1:
+            unmatched.append(call.nodes)
+            why.append(f"{call.path} (called {len(found)} times in the model's forward, once in the graph)")
+            continue
+        model = _keepable(eager_calls[found[0].start:found[0].stop])
+        if model != graph:
+            unmatched.append(call.nodes)
+            at = next((i for i, (a, b) in enumerate(zip(model, graph)) if a != b), min(len(model), len(graph)))
+            why.append(f"{call.path} (keepable call {at} is {model[at] if at < len(model) else 'none'} in the "
+                       f"model, {graph[at] if at < len(graph) else 'none'} in the graph)")
+    if spans.broken:
+        logger.info("the model's submodule calls were not recorded: its module hooks did not nest")
+    if why:
+        logger.info("no region may keep a node of %d submodule calls: the model's forward does not make their "
+                    "matrix product, convolution and attention calls as the graph does, so a selective policy "
+                    "would not find them: %s", len(why), "; ".join(why))
+    return unmatched
+
+
 @dataclass
 class EagerLifetimes:
     """`holds`: node name -> the last node during whose forward the model's code still held
     its output (where that is later than the graph's last reader). `arguments`: the first node
     of a submodule call -> the nodes whose outputs some call starting there was passed.
-    `calls`: node name -> its ATen calls, the same in the model's own forward."""
+    `calls`: node name -> its ATen calls in the graph run, `found` where a policy finds its
+    keepable calls in the model's own forward."""
 
     holds: dict[str, str] = field(default_factory=dict)
     arguments: dict[str, set[str]] = field(default_factory=dict)
@@ -167,9 +260,10 @@ class EagerLifetimes:
 
 def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], Any]) -> EagerLifetimes:
     """The lifetimes of the model's own forward (`run_model()`, on the same inputs as
-    `inputs`, the graph's) that the graph does not show (see `EagerLifetimes`); empty where
-    the two runs' ATen calls differ. The caller restores what a forward changes (BatchNorm
-    statistics, RNG).
+    `inputs`, the graph's) that the graph does not show, and each node's calls (see
+    `EagerLifetimes`). Lifetimes need the two runs' ATen calls to match one to one: where they
+    differ, `holds` and `arguments` are empty and it logs why. The caller restores what a
+    forward changes (BatchNorm statistics, RNG).
 
     Example:
         >>> eager_holds(gm, [x], lambda: model(x)).holds
@@ -183,30 +277,36 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
             output = runner.run(*inputs)
         del output
         eager_log = _CallLog()
-        calls: list[tuple[int, list[int]]] = []  # per module call: calls before it, its arguments
+        spans = _ModuleSpans(eager_log)
+        passed: list[tuple[int, list[int]]] = []  # per module call: calls before it, its arguments
 
-        def note_call(module: torch.nn.Module, args: Any) -> None:
+        def enter(module: torch.nn.Module, args: Any) -> None:
+            spans.enter(module)
             found = [eager_log.allocation_of(t) for t in tensors_in(args)]
-            calls.append((len(eager_log.calls), [index for index in found if index is not None]))
+            passed.append((len(eager_log.calls), [index for index in found if index is not None]))
 
-        hook = torch.nn.modules.module.register_module_forward_pre_hook(note_call)
+        hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
+                 torch.nn.modules.module.register_module_forward_hook(spans.leave, always_call=True)]
         try:
             with eager_log:
                 output = run_model()
             del output
         finally:
-            hook.remove()
+            for hook in hooks:
+                hook.remove()
+    compute = [n for n in gm.graph.nodes if n.op in COMPUTE_OPS]
+    order = {node.name: i for i, node in enumerate(compute)}
+    unmatched = _unmatched_regions(gm, runner.calls_of, eager_log.calls, spans)
+    calls = {name: replace(record, found=False) if any(order[name] in region for region in unmatched) else record
+             for name, record in runner.calls_of.items()}
     if graph_log.calls != eager_log.calls:
         mismatch = next((i for i, (a, b) in enumerate(zip(graph_log.calls, eager_log.calls)) if a != b),
                         min(len(graph_log.calls), len(eager_log.calls)))
         logger.info("eager lifetimes not measured: the model's ATen calls differ from the graph's at call %d "
-                    "(%s in the model, %s in the graph); the graph's lifetimes are used, and no region may "
-                    "keep a node's output (its calls cannot be found in the model's forward)", mismatch,
+                    "(%s in the model, %s in the graph); the graph's lifetimes are used", mismatch,
                     eager_log.calls[mismatch] if mismatch < len(eager_log.calls) else "none",
                     graph_log.calls[mismatch] if mismatch < len(graph_log.calls) else "none")
-        return EagerLifetimes()
-    compute = [n for n in gm.graph.nodes if n.op in COMPUTE_OPS]
-    order = {node.name: i for i, node in enumerate(compute)}
+        return EagerLifetimes(calls=calls)
     # The graph's own lifetime of an output: up to its last reader (as the simulator has it).
     last_read = {node.name: max([order[node.name], *(order[u.name] for u in node.users if u.name in order)])
                  for node in compute}
@@ -220,11 +320,11 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
         if order[holder] > last_read[name]:
             holds[name] = holder
     arguments: dict[str, set[str]] = {}
-    for position, indices in calls:
+    for position, indices in passed:
         if position < len(runner.node_of_call):
             first = runner.node_of_call[position]
-            passed = {runner.output_of[i] for i in indices if i in runner.output_of}
-            passed = {name for name in passed if order[name] < order[first]}
-            if passed:
-                arguments.setdefault(first, set()).update(passed)
-    return EagerLifetimes(holds, arguments, runner.calls_of)
+            before = {runner.output_of[i] for i in indices if i in runner.output_of}
+            before = {name for name in before if order[name] < order[first]}
+            if before:
+                arguments.setdefault(first, set()).update(before)
+    return EagerLifetimes(holds, arguments, calls)

@@ -1,11 +1,12 @@
 """Plot the predicted memory of one training step, without a plan and with one.
 
 Both curves come from the one simulator (`solvers.simulate`): live activation bytes after each
-step plus the static memory. Forward walks the nodes in order, backward in reverse; a plan's
-recomputation steps run just before the backward of each region's last saving node. To line the two
-curves up, the x axis is the phase of the step: forward of node i at x = i, backward of node i
-at x = 2n - 1 - i, and the recomputation steps of a region spread evenly over the interval just
-before the backward step they precede.
+step plus the static memory, the plan's with the nodes its regions keep (selective
+checkpointing), as its predicted peak has them. Forward walks the nodes in order, backward in
+reverse; a plan's recomputation steps run just before the backward of each region's last saving
+node. To line the two curves up, the x axis is the phase of the step: forward of node i at x = i,
+backward of node i at x = 2n - 1 - i, and the recomputation steps of a region spread evenly over
+the interval just before the backward step they precede.
 
 matplotlib is imported only when a plot is drawn, and only its Agg backend is used (no window,
 no change to pyplot's global backend).
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Collection
 
 from solvers import Problem, Timeline, format_bytes, simulate
 
@@ -78,26 +79,40 @@ def _unit(size: float) -> tuple[str, float]:
     return "B", 1.0
 
 
+def timelines(problem: Problem, regions: tuple[range, ...], kept: Collection[int] = ()) -> tuple[Timeline, Timeline]:
+    """The two curves of the plot: one step without a plan, and with `regions` recomputed,
+    keeping the nodes `kept` (node indices; `Solution.kept`).
+
+    Example:
+        >>> baseline, planned = timelines(p.problem, p.solution.regions, p.solution.kept)
+        >>> planned.peak_bytes == p.predicted_peak_bytes
+        True
+    """
+    return simulate(problem, ()), simulate(problem, regions, kept)
+
+
 def plot_memory(
     problem: Problem,
     regions: tuple[range, ...],
     budget_bytes: int,
     path: str | os.PathLike[str],
     title: str | None = None,
+    kept: Collection[int] = (),
 ) -> Path:
     """Draw the predicted memory of one forward+backward without a plan and with `regions`
-    recomputed, the budget as a horizontal line, and each region shaded over its forward span
-    and over its recomputation + backward span. Writes a PNG (8x4 inches, 100 dpi).
+    recomputed, keeping `kept` (node indices, the plan's `Solution.kept`), the budget as a
+    horizontal line, and each region shaded over its forward span and over its recomputation +
+    backward span. Writes a PNG (8x4 inches, 100 dpi).
 
     Example:
-        >>> plot_memory(p.problem, p.solution.regions, p.budget_bytes, "memory.png")
+        >>> plot_memory(p.problem, p.solution.regions, p.budget_bytes, "memory.png", kept=p.solution.kept)
         PosixPath('memory.png')
     """
     Figure, FigureCanvasAgg = _matplotlib()
     n = len(problem)
     static = problem.static_bytes
-    baseline = simulate(problem, ())
-    planned = simulate(problem, regions)
+    baseline, planned = timelines(problem, regions, kept)
+    keeps = f", keeping {len(kept)} node{'' if len(kept) == 1 else 's'}" if kept else ""
     top = max(baseline.peak_bytes, planned.peak_bytes, budget_bytes)
     unit, scale = _unit(top)
 
@@ -107,7 +122,8 @@ def plot_memory(
     axes.axhspan(0, static / scale, color="0.85", label=f"static ({format_bytes(static)})")
     for timeline, name, style in (
         (baseline, "no plan", {"color": "0.35", "linewidth": 1.0}),
-        (planned, f"plan, {len(regions)} region{'' if len(regions) == 1 else 's'}", {"color": "C0", "linewidth": 1.5}),
+        (planned, f"plan, {len(regions)} region{'' if len(regions) == 1 else 's'}{keeps}",
+         {"color": "C0", "linewidth": 1.5}),
     ):
         x = step_positions(timeline, n)
         y = [(static + live) / scale for live in timeline.live_bytes]
@@ -159,4 +175,4 @@ def plot_plan(plan: "Plan", path: str | os.PathLike[str]) -> Path:
         >>> plot_plan(p, "memory.png")
     """
     title = f"Predicted memory of one training step: {type(plan.model).__name__}"
-    return plot_memory(plan.problem, plan.solution.regions, plan.budget_bytes, path, title)
+    return plot_memory(plan.problem, plan.solution.regions, plan.budget_bytes, path, title, kept=plan.solution.kept)

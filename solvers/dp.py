@@ -88,6 +88,7 @@ class _Search:
         self.cumulative_ms = [0.0, *accumulate(structure.compute_ms)]
         self.random = [node.random for node in problem.nodes]
         self.keepable = [k for k, node in enumerate(problem.nodes) if node.keepable]
+        self.stops_before = [node.stops_before_output for node in problem.nodes]
         self.cumulative_calls = [0, *accumulate(node.aten_calls for node in problem.nodes)]
         floor = list(structure.gradient_recompute)
         for b in range(n - 1, -1, -1):
@@ -163,6 +164,7 @@ class _Search:
         random = self.random
         kept_nodes = frozenset(keep)
         last_kept = keep[-1] if keep else -1
+        stops_before = self.stops_before
         scan = RegionScan(structure, self.problem, t, self.min_recompute_gradients, keep)
         for key, front in fronts.items():
             inputs = key
@@ -206,7 +208,7 @@ class _Search:
                 if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
                     break
                 if (not self.boundary[b] or not self.problem.allows_region(t, b) or scan.last_saver < 0
-                        or last_kept >= stop):
+                        or last_kept >= stop or (last_kept == stop - 1 and stops_before[last_kept])):
                     continue  # (a region that saves nothing recomputes and frees nothing)
                 limit = live_budget - max(forward_max, inputs_bytes - kept_out + scan.peak[index]) - rng
                 hi = bisect.bisect_right(front.helds, limit)

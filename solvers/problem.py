@@ -159,14 +159,18 @@ class Problem:
                 + (0.0 if last in kept else self.nodes[last].stop_cost_ms))
 
     def keep_candidates(self, region: range) -> tuple[int, ...]:
-        """The nodes a region may keep: its keepable nodes that recomputation reaches, where it
-        holds at most `MAX_KEEP_CANDIDATES` keepable nodes (a longer region keeps nothing: the
+        """The nodes a region may keep: its keepable nodes that recomputation reaches (and asks
+        for: not a last node it stops before), where it holds at most `MAX_KEEP_CANDIDATES` keepable nodes (a longer region keeps nothing: the
         solvers try every subset of a region's candidates)."""
         keepable = [i for i in region if self.nodes[i].keepable]
         if len(keepable) > MAX_KEEP_CANDIDATES:
             return ()
         recomputed = self.recomputed(region)
-        return tuple(i for i in keepable if i in recomputed)
+        last = recomputed.stop - 1
+        # Recomputation that stops before its last node makes its output never asks for that
+        # output: kept, it would stay cached until the region's backward, saving no time.
+        skipped = last if recomputed and self.nodes[last].stops_before_output else -1
+        return tuple(i for i in keepable if i in recomputed and i != skipped)
 
     def region_rng_bytes(self, region: range) -> int:
         """The RNG state a region keeps: `rng_state_bytes` if one of its nodes is random."""

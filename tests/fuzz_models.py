@@ -525,7 +525,8 @@ def check_seed(seed: int) -> dict[str, Any]:
         except InfeasibleBudget as error:
             record["failure"] = f"InfeasibleBudget at {int(budget)} B (minimum_peak_bytes {minimum}): {error}"
             return record
-        record.update(regions=len(p.checkpoints), predicted=p.predicted_peak_bytes, solver=p.solution.solver,
+        record.update(regions=len(p.checkpoints), kept=len(p.solution.kept), predicted=p.predicted_peak_bytes,
+                      solver=p.solution.solver,
                       status=str(getattr(p.solution.status, "value", p.solution.status)))
         stage = "verify"
         verification = p.verify(steps=1)  # on p.module(), a planned copy: before apply

@@ -1,9 +1,10 @@
 """Keeping outputs inside a region (selective activation checkpointing), end to end: which
 nodes a region may keep, the policy that keeps them in the model's own forward, what it saves
 in memory and time, and its survival through torch.compile, other shapes and save/load.
-(FSDP2 with a keep plan: tests/test_distributed.py.)"""
+(FSDP2 with a keep plan: tests/test_distributed.py; Hugging Face models: tests/test_keep_hf.py.)"""
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -175,12 +176,29 @@ def test_nothing_is_keepable_where_the_calls_are_not_recorded(caplog):
         p.with_submodules(["blocks.0"], kept=["blocks_0_fc1"])
 
 
-def test_calls_that_differ_from_the_graph_record_nothing():
+def test_calls_are_found_per_region_where_the_whole_runs_differ(caplog):
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
     x = torch.randn(4, 8)
     gm = torch.fx.symbolic_trace(model)
-    assert eager_holds(gm, [x], lambda: model(x)).calls["_0"].keepable
-    assert eager_holds(gm, [x], lambda: model(x) + 1).calls == {}
+    same = eager_holds(gm, [x], lambda: model(x))
+    assert same.calls["_0"].keepable and same.calls["_2"].keepable
+    # A call outside every region: no lifetimes (they need every call matched), but each
+    # region still makes the graph's matrix products, at the same occurrences.
+    extra = eager_holds(gm, [x], lambda: model(x) + 1)
+    assert extra.holds == {} and extra.arguments == {}
+    assert extra.calls == same.calls
+    # A region that makes other matrix products, or that the model calls twice, keeps nothing.
+    changed = copy.deepcopy(model)  # the graph runs the traced model's modules
+    changed[2].forward = lambda h: F.linear(F.linear(h, model[2].weight), model[2].weight, model[2].bias)
+    with caplog.at_level(logging.INFO, logger="planner.holds"):
+        other = eager_holds(gm, [x], lambda: changed(x))
+    assert other.calls["_0"].keepable and not other.calls["_2"].keepable
+    assert other.calls["_2"].names == same.calls["_2"].names  # the graph run's, for counting occurrences
+    assert "2 (keepable call 0 is aten.mm.default in the model, aten.addmm.default in the graph)" in caplog.text
+    with caplog.at_level(logging.INFO, logger="planner.holds"):
+        twice = eager_holds(gm, [x], lambda: (model[0](x), model(x)))
+    assert not twice.calls["_0"].keepable and twice.calls["_2"].keepable
+    assert "0 (called 2 times in the model's forward, once in the graph)" in caplog.text
 
 
 def test_with_submodules_names_what_it_cannot_keep(measured):
@@ -307,13 +325,32 @@ def test_calls_that_differ_at_apply_time_warn_once_and_still_train(measured):
 def test_torch_compile_of_a_selective_plan_trains_like_eager():
     model, tokens = build(dropout=0.0)
     tokens = tokens[:4, :32]
-    p = selective(plan(model, tokens, budget_gb=80, repeats=1))
+    # Without dropout each block's recomputation stops before fc2 makes its output: not kept.
+    p = selective(plan(model, tokens, budget_gb=80, repeats=1), [n for n in KEPT_LINEARS if not n.endswith("fc2")])
     expected_output, expected = train_step(model, tokens)
     compiled = torch.compile(p.module())
     output, grads = train_step(compiled, tokens)
     torch.testing.assert_close(output, expected_output, rtol=1e-4, atol=1e-5)
     for key, value in expected.items():
         torch.testing.assert_close(grads[f"_orig_mod.{key}"], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_the_memory_plot_draws_the_kept_nodes(measured, tmp_path, monkeypatch):
+    import planner.plot
+    from planner.plot import timelines
+
+    _, _, p = measured
+    keeping = selective(p)
+    regions, kept = keeping.solution.regions, keeping.solution.kept
+    _, planned = timelines(p.problem, regions, kept)
+    assert planned.peak_bytes == keeping.predicted_peak_bytes > timelines(p.problem, regions)[1].peak_bytes
+    pytest.importorskip("matplotlib")
+    assert keeping.plot(tmp_path / "drawn.png").read_bytes().startswith(b"\x89PNG")
+    drawn: list[Any] = []
+    monkeypatch.setattr(planner.plot, "plot_memory", lambda *args, **kwargs: drawn.append(kwargs["kept"]))
+    keeping.plot(tmp_path / "plan.png")
+    load_plan(keeping.save(tmp_path / "plan.json")).plot(tmp_path / "saved.png")
+    assert drawn == [kept, kept]
 
 
 # -- save and load -------------------------------------------------------------------------------
@@ -347,3 +384,4 @@ def test_save_and_load_keep_the_kept_nodes_and_their_calls(measured, tmp_path):
     loaded = load_plan(old)
     assert loaded.solution.kept == () and all(spec.saved_calls == () for spec in loaded.wrapped)
     assert loaded.recompute_ms == pytest.approx(p.with_submodules(BLOCK_NAMES).recompute_ms)
+

@@ -1,0 +1,117 @@
+"""Keeping outputs inside Hugging Face blocks (selective checkpointing). torch.export traces
+them, and its graph's ATen calls differ from the model's own forward (metadata asserts, dropped
+no-op slices, ...): each block's matrix products and attention calls still match, so its nodes
+are keepable, and the policy finds every planned call in the real forward."""
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from planner import Plan, plan
+from planner.api import GIB
+from planner.graph import compute_nodes, module_calls, module_path
+from planner.verify import training_loss
+
+from models_hf import bert, gpt2, llama
+from test_keep import CallCounter
+
+transformers = pytest.importorskip("transformers")
+
+
+# The blocks' path prefix and the keepable nodes of each block: GPT-2's four Conv1D (addmm; its
+# attention draws dropout, so it is not keepable), Llama's seven linears (mm: no bias) and its
+# fused attention, BERT's six linears (its attention draws dropout too).
+CASES = {"gpt2": (gpt2, "transformer.h.", 4), "llama": (llama, "model.layers.", 8),
+         "bert": (bert, "bert.encoder.layer.", 6)}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def measured(request: pytest.FixtureRequest) -> tuple[nn.Module, dict[str, Any], Plan, list[str], int]:
+    build, prefix, per_block = CASES[request.param]
+    torch.manual_seed(0)
+    model, sample = build()
+    model.train()
+    p = plan(model, sample, budget_gb=80, repeats=1)
+    blocks = [call.path for call in module_calls(p.traced.gm)
+              if call.path.startswith(prefix) and call.path[len(prefix):].isdigit()]
+    assert p.frontend == "torch.export" and len(blocks) == 2
+    return model, sample, p, blocks, per_block
+
+
+def step(module: nn.Module, sample: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    for parameter in module.parameters():
+        parameter.grad = None
+    torch.manual_seed(1)
+    loss = training_loss(module(**sample))
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
+    for parameter in module.parameters():
+        parameter.grad = None
+    return loss.detach(), grads
+
+
+def backward_calls(module: nn.Module, sample: dict[str, Any]) -> Counter[str]:
+    torch.manual_seed(1)
+    loss = training_loss(module(**sample))
+    with CallCounter() as counter:
+        loss.backward()
+    for parameter in module.parameters():
+        parameter.grad = None
+    return counter.calls
+
+
+def test_each_block_has_keepable_nodes(measured):
+    _, _, p, blocks, per_block = measured
+    keepable = {node.name for node in p.problem.nodes if node.keepable}
+    found: Counter[str] = Counter()
+    for node in compute_nodes(p.traced.gm):
+        path = module_path(node)
+        for block in blocks:
+            if node.name in keepable and (path == block or path.startswith(block + ".")):
+                found[block] += 1
+    assert dict(found) == {block: per_block for block in blocks}
+
+
+def test_a_selective_plan_trains_like_the_model_and_skips_the_kept_calls(measured):
+    model, sample, p, blocks, per_block = measured
+    plain = p.with_submodules(blocks)
+    every = [p.problem.nodes[i].name for region in plain.solution.regions for i in p.problem.keep_candidates(region)]
+    keeping = p.with_submodules(blocks, kept=every)
+    # every keepable node of a block that recomputation reaches (maybe not the block's last)
+    assert len(keeping.solution.kept) == len(every) >= (per_block - 1) * len(blocks)
+    kept_funcs = {name for spec in keeping.module_checkpoints for name, _ in spec.saved_calls}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        expected_loss, expected = step(model, sample)
+        loss, grads = step(keeping.module(), sample)
+        unplanned, recomputing, selective = (backward_calls(module, sample)
+                                             for module in (model, plain.module(), keeping.module()))
+    assert not [str(w.message) for w in caught if "keep" in str(w.message)]
+    torch.testing.assert_close(loss, expected_loss)
+    assert grads.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(grads[key], expected[key], msg=key)
+    # Plain checkpoint runs the kept funcs again in backward; keeping them, no more than no plan.
+    for func in kept_funcs:
+        assert recomputing[func] > unplanned[func] == selective[func], func
+
+
+def test_a_selective_plan_peaks_as_predicted_within_its_budget(measured):
+    _, _, p, blocks, _ = measured
+    every = [p.problem.nodes[i].name for region in p.with_submodules(blocks).solution.regions
+             for i in p.problem.keep_candidates(region)]
+    predicted = p.with_submodules(blocks, kept=every).predicted_peak_bytes
+    assert predicted < p.baseline_peak_bytes
+    # A budget between the plan's peak and the unplanned step's.
+    tight = p.replan(budget_gb=(predicted + p.baseline_peak_bytes) / 2 / GIB)
+    keeping = tight.with_submodules(blocks, kept=every)
+    assert keeping.solution.kept and keeping.budget_bytes < p.baseline_peak_bytes
+    check = keeping.verify(steps=1)
+    assert check.outputs_match and check.gradients_match
+    assert abs(check.peak_error) <= 0.03, check
+    assert check.within_budget, check
