@@ -68,7 +68,8 @@ def _solve_auto(problem: Problem, budget_bytes: int, time_limit_s: float = AUTO_
     candidates = [dp]
     if len(problem) <= AUTO_ILP_MAX_NODES and _ortools_available():
         logger.info("auto: dp is not proven optimal here; ilp for up to %.0f s", time_limit_s)
-        candidates.append(solve_ilp(problem, budget_bytes, time_limit_s=time_limit_s, hint=dp.regions))
+        candidates.append(solve_ilp(problem, budget_bytes, time_limit_s=time_limit_s, hint=dp.regions,
+                                    hint_kept=dp.kept))
     if candidates[-1].status != Status.OPTIMAL:
         try:
             candidates.append(solve_sqrt(problem, budget_bytes))

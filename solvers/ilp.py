@@ -26,11 +26,12 @@ import dataclasses
 import logging
 import math
 import time
+from typing import Collection
 
 from solvers.problem import InfeasibleBudget, Problem, Solution, Status
 from solvers.simulate import make_solution, peak_bytes
 from solvers.ilp_model import bound_by_optimum, build_model, hint_plan, load_cp_model, scaled_cost
-from solvers.ilp_warm_start import (SINGLE_NODE_SHARE, cp_sat_solver, greedy_single_nodes, lp_guided_plan,
+from solvers.ilp_warm_start import (SINGLE_NODE_SHARE, Plan, cp_sat_solver, greedy_single_nodes, lp_guided_plan,
                                     plan_of_solution, single_node_optimum)
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ def minimum_peak_ilp(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     workers: int = DEFAULT_WORKERS,
     hint: tuple[range, ...] | None = None,
+    hint_kept: Collection[int] = (),
 ) -> tuple[int, bool]:
     """Smallest peak over all plans by CP-SAT, and whether it is proven (else the best found).
 
@@ -58,13 +60,12 @@ def minimum_peak_ilp(
     live_upper = unplanned - problem.static_bytes
     built = build_model(problem, None, live_upper)
     if hint is not None:
-        hint_plan(built, problem, hint)
+        hint_plan(built, problem, hint, hint_kept)
     solver = cp_sat_solver(time_limit_s, workers)
     status = solver.solve(built.model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return unplanned, False
-    regions = plan_of_solution(solver, built, len(problem))
-    return peak_bytes(problem, regions), status == cp_model.OPTIMAL
+    return peak_bytes(problem, *plan_of_solution(solver, built)), status == cp_model.OPTIMAL
 
 
 def solve_ilp(
@@ -73,6 +74,7 @@ def solve_ilp(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     workers: int = DEFAULT_WORKERS,
     hint: bool | tuple[range, ...] = True,
+    hint_kept: Collection[int] = (),
     **options: object,
 ) -> Solution:
     """The cheapest plan under `budget_bytes` from an exact CP-SAT model of the simulator.
@@ -90,6 +92,9 @@ def solve_ilp(
             opens a long region or none of those fits, the LP-guided plan; the LP's objective,
             raised by one branch where that plan was searched, joins the bound), a tuple of
             regions to use those (no bound), or False for none.
+        hint_kept: with a tuple of regions, the nodes they keep (selective checkpointing).
+
+    The plan chooses which candidates each region keeps (`Problem.keep_candidates`) as well.
 
     Raises InfeasibleBudget with the proven minimum peak when no plan fits.
 
@@ -108,13 +113,13 @@ def solve_ilp(
         )
     live_budget = budget_bytes - problem.static_bytes
     built = None if live_budget < 0 else build_model(problem, live_budget, live_budget)
-    hint_regions: tuple[range, ...] | None = None
-    optimum: tuple[range, ...] | None = None  # a plan dp proved optimal, if any
+    warm_plan: Plan | None = None
+    optimum: Plan | None = None  # a plan dp proved optimal, if any
     lp_bound: float | None = None  # the LP's (with its branch), where the LP-guided warm start ran
 
-    def cheaper(plan: tuple[range, ...] | None) -> bool:
+    def cheaper(plan: Plan | None) -> bool:
         return plan is not None and (
-            hint_regions is None or problem.recompute_ms(plan) < problem.recompute_ms(hint_regions)
+            warm_plan is None or problem.recompute_ms(*plan) < problem.recompute_ms(*warm_plan)
         )
 
     if hint is True:
@@ -125,61 +130,61 @@ def solve_ilp(
         except InfeasibleBudget:
             warm = None
         if warm is not None:
-            hint_regions = warm.regions
+            warm_plan = warm.regions, warm.kept
             if warm.status == Status.OPTIMAL:
-                optimum = warm.regions
+                optimum = warm_plan
         if optimum is None:  # dp's plan may be far from optimal: try one-node regions too
             greedy = greedy_single_nodes(problem, budget_bytes)
-            if cheaper(greedy):
-                hint_regions = greedy
+            if greedy is not None and cheaper((greedy, ())):
+                warm_plan = greedy, ()
             single = None
             if built is not None:
                 share_s = SINGLE_NODE_SHARE * time_limit_s
                 single = single_node_optimum(problem, budget_bytes, greedy, share_s, workers)
-            if cheaper(single):
-                hint_regions = single
+            if single is not None and cheaper((single, ())):
+                warm_plan = single, ()
             if built is not None:  # the LP says whether long regions help, and bounds
                 deadline = started + time_limit_s
                 guided, lp_bound = lp_guided_plan(
                     problem, budget_bytes, built, time_limit_s, workers, deadline, single is not None
                 )
                 if cheaper(guided):
-                    hint_regions = guided
+                    warm_plan = guided
     elif hint:
-        hint_regions = tuple(hint)
+        warm_plan = tuple(hint), tuple(hint_kept)
     remaining_s = time_limit_s - (time.perf_counter() - started)
-    if lp_bound is not None and hint_regions is not None and remaining_s < FINAL_SEARCH_MIN_S:
+    if lp_bound is not None and warm_plan is not None and remaining_s < FINAL_SEARCH_MIN_S:
         status = cp_model.UNKNOWN  # the LP-guided warm start used the time: the best plan stands
     elif built is not None:
-        if hint_regions is not None:
-            hint_plan(built, problem, hint_regions)
+        if warm_plan is not None:
+            hint_plan(built, problem, *warm_plan)
         solver = cp_sat_solver(max(0.0, remaining_s), workers)
         if optimum is not None:
             # dp's exact search proved this cost minimal over the same plans: a valid bound.
-            slack = bound_by_optimum(built, optimum)
+            slack = bound_by_optimum(built, *optimum)
             solver.parameters.absolute_gap_limit = max(solver.parameters.absolute_gap_limit, float(slack))
         status = solver.solve(built.model)
         logger.debug("ilp: CP-SAT %s in %.2f s", solver.status_name(status), solver.wall_time)
     if built is None or status == cp_model.INFEASIBLE:
         from solvers.dp import minimum_peak_plan_dp  # the warm start
 
-        dp_minimum, _, dp_plan, _ = minimum_peak_plan_dp(problem)
-        minimum, proven = minimum_peak_ilp(problem, time_limit_s, workers, hint=dp_plan)
+        dp_minimum, _, dp_plan, dp_kept = minimum_peak_plan_dp(problem)
+        minimum, proven = minimum_peak_ilp(problem, time_limit_s, workers, hint=dp_plan, hint_kept=dp_kept)
         if not proven:
             minimum = min(minimum, dp_minimum)
             logger.warning("ilp: minimum peak %d bytes is the best found, not proven", minimum)
         raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "ilp", proven=proven)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if hint_regions is None:
+        if warm_plan is None:
             raise TimeoutError(
                 f"ilp: no plan found within {time_limit_s} s and the dp warm start had none; "
                 "raise time_limit_s"
             )
-        regions = hint_regions
-        objective = scaled_cost(built, regions)
+        regions, kept = warm_plan
+        objective = scaled_cost(built, regions, kept)
         bound = -math.inf
     else:
-        regions = plan_of_solution(solver, built, len(problem))
+        regions, kept = plan_of_solution(solver, built)
         objective = solver.objective_value
         bound = solver.best_objective_bound
     if lp_bound is not None:
@@ -189,5 +194,5 @@ def solve_ilp(
     else:
         gap = max(0.0, (objective - bound) / objective) if bound > -math.inf else None
     result = Status.OPTIMAL if status == cp_model.OPTIMAL else Status.TIME_LIMIT
-    solution = make_solution(problem, regions, budget_bytes, result, "ilp", started)
+    solution = make_solution(problem, regions, budget_bytes, result, "ilp", started, kept)
     return dataclasses.replace(solution, gap=gap)

@@ -21,6 +21,8 @@ from solvers.simulate import peak_bytes
 
 logger = logging.getLogger(__name__)
 
+Plan = tuple[tuple[range, ...], tuple[int, ...]]  # regions and the nodes they keep
+
 SINGLE_NODE_SHARE = 0.1  # of the time limit, at most, for the one-node-regions warm start
 LP_SHARE = 0.5  # ... for the LP relaxation that guides the long-region warm start
 GUIDED_SHARE = 0.3  # ... for the search it guides (twice that on one worker fewer, see below)
@@ -77,9 +79,12 @@ def single_node_optimum(
     exists). A warm start for the full model, never a bound. Of CP-SAT's full-problem workers
     only the LP-guided one (`max_lp`) runs, beside the neighbourhood searches: on
     random_layered_n250 at 70% that proves 14 134 ms optimal in under a second on one core,
-    where the default mix of workers needs 17 s."""
-    one_node_hint = hint if hint is not None and all(len(region) == 1 for region in hint) else None
-    return search_restricted(problem, budget_bytes, 1, frozenset(), one_node_hint, time_limit_s, workers)[0]
+    where the default mix of workers needs 17 s. A one-node region keeps nothing: kept, its node
+    holds at least what it holds outside regions, and costs no less."""
+    one_node_hint = (hint, ()) if hint is not None and all(len(region) == 1 for region in hint) else None
+    found, _ = search_restricted(problem, budget_bytes, 1, frozenset(), one_node_hint, time_limit_s, workers,
+                                 keeps=False)
+    return None if found is None else found[0]
 
 
 def search_restricted(
@@ -87,25 +92,30 @@ def search_restricted(
     budget_bytes: int,
     max_region_nodes: int,
     long_starts: frozenset[int],
-    hint: tuple[range, ...] | None,
+    hint: Plan | None,
     time_limit_s: float,
     workers: int,
     stop: Future | None = None,
-) -> tuple[tuple[range, ...] | None, bool]:
+    keeps: bool = True,
+) -> tuple[Plan | None, bool]:
     """The best plan CP-SAT finds within `time_limit_s` in the model restricted to regions of
     at most `max_region_nodes` nodes (except from `long_starts`), None if none, and whether
     it is proven the best of that model. Its plans are plans of the full model. Of the
     full-problem workers only the LP-guided one (`max_lp`) runs, beside the neighbourhood
     searches. The search also stops when `stop` is done. Building the model counts against
-    `time_limit_s` too."""
+    `time_limit_s` too. `keeps` False: its regions keep nothing.
+
+    Example:
+        >>> (regions, kept), proven = search_restricted(problem, budget, 4, frozenset(), None, 10.0, 2)
+    """
     began = time.perf_counter()
     live_budget = budget_bytes - problem.static_bytes
-    built = build_model(problem, live_budget, live_budget, max_region_nodes, long_starts)
+    built = build_model(problem, live_budget, live_budget, max_region_nodes, long_starts, keeps)
     # Only a plan that fits: CP-SAT 9.15 aborts the process ("Check failed:
     # heuristics.fixed_search != nullptr") on a hinted model that its loading finds
     # infeasible with interleaved workers, and a plan that fits proves the model feasible.
-    if hint is not None and peak_bytes(problem, hint) <= budget_bytes:
-        hint_plan(built, problem, hint)
+    if hint is not None and peak_bytes(problem, *hint) <= budget_bytes:
+        hint_plan(built, problem, *hint)
     solver = cp_sat_solver(max(0.0, time_limit_s - (time.perf_counter() - began)), workers)
     solver.parameters.subsolvers.append("max_lp")
     if stop is not None:
@@ -118,7 +128,7 @@ def search_restricted(
     cp_model = load_cp_model()
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, status == cp_model.INFEASIBLE
-    return plan_of_solution(solver, built, len(problem)), status == cp_model.OPTIMAL
+    return plan_of_solution(solver, built), status == cp_model.OPTIMAL
 
 
 def lp_guided_plan(
@@ -129,7 +139,7 @@ def lp_guided_plan(
     workers: int,
     deadline: float,
     short_regions_fit: bool = False,
-) -> tuple[tuple[range, ...] | None, float | None]:
+) -> tuple[Plan | None, float | None]:
     """A warm start for budgets that need a long region, steered by the full model's LP
     relaxation, and a bound from the LP (in the model's scaled units; None if no LP solution).
     Where a plan of one-node regions fits (`short_regions_fit`) and the LP puts no weight on
@@ -150,7 +160,11 @@ def lp_guided_plan(
     region (53 792 ms), and the halves give 54 158 and 54 176. The halves are solved (from the
     LP's basis, one after the other, until `deadline`) while the search runs beside them on one
     worker fewer (so with one worker there is no branch), then on all of them, each time for at
-    most twice `GUIDED_SHARE` of the limit; the root LP gets at most `LP_SHARE`."""
+    most twice `GUIDED_SHARE` of the limit; the root LP gets at most `LP_SHARE`.
+
+    Example:
+        >>> plan, bound = lp_guided_plan(problem, budget, built, 60.0, 2, time.perf_counter() + 60.0)
+    """
     from solvers.lp_relaxation import LinearRelaxation
 
     started = time.perf_counter()
@@ -183,7 +197,7 @@ def lp_guided_plan(
         )
         return min(half.objective for half in halves) if halves[0] and halves[1] else None
 
-    def search(hint: tuple[range, ...] | None, workers: int, stop: Future | None = None) -> tuple[Any, bool]:
+    def search(hint: Plan | None, workers: int, stop: Future | None = None) -> tuple[Plan | None, bool]:
         share_s = min(2 * GUIDED_SHARE * time_limit_s, deadline - time.perf_counter() - SEARCH_MARGIN_S)
         if share_s < SEARCH_MARGIN_S:
             return None, False
@@ -192,7 +206,7 @@ def lp_guided_plan(
     # Hinted with the LP's rounded plan, not with the plans found so far: on
     # random_layered_n250 at 50% dp's plan (a 118-node region) led the search to 55 552 ms in
     # 20 s, the LP alone to 54 567 ms. While the halves are solved, on one worker fewer.
-    hint = rounded_plan(built, root.values)
+    hint = rounded_plan(built, root.values), ()
     with ThreadPoolExecutor(max_workers=1) as pool:  # the LP solvers release the GIL
         halves = pool.submit(branch) if node is not None and workers > 1 else None
         plan, proven = search(hint, workers - 1 if halves else workers, halves)
@@ -238,8 +252,11 @@ def branching_node(built: IlpModel, values: tuple[float, ...]) -> int | None:
     return min(candidates, key=lambda i: (-built.costs[i], i), default=None)
 
 
-def plan_of_solution(solver: Any, built: IlpModel, n: int) -> tuple[range, ...]:
-    return regions_of([next((a for a, var in built.member[i].items() if solver.value(var)), None) for i in range(n)])
+def plan_of_solution(solver: Any, built: IlpModel) -> Plan:
+    """The regions and kept nodes of CP-SAT's solution."""
+    regions = regions_of([next((a for a, var in row.items() if solver.value(var)), None) for row in built.member])
+    kept = tuple(j for j, row in sorted(built.keep.items()) if any(solver.value(var) for var in row.values()))
+    return regions, kept
 
 
 def regions_of(start_of: list[int | None]) -> tuple[range, ...]:

@@ -160,8 +160,9 @@ class Problem:
 
     def keep_candidates(self, region: range) -> tuple[int, ...]:
         """The nodes a region may keep: its keepable nodes that recomputation reaches (and asks
-        for: not a last node it stops before), where it holds at most `MAX_KEEP_CANDIDATES` keepable nodes (a longer region keeps nothing: the
-        solvers try every subset of a region's candidates)."""
+        for: not a last node it stops before), where it holds at most `MAX_KEEP_CANDIDATES`
+        keepable nodes (a longer region keeps nothing: the solvers try every subset of a
+        region's candidates)."""
         keepable = [i for i in region if self.nodes[i].keepable]
         if len(keepable) > MAX_KEEP_CANDIDATES:
             return ()

@@ -72,6 +72,9 @@ def problems(
                 stop_ms=draw(st.sampled_from([None, 0.0, 0.25, 1.0])),
                 # a matmul: a region may keep its output (a selective-checkpoint policy)
                 keepable=not mutates and draw(st.integers(0, 2)) == 0,
+                aten_calls=draw(st.integers(0, 3)),
+                # reads or writes a graph input written in place later: in no region
+                recomputable=draw(st.integers(0, 14)) != 0,
             )
         )
     # Gradients in flight as measured (planner.allocations.BackwardMemory), sometimes: any
@@ -92,8 +95,11 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
     spans = st.tuples(st.integers(0, n - 1), st.integers(1, n)).map(lambda ab: range(ab[0], max(ab[0] + 1, min(n, ab[0] + ab[1]))))
     allowed = tuple(sorted(set(draw(st.lists(spans, min_size=1, max_size=6))), key=lambda r: (r.start, r.stop)))
     overhead = draw(st.sampled_from([0.0, 0.25, 1.0]))
+    # a selective region's policy: a cost per region and per ATen call it sees
+    keep_region_ms, keep_call_ms = draw(st.sampled_from([(0.0, 0.0), (0.5, 0.0), (0.25, 0.25)]))
     return Problem(problem.nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,
-                   rng_state_bytes=problem.rng_state_bytes, measured_gradients=problem.measured_gradients)
+                   rng_state_bytes=problem.rng_state_bytes, measured_gradients=problem.measured_gradients,
+                   keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms)
 
 
 @dataclass
@@ -185,11 +191,11 @@ def test_ilp_model_admits_every_plan_that_fits(problem: Problem, data: st.DataOb
         if peak > budget or not all(useful[region.start] and problem.recomputed(region) for region in plan):
             continue
         built = build_model(problem, live, live)
-        assert hint_plan(built, problem, plan), plan
+        assert hint_plan(built, problem, plan, kept), (plan, kept)
         solver = _solver(10.0, 1)
         solver.parameters.fix_variables_to_their_hinted_value = True
         status = solver.solve(built.model)
-        assert solver.status_name(status) in ("OPTIMAL", "FEASIBLE"), f"ilp model cuts off plan {plan}"
+        assert solver.status_name(status) in ("OPTIMAL", "FEASIBLE"), f"ilp model cuts off plan {plan} keeping {kept}"
 
 
 @settings(max_examples=40, **SETTINGS)
@@ -288,11 +294,11 @@ def test_ilp_bound_from_dp_never_exceeds_any_plan(problem: Problem, data: st.Dat
             continue
         live = budget - problem.static_bytes
         built = build_model(problem, live, live)
-        slack = bound_by_optimum(built, dp.regions)
-        bound = scaled_cost(built, dp.regions) - slack
+        slack = bound_by_optimum(built, dp.regions, dp.kept)
+        bound = scaled_cost(built, dp.regions, dp.kept) - slack
         for plan, kept, peak, _ in truth.plans:
             if peak <= budget:
-                assert scaled_cost(built, plan) >= bound, plan
+                assert scaled_cost(built, plan, kept) >= bound, (plan, kept)
         check_against_truth(problem, truth, budget, "ilp")  # hint=True: dp's bound in use
 
 
@@ -364,16 +370,17 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
         costs = []
         for plan, kept, peak, _ in truth.plans:
             if peak <= budget:
-                cost = scaled_cost(built, plan)
+                cost = scaled_cost(built, plan, kept)
                 costs.append(cost)
-                assert root.objective <= cost, f"LP bound {root.objective} above plan {plan} ({cost})"
+                assert root.objective <= cost, f"LP bound {root.objective} above plan {plan} keeping {kept} ({cost})"
                 # Plans the model leaves out (a region starting at a memoryless node, or one that
                 # saves nothing) have an equal or cheaper one in it, so only the smaller half
                 # bounds them.
                 if all(region.start in built.member[i] and problem.recomputed(region)
                        for region in plan for i in region):
                     half = up if any(node in region for region in plan) else down
-                    assert half.objective <= cost, f"half of the branch on {node}: {half.objective} above {plan}"
+                    assert half.objective <= cost, (
+                        f"half of the branch on {node}: {half.objective} above {plan} keeping {kept}")
         assert min(down.objective, up.objective) <= min(costs), f"branch on {node}: both halves above the optimum"
         # Told that a plan of one-node regions fits, it may skip its search: the bound still holds.
         short_fit = data.draw(st.booleans(), label="a plan of one-node regions fits")
@@ -381,8 +388,8 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
         plan, bound = _lp_guided_plan(problem, budget, built, 10.0, workers=2, deadline=deadline, short_regions_fit=short_fit)
         assert bound is not None and bound <= min(costs) + 1e-6, f"LP-guided bound {bound} above {min(costs)}"
         if plan is not None:
-            assert peak_bytes(problem, plan) <= budget, "LP-guided plan over budget"
-            assert problem.recompute_ms(plan) >= optimum - 1e-9, "LP-guided plan cheaper than the optimum"
+            assert peak_bytes(problem, *plan) <= budget, "LP-guided plan over budget"
+            assert problem.recompute_ms(*plan) >= optimum - 1e-9, "LP-guided plan cheaper than the optimum"
 
 
 @settings(max_examples=120, **SETTINGS)
