@@ -25,6 +25,13 @@ and bounded ones (fewer sets, thinned Pareto fronts, region boundaries on a grid
 DAGs, where dp is a fast heuristic and `ilp` is the exact solver, and for chains of over 1000
 nodes (regions of at most 128 nodes, bounded at nodes that hold memory, thinned fronts).
 
+A region [t, b) may also keep any subset of its keep candidates (`Problem.keep_candidates`):
+dp runs the region transitions once per subset of the first `MAX_KEEP_CANDIDATES` keepable
+nodes from t. A kept node's output enters the frontier set like a region input (it is alive
+from its forward on), its saved tensors join the bytes the region keeps, the region's own scan
+counts both from its first recomputation step (solvers/region_scan.py), and its time leaves
+the region's cost (the selective policy's own cost joins it).
+
 Regions never start at memoryless nodes (views, shape queries) when the next node could start
 them instead: that plan recomputes less and keeps less, so no optimum is lost.
 """
@@ -38,29 +45,12 @@ from itertools import accumulate, combinations
 
 from solvers.problem import MAX_KEEP_CANDIDATES, InfeasibleBudget, Problem, Solution, Status
 from solvers.simulate import make_solution, peak_bytes
-from solvers.dp_settings import DpSettings, dp_settings
+from solvers.dp_settings import DpSettings, dp_settings, region_boundaries
 from solvers.pareto import Entry, Front, Stair, merge_fronts
 from solvers.region_scan import RegionScan
 from solvers.structure import Structure
 
 logger = logging.getLogger(__name__)
-
-def _boundaries(problem: Problem, stride: int, fraction: float = 0.0) -> list[bool]:
-    """Where regions may start and end: everywhere with stride 1 and no `fraction`; else at
-    every `stride`-th node that holds memory, at least `fraction` of the most any node holds
-    (views, shape queries and asserts make poor boundaries), and at n."""
-    n = len(problem)
-    if stride <= 1 and fraction <= 0:
-        return [True] * (n + 1)
-    held = [node.output_bytes + node.saved_bytes for node in problem.nodes]
-    least = max(1, int(fraction * max(held, default=0)))
-    holders = [i for i, size in enumerate(held) if size >= least]
-    allowed = [False] * (n + 1)
-    for i in holders[::stride]:
-        allowed[i] = True
-    allowed[0] = allowed[n] = True
-    return allowed
-
 
 class _Search:
     """The DP over boundaries for one problem; `run` solves it for one budget."""
@@ -71,7 +61,7 @@ class _Search:
         self.stride = stride
         self.max_region_nodes = max_region_nodes
         # Allowed regions (submodule calls) bound the search themselves; any boundary may do.
-        self.boundary = (_boundaries(problem, stride, boundary_fraction) if problem.allowed_regions is None
+        self.boundary = (region_boundaries(problem, stride, boundary_fraction) if problem.allowed_regions is None
                          else [True] * (len(problem) + 1))
         self.structure = structure = Structure.of(problem)
         self.max_states = max_states

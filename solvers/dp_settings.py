@@ -77,3 +77,25 @@ def dp_settings(problem: Problem, options: dict[str, object]) -> DpSettings:
         max_region_nodes=options.get("max_region_nodes", defaults.max_region_nodes),  # type: ignore[arg-type]
         boundary_fraction=float(options.get("boundary_fraction", defaults.boundary_fraction)),  # type: ignore[arg-type]
     )
+
+
+def region_boundaries(problem: Problem, stride: int, fraction: float = 0.0) -> list[bool]:
+    """Where regions may start and end: everywhere with stride 1 and no `fraction`; else at
+    every `stride`-th node that holds memory, at least `fraction` of the most any node holds
+    (views, shape queries and asserts make poor boundaries), and at n.
+
+    Example:
+        >>> region_boundaries(problem, stride=1)[:3]
+        [True, True, True]
+    """
+    n = len(problem)
+    if stride <= 1 and fraction <= 0:
+        return [True] * (n + 1)
+    held = [node.output_bytes + node.saved_bytes for node in problem.nodes]
+    least = max(1, int(fraction * max(held, default=0)))
+    holders = [i for i, size in enumerate(held) if size >= least]
+    allowed = [False] * (n + 1)
+    for i in holders[::stride]:
+        allowed[i] = True
+    allowed[0] = allowed[n] = True
+    return allowed
