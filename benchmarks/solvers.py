@@ -52,6 +52,16 @@ def transformer() -> Problem:
     return build_problem(traced.gm, static, rng_state_bytes=summary.rng_state_bytes)
 
 
+def planned_transformer() -> Problem:
+    """The same model as `plan` sees it: regions limited to submodule calls, and the matmul,
+    attention and linear nodes a region may keep (selective checkpointing)."""
+    from planner import plan
+    from planner.examples import gpt
+
+    model, x = gpt()
+    return plan(model, x, budget_gb=80, repeats=1).problem
+
+
 def graph_name(path: Path) -> str:
     """VGG16, MobileNet, ResNet50, random_layered_n100, ..."""
     parts = path.stem.split("_")
@@ -100,6 +110,7 @@ def main() -> int:
     graphs: list[tuple[str, Problem]] = []
     if not args.quick:
         graphs.append(("transformer (planner.examples.gpt)", transformer()))
+        graphs.append(("transformer, submodule regions keeping matmuls (plan)", planned_transformer()))
     if GRAPHS.is_dir():
         loaded = [(graph_name(path), load_graph(path)) for path in sorted(GRAPHS.glob("*.json"))]
         loaded.sort(key=lambda item: (len(item[1]), item[0]))

@@ -18,8 +18,8 @@ from planner.graph import (build_problem, compute_nodes, kept_indices, module_ca
                            saved_calls)
 from planner.measure import PlanDevice, check_measure, measure_model, plan_device
 from planner.memory import preserved_state
-from planner.overhead import checkpoint_overhead_ms, selective_overhead_ms
-from planner.profile import META_KEY, GraphProfile
+from planner.overhead import checkpoint_overhead_ms, selective_overhead_for_plan
+from planner.profile import GraphProfile
 from planner.report import PlanFigures, describe_checkpoints, format_report
 from planner.static import check_optimizer, check_world_size, static_breakdown
 from planner.targets import target as find_target
@@ -375,8 +375,8 @@ def plan(
     # mostly on the host), an estimate like the target's node times.
     overhead_device = where.device if where.local else torch.device("cpu")
     overhead_ms = checkpoint_overhead_ms(overhead_device)
-    keepable = any(node.meta[META_KEY].keep_calls for node in compute_nodes(traced.gm))
-    selective_ms = selective_overhead_ms(overhead_device) if keepable else (0.0, 0.0)
+    selective_ms = selective_overhead_for_plan(model, traced.gm, wrapped, overhead_device,
+                                               where.local and not on_meta, lambda: model(*args, **kwargs))
     problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
                             summary.gradients, selective_ms)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")

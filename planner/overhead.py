@@ -10,7 +10,10 @@ It is measured as the step-time difference of a tiny module run with and without
 
 A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that sees
 every ATen call of its forward and of its recomputation. `selective_overhead_ms` measures what
-that adds, per region and per call, from tiny modules of two lengths.
+that adds, per region and per call, from tiny modules of two lengths; and, where the model
+runs here, per call on the model's own submodule with the most keepable nodes
+(`selective_overhead_for_plan`): its real ops cost the policy more, about twice as much per
+call on this CPU.
 
 Example:
     >>> checkpoint_overhead_ms(torch.device("cpu"))
@@ -22,12 +25,19 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
+import torch.fx as fx
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from planner.apply import ModuleCheckpoint
+from planner.graph import compute_nodes
+from planner.memory import preserved_state
+from planner.profile import META_KEY
+from solvers.problem import MAX_KEEP_CANDIDATES
 
 _WIDTH = 8  # the tiny module: recomputation is negligible next to checkpoint's own work
 _CALLS = 50  # checkpoint calls per timed step
@@ -152,6 +162,92 @@ def selective_overhead_ms(device: torch.device) -> tuple[float, float]:
     return max(0.0, extra_short - per_call * calls_short), per_call
 
 
+def selective_call_ms_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                         per_region_ms: float, device: torch.device) -> float:
+    """What a selective policy adds per ATen call inside one of the model's own submodules
+    (called with `args`, `kwargs` as captured from a forward): the step-time difference between
+    plain and selective checkpoint of it, less `per_region_ms`, over the calls the policy sees
+    (its forward's and its recomputation's; at least 0). Real ops cost the policy more than the
+    tiny modules' (more arguments to inspect, colder caches). The caller restores the module's
+    state (buffers, RNG).
+
+    Example:
+        >>> selective_call_ms_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu"))
+    """
+    counter = _CallCounter()
+    with counter, torch.no_grad():
+        module(*args, **kwargs)
+    seen = 2 * counter.calls
+
+    def step(selective: bool) -> Callable[[], None]:
+        options: dict[str, Any] = {"use_reentrant": False}
+        if selective:
+            options["context_fn"] = _selective_contexts
+
+        def run() -> None:
+            output = checkpoint(module, *args, **options, **kwargs)
+            loss = sum(t.float().sum() for t in _tensors(output) if t.requires_grad)
+            if isinstance(loss, torch.Tensor):
+                loss.backward()
+            for parameter in module.parameters():
+                parameter.grad = None
+        return run
+
+    timed = _timer(device)
+    plain, selective = step(False), step(True)
+    plain()
+    selective()
+    samples: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(_ROUNDS):
+        for kind, run in ((False, plain), (True, selective)):
+            samples[kind].append(timed(run))
+    extra = statistics.median(samples[True]) - statistics.median(samples[False])
+    return max(0.0, (extra - per_region_ms) / max(1, seen))
+
+
+def selective_call_ms_in_model(model: nn.Module, path: str, run_model: Callable[[], Any],
+                               per_region_ms: float, device: torch.device) -> float:
+    """`selective_call_ms_on` for the submodule `path` of `model`, called as one forward
+    (`run_model()`) calls it. The caller restores the model's state (buffers, RNG).
+
+    Example:
+        >>> selective_call_ms_in_model(model, "blocks.0", lambda: model(x), 0.07, torch.device("cpu"))
+    """
+    module = model.get_submodule(path)
+    captured: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def capture(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not captured:
+            captured.append((args, dict(kwargs)))
+
+    handle = module.register_forward_pre_hook(capture, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            run_model()
+    finally:
+        handle.remove()
+    if not captured:
+        raise RuntimeError(f"{path!r} was not called by the model's forward")
+
+    def activation(value: Any) -> Any:  # like an intermediate activation: a leaf that needs grad
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.detach().requires_grad_(True)
+        return value
+
+    args, kwargs = captured[0]
+    return selective_call_ms_on(module, tuple(activation(a) for a in args), kwargs, per_region_ms, device)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item)]
+    return [t for item in getattr(value, "__dict__", {}).values() if isinstance(item, torch.Tensor) for t in [item]]
+
+
 def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
     """(ATen calls seen per checkpoint call, ms the policy adds per checkpoint call)."""
     module = _Layers(depth).to(device)
@@ -184,4 +280,30 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
     return seen, extra / _CALLS
 
 
-__all__ = ["checkpoint_overhead_ms", "selective_overhead_ms"]
+def selective_overhead_for_plan(model: nn.Module, gm: fx.GraphModule, wrapped: dict[range, ModuleCheckpoint],
+                                device: torch.device, runs_here: bool,
+                                run_model: Callable[[], Any]) -> tuple[float, float]:
+    """A selective policy's cost per region and per ATen call (`Problem.keep_region_ms`,
+    `keep_call_ms`): from tiny modules, and per call, where the model runs here, on its own
+    submodule with the most keepable nodes (its real ops cost the policy more). (0, 0) where
+    nothing is keepable.
+
+    Example:
+        >>> selective_overhead_for_plan(model, gm, wrapped, torch.device("cpu"), True, lambda: model(x))
+        (0.07, 0.02)
+    """
+    nodes = compute_nodes(gm)
+    keepable = [i for i, node in enumerate(nodes) if node.meta[META_KEY].keep_calls]
+    if not keepable:
+        return 0.0, 0.0
+    per_region, per_call = selective_overhead_ms(device)
+    candidates = [r for r in wrapped if 0 < sum(i in r for i in keepable) <= MAX_KEEP_CANDIDATES]
+    if runs_here and candidates:
+        region = max(candidates, key=lambda r: (sum(i in r for i in keepable), len(r)))
+        with preserved_state(model, [device]):
+            per_call = selective_call_ms_in_model(model, wrapped[region].module, run_model, per_region, device)
+    return per_region, per_call
+
+
+__all__ = ["checkpoint_overhead_ms", "selective_call_ms_in_model", "selective_call_ms_on", "selective_overhead_for_plan",
+           "selective_overhead_ms"]
