@@ -375,10 +375,11 @@ def plan(
     # mostly on the host), an estimate like the target's node times.
     overhead_device = where.device if where.local else torch.device("cpu")
     overhead_ms = checkpoint_overhead_ms(overhead_device)
-    selective_ms = selective_overhead_for_plan(model, traced.gm, wrapped, overhead_device,
-                                               where.local and not on_meta, lambda: model(*args, **kwargs))
     problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
-                            summary.gradients, selective_ms)
+                            summary.gradients)
+    keep_region_ms, keep_call_ms = selective_overhead_for_plan(
+        model, problem, wrapped, overhead_device, where.local and not on_meta, lambda: model(*args, **kwargs))
+    problem = replace(problem, keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()
     solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))

@@ -156,13 +156,11 @@ def kept_indices(problem: Problem, regions: tuple[range, ...], kept: Sequence[st
 
 def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[range, ...] | None = None,
                   region_overhead_ms: float = 0.0, rng_state_bytes: int = 0,
-                  gradients: tuple[tuple[str, str, int], ...] | None = None,
-                  selective_ms: tuple[float, float] = (0.0, 0.0)) -> Problem:
+                  gradients: tuple[tuple[str, str, int], ...] | None = None) -> Problem:
     """Collect the per-node profiles of `gm` into a Problem (plain ints and floats), with the
     static memory the plan does not change (see `planner.static`). Regions are limited to the
     node ranges `allowed_regions` (None: any run of nodes), each costs `region_overhead_ms` more,
-    and one that draws random numbers keeps an RNG state of `rng_state_bytes`; one that keeps
-    nodes costs `selective_ms` (per region, per ATen call: `Problem.selective_ms`). `gradients`
+    and one that draws random numbers keeps an RNG state of `rng_state_bytes`. `gradients`
     (measured gradients in flight, `GraphProfile.gradients`) replace the graph's estimate.
 
     Example:
@@ -221,7 +219,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                              for made, freed, size in gradients))
     return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
                    region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes,
-                   measured_gradients=spans, keep_region_ms=selective_ms[0], keep_call_ms=selective_ms[1])
+                   measured_gradients=spans)
 
 
 def _touching_written_inputs(nodes: list[fx.Node]) -> set[int]:

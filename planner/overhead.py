@@ -23,21 +23,21 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from typing import Any, Callable
 
 import torch
-import torch.fx as fx
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from planner.apply import ModuleCheckpoint
-from planner.graph import compute_nodes
 from planner.memory import preserved_state
-from planner.profile import META_KEY
-from solvers.problem import MAX_KEEP_CANDIDATES
+from solvers import Problem
+
+logger = logging.getLogger(__name__)
 
 _WIDTH = 8  # the tiny module: recomputation is negligible next to checkpoint's own work
 _CALLS = 50  # checkpoint calls per timed step
@@ -184,8 +184,9 @@ def selective_call_ms_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[
         if selective:
             options["context_fn"] = _selective_contexts
 
-        def run() -> None:
-            output = checkpoint(module, *args, **options, **kwargs)
+        def run() -> None:  # fresh non-leaf inputs: the forward may write them in place
+            inputs = tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
+            output = checkpoint(module, *inputs, **options, **kwargs)
             loss = sum(t.float().sum() for t in _tensors(output) if t.requires_grad)
             if isinstance(loss, torch.Tensor):
                 loss.backward()
@@ -280,28 +281,30 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
     return seen, extra / _CALLS
 
 
-def selective_overhead_for_plan(model: nn.Module, gm: fx.GraphModule, wrapped: dict[range, ModuleCheckpoint],
+def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
                                 device: torch.device, runs_here: bool,
                                 run_model: Callable[[], Any]) -> tuple[float, float]:
     """A selective policy's cost per region and per ATen call (`Problem.keep_region_ms`,
     `keep_call_ms`): from tiny modules, and per call, where the model runs here, on its own
-    submodule with the most keepable nodes (its real ops cost the policy more). (0, 0) where
+    submodule with the most keep candidates (its real ops cost the policy more). (0, 0) where
     nothing is keepable.
 
     Example:
-        >>> selective_overhead_for_plan(model, gm, wrapped, torch.device("cpu"), True, lambda: model(x))
+        >>> selective_overhead_for_plan(model, problem, wrapped, torch.device("cpu"), True, lambda: model(x))
         (0.07, 0.02)
     """
-    nodes = compute_nodes(gm)
-    keepable = [i for i, node in enumerate(nodes) if node.meta[META_KEY].keep_calls]
-    if not keepable:
+    if not any(node.keepable for node in problem.nodes):
         return 0.0, 0.0
     per_region, per_call = selective_overhead_ms(device)
-    candidates = [r for r in wrapped if 0 < sum(i in r for i in keepable) <= MAX_KEEP_CANDIDATES]
+    candidates = [r for r in wrapped if problem.allows_region(r.start, r.stop) and problem.keep_candidates(r)]
     if runs_here and candidates:
-        region = max(candidates, key=lambda r: (sum(i in r for i in keepable), len(r)))
-        with preserved_state(model, [device]):
-            per_call = selective_call_ms_in_model(model, wrapped[region].module, run_model, per_region, device)
+        region = max(candidates, key=lambda r: (len(problem.keep_candidates(r)), len(r)))
+        try:
+            with preserved_state(model, [device]):
+                per_call = selective_call_ms_in_model(model, wrapped[region].module, run_model, per_region, device)
+        except RuntimeError as error:  # a forward that cannot run alone under checkpoint
+            logger.warning("the selective policy's cost per call could not be measured on %s (%s); using the "
+                           "tiny modules' %.4f ms", wrapped[region].module, error, per_call)
     return per_region, per_call
 
 
