@@ -8,8 +8,11 @@ It tells where a predicted overhead (benchmarks/compare.py) goes wrong: in the n
 (region forward and recompute off their sums), or in the rest of the step (regions on time,
 step overhead not).
 
+With `--keep`, each model also runs with every block keeping all its keep candidates (a
+selective policy: matmul, linear and attention outputs), whose recomputation skips them.
+
     .venv/bin/python benchmarks/recompute_clock.py [--models gpt,gpt2,llama,bert,cnn,vit]
-                                                   [--rounds 7] [--no-save]
+                                                   [--rounds 7] [--keep] [--no-save]
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ def timed_regions(module) -> dict[str, list[float]]:
     return times
 
 
-def run(key: str, rounds: int) -> str:
+def run(key: str, rounds: int, keep: bool = False) -> str:
     import torch
     from planner import plan
 
@@ -60,6 +63,11 @@ def run(key: str, rounds: int) -> str:
     step(model, sample)
     base = plan(model, sample, budget_gb=80, repeats=3)
     planned_plan = base.with_submodules(block_names(spec, model))
+    if keep:
+        problem = planned_plan.problem
+        candidates = [problem.nodes[i].name for region in planned_plan.solution.regions
+                      for i in problem.keep_candidates(region)]
+        planned_plan = base.with_submodules(block_names(spec, model), kept=candidates)
     planned = planned_plan.module()
     times = timed_regions(planned)
     step(planned, sample)
@@ -78,18 +86,24 @@ def run(key: str, rounds: int) -> str:
         forward += statistics.median(calls[0::2])
         recompute += statistics.median(calls[1::2])
         predicted_forward += sum(nodes[i].compute_ms for i in region)
-        predicted_recompute += planned_plan.problem.region_recompute_ms(region)
+        predicted_recompute += planned_plan.problem.region_recompute_ms(region, planned_plan.solution.kept)
     overhead = statistics.median(checked) - statistics.median(plain)
-    calls_ms = planned_plan.problem.region_overhead_ms * len(planned_plan.solution.regions)
-    return (f"| {key} | {len(planned_plan.solution.regions)} | {forward:.0f} ms | {predicted_forward:.0f} ms "
+    problem = planned_plan.problem
+    calls_ms = problem.region_overhead_ms * len(planned_plan.solution.regions)
+    policies_ms = sum(problem.selective_ms(region) for region in planned_plan.solution.regions
+                      if any(i in region for i in planned_plan.solution.kept))
+    label = f"{key} keeping {len(planned_plan.solution.kept)}" if keep else key
+    per_call = f"{calls_ms:.1f} ms per-call" + (f", {policies_ms:.1f} ms policies" if policies_ms else "")
+    return (f"| {label} | {len(planned_plan.solution.regions)} | {forward:.0f} ms | {predicted_forward:.0f} ms "
             f"| {recompute:.0f} ms | {predicted_recompute:.0f} ms | {statistics.median(plain):.0f} ms "
-            f"| {overhead:+.0f} ms | {planned_plan.recompute_ms:.0f} ms ({calls_ms:.1f} ms per-call) |")
+            f"| {overhead:+.0f} ms | {planned_plan.recompute_ms:.0f} ms ({per_call}) |")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(SPECS), help=f"comma-separated subset of {','.join(SPECS)}")
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds (default 7)")
+    parser.add_argument("--keep", action="store_true", help="also every block keeping all its keep candidates")
     parser.add_argument("--no-save", action="store_true", help="print only, do not append to RESULTS.md")
     args = parser.parse_args()
     import torch
@@ -99,12 +113,16 @@ def main() -> int:
             "| predicted (nodes to the last save) | unplanned step | step overhead, measured | predicted overhead |",
             "|" + "---|" * 9]
     for key in [key.strip() for key in args.models.split(",") if key.strip()]:
-        rows.append(run(key, args.rounds))
-        print(rows[-1], flush=True)
+        for keep in (False, True) if args.keep else (False,):
+            rows.append(run(key, args.rounds, keep))
+            print(rows[-1], flush=True)
     body = "\n".join(rows) + (
         "\n\nEvery block checkpointed by the planner, one intra-op thread. Region times are medians over the "
         f"{args.rounds} rounds of each region's own forward call, timed inside the step (first call: forward; "
-        "second: recomputation, up to its last saving node), summed over regions.")
+        "second: recomputation, up to its last saving node), summed over regions. Rows *keeping N*: every "
+        "block keeps all its keep candidates; its recomputation skips them (predicted: the nodes it still runs), "
+        "and the policies' cost (a dispatch mode over every ATen call of forward and recomputation) is in the "
+        "predicted overhead and in the measured region times.")
     print(body)
     if not args.no_save:
         from results import append_results
