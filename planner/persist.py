@@ -31,10 +31,10 @@ from torch import nn
 from planner.apply import ModuleCheckpoint, apply_plan, check_state, state_shapes
 from planner.graph import compute_nodes
 from planner.json_values import UnsupportedValue, decode_value, dtype_from_name, json_text
-from planner.plan_records import (cost_from_record, cost_record, describe_node, graph_nodes, kept_nodes,
-                                   model_device, module_checkpoint, node_identity, profile_delta, profile_full,
-                                   region_record, report_setup, sample_structure, verification_from_record,
-                                   whole_modules)
+from planner.plan_records import (cost_record, describe_node, graph_nodes, model_device, node_identity,
+                                   problem_from_record, problem_record, profile_delta, profile_full,
+                                   region_record, regions_from_records, report_setup, sample_structure,
+                                   verification_from_record, whole_modules)
 from planner.profile import META_KEY
 from planner.report import Checkpoint, PlanFigures, describe_checkpoints, format_report
 from planner.trace import trace
@@ -173,16 +173,7 @@ class SavedPlan(PlanFigures):
             "solve_seconds": s.solve_seconds,
             "budget_bytes": self.budget_bytes,
             "reserved_bytes": self.reserved_bytes,
-            "static_bytes": self.problem.static_bytes,
-            "region_overhead_ms": self.problem.region_overhead_ms,
-            "keep_region_ms": self.problem.keep_region_ms,
-            "keep_call_ms": self.problem.keep_call_ms,
-            "rng_state_bytes": self.problem.rng_state_bytes,
-            "measured_gradients": (None if self.problem.measured_gradients is None
-                                   else [[names[first], names[last], size]
-                                         for first, last, size in self.problem.measured_gradients]),
-            "allowed_regions": (None if self.problem.allowed_regions is None
-                                else [[region.start, region.stop] for region in self.problem.allowed_regions]),
+            **problem_record(self.problem, names),
             "predicted_peak_bytes": s.peak_bytes,
             "baseline_peak_bytes": self.baseline_peak_bytes,
             "recompute_ms": s.recompute_ms,
@@ -220,31 +211,8 @@ class SavedPlan(PlanFigures):
         try:
             nodes = data["nodes"]
             index = {node["name"]: i for i, node in enumerate(nodes)}
-            problem = Problem(
-                nodes=tuple(cost_from_record(node["name"], node["cost"], index) for node in nodes),
-                static_bytes=data["static_bytes"],
-                allowed_regions=(None if data.get("allowed_regions") is None
-                                 else tuple(range(start, stop) for start, stop in data["allowed_regions"])),
-                region_overhead_ms=data.get("region_overhead_ms", 0.0),
-                keep_region_ms=data.get("keep_region_ms", 0.0),
-                keep_call_ms=data.get("keep_call_ms", 0.0),
-                rng_state_bytes=data.get("rng_state_bytes", 0),  # older plans count them as static
-                measured_gradients=(None if data.get("measured_gradients") is None
-                                    else tuple((index[first], index[last], size)
-                                               for first, last, size in data["measured_gradients"])),
-            )
-            regions = []
-            wrapped = []
-            kept: list[int] = []  # older plans keep nothing
-            for record in data["regions"]:
-                names = record["nodes"] if isinstance(record, dict) else record
-                wrapped.append(module_checkpoint(record))
-                kept += [index[name] for name in kept_nodes(record)]
-                start = index[names[0]]
-                region = range(start, start + len(names))
-                if [nodes[i]["name"] for i in region] != list(names):
-                    raise ValueError(f"region {names[0]}..{names[-1]} is not a run of consecutive nodes")
-                regions.append(region)
+            problem = problem_from_record(data, index)
+            regions, wrapped, kept = regions_from_records(data["regions"], index)
             solution = Solution(
                 regions=tuple(regions),
                 peak_bytes=data["predicted_peak_bytes"],
@@ -252,7 +220,7 @@ class SavedPlan(PlanFigures):
                 status=Status(data["status"]),
                 solver=data["solver"],
                 solve_seconds=data["solve_seconds"],
-                kept=tuple(sorted(kept)),
+                kept=kept,
             )
             verification = verification_from_record(data.get("verification"))
             return cls(

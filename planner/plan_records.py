@@ -23,7 +23,7 @@ from planner.json_values import dtype_name, encode_value, target_name
 from planner.profile import NodeProfile
 from planner.trace import bind_arguments, split_sample
 from planner.verify import Verification
-from solvers import NodeCost
+from solvers import NodeCost, Problem
 
 _NODE_REFERENCES = ("uses", "saves", "mutates", "grad_aliases", "holds", "arguments")  # NodeCost fields that hold node indices
 
@@ -187,3 +187,72 @@ def report_setup(planned_for: dict[str, Any] | None) -> dict[str, Any]:
 
 def describe_node(node: dict[str, str]) -> str:
     return f"{node['name']!r} ({node['op']} {node['target']})"
+
+
+def problem_record(problem: Problem, names: list[str]) -> dict[str, Any]:
+    """A Problem's own fields (not its nodes), as a saved plan holds them.
+
+    Example:
+        >>> problem_record(problem, names)["static_bytes"]
+        13946880
+    """
+    return {
+        "static_bytes": problem.static_bytes,
+        "region_overhead_ms": problem.region_overhead_ms,
+        "keep_region_ms": problem.keep_region_ms,
+        "keep_call_ms": problem.keep_call_ms,
+        "rng_state_bytes": problem.rng_state_bytes,
+        "measured_gradients": (None if problem.measured_gradients is None
+                               else [[names[first], names[last], size]
+                                     for first, last, size in problem.measured_gradients]),
+        "allowed_regions": (None if problem.allowed_regions is None
+                            else [[region.start, region.stop] for region in problem.allowed_regions]),
+    }
+
+
+def problem_from_record(data: dict[str, Any], index: dict[str, int]) -> Problem:
+    """The Problem of a saved plan: its nodes' cost records and `problem_record`'s fields
+    (older plans lack some: no selective cost, RNG states counted as static).
+
+    Example:
+        >>> problem_from_record(json.loads(text), index).static_bytes
+        13946880
+    """
+    return Problem(
+        nodes=tuple(cost_from_record(node["name"], node["cost"], index) for node in data["nodes"]),
+        static_bytes=data["static_bytes"],
+        allowed_regions=(None if data.get("allowed_regions") is None
+                         else tuple(range(start, stop) for start, stop in data["allowed_regions"])),
+        region_overhead_ms=data.get("region_overhead_ms", 0.0),
+        keep_region_ms=data.get("keep_region_ms", 0.0),
+        keep_call_ms=data.get("keep_call_ms", 0.0),
+        rng_state_bytes=data.get("rng_state_bytes", 0),
+        measured_gradients=(None if data.get("measured_gradients") is None
+                            else tuple((index[first], index[last], size)
+                                       for first, last, size in data["measured_gradients"])),
+    )
+
+
+def regions_from_records(records: list[Any], index: dict[str, int]
+                         ) -> tuple[tuple[range, ...], tuple[ModuleCheckpoint | None, ...], tuple[int, ...]]:
+    """The regions of a saved plan (node ranges), the submodule each checkpoints and the sorted
+    nodes they keep (older plans keep nothing); ValueError for a region that is not a run of
+    consecutive nodes.
+
+    Example:
+        >>> regions, wrapped, kept = regions_from_records(data["regions"], index)
+    """
+    names_in_order = sorted(index, key=index.__getitem__)
+    regions = []
+    wrapped = []
+    kept: list[int] = []
+    for record in records:
+        names = record["nodes"] if isinstance(record, dict) else record
+        wrapped.append(module_checkpoint(record))
+        kept += [index[name] for name in kept_nodes(record)]
+        start = index[names[0]]
+        region = range(start, start + len(names))
+        if names_in_order[region.start:region.stop] != list(names):
+            raise ValueError(f"region {names[0]}..{names[-1]} is not a run of consecutive nodes")
+        regions.append(region)
+    return tuple(regions), tuple(wrapped), tuple(sorted(kept))
