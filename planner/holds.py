@@ -294,7 +294,7 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
         finally:
             for hook in hooks:
                 hook.remove()
-    compute = [n for n in gm.graph.nodes if n.op in COMPUTE_OPS]
+    compute = compute_nodes(gm)
     order = {node.name: i for i, node in enumerate(compute)}
     unmatched = _unmatched_regions(gm, runner.calls_of, eager_log.calls, spans)
     calls = {name: replace(record, found=False) if any(order[name] in region for region in unmatched) else record

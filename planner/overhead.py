@@ -35,6 +35,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from planner.apply import ModuleCheckpoint
 from planner.memory import preserved_state
+from planner.profile import tensors_in
 from solvers import Problem
 
 logger = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ def selective_call_ms_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[
         def run() -> None:  # fresh non-leaf inputs: the forward may write them in place
             inputs = tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
             output = checkpoint(module, *inputs, **options, **kwargs)
-            loss = sum(t.float().sum() for t in _tensors(output) if t.requires_grad)
+            loss = sum(t.float().sum() for t in tensors_in(output) if t.requires_grad)
             if isinstance(loss, torch.Tensor):
                 loss.backward()
             for parameter in module.parameters():
@@ -237,16 +238,6 @@ def selective_call_ms_in_model(model: nn.Module, path: str, run_model: Callable[
 
     args, kwargs = captured[0]
     return selective_call_ms_on(module, tuple(activation(a) for a in args), kwargs, per_region_ms, device)
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _tensors(item)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item)]
-    return [t for item in getattr(value, "__dict__", {}).values() if isinstance(item, torch.Tensor) for t in [item]]
 
 
 def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:

@@ -197,6 +197,7 @@ class _Search:
                 floor = max(forward_max, inputs_bytes - kept_out + scan.lower[index]) + rng
                 if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
                     break
+                # (The kept nodes must be keep candidates: `Problem.keep_candidates`, inline.)
                 if (not self.boundary[b] or not self.problem.allows_region(t, b) or scan.last_saver < 0
                         or last_kept >= stop or (last_kept == stop - 1 and stops_before[last_kept])):
                     continue  # (a region that saves nothing recomputes and frees nothing)

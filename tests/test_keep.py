@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import train_step
 from planner import Plan, load_plan, plan
-from planner.apply import KeepPolicy
+from planner.keep_policy import KeepPolicy
 from planner.holds import KEEPABLE_OPS, eager_holds
 
 WIDTH = 64
