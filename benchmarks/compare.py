@@ -21,7 +21,10 @@ overhead is measured (its step time minus none's), predicted (`p.recompute_ms`: 
 recomputes plus checkpoint's cost per call) and compared with every block's; the report
 (`benchmarks/compare_report.py`) checks the targets of issue 14: share of every block's
 overhead at most 0.6 at every block's peak, 0.4 at 60%, 0.2 at 80%, and every prediction within
-10% (or 2 ms) of the measured overhead, saying why where one is missed.
+10% (or 2 ms) of the measured overhead, saying why where one is missed. Each plan's notes give,
+at its budget and on the same measurements, the cheapest plan with regions on any run of graph
+nodes (`dp`; the planner can only apply submodule calls) and the lower bound for every plan of
+whole graph nodes (`solvers.recompute_bound`), as shares of every block's predicted overhead.
 
 Peaks count static storages (parameters, gradients, buffers, inputs) plus the peak of what the
 step allocates, as `p.verify()` does (the allocator's events from `torch.profiler`, kernel
@@ -149,6 +152,22 @@ def every_block_prediction(spec: Spec, model, base) -> float | None:
         return None
 
 
+def beyond_the_planner(problem, budget: int) -> tuple[float, float | None]:
+    """At a budget, on the planner's measurements: the lower bound for every plan of whole graph
+    nodes, and the cheapest plan with regions on any run of nodes (dp; None where none fits),
+    which the planner cannot apply yet. They say why a missed target is missed."""
+    import dataclasses
+
+    from solvers import InfeasibleBudget, recompute_lower_bound, solve
+
+    bound_ms = recompute_lower_bound(problem, budget).recompute_ms
+    try:
+        any_run_ms = solve(dataclasses.replace(problem, allowed_regions=None), budget, method="dp").recompute_ms
+    except InfeasibleBudget:
+        any_run_ms = None
+    return bound_ms, any_run_ms
+
+
 def run_model(spec: Spec, args) -> ModelResult:
     import torch
     from planner import InfeasibleBudget, plan
@@ -187,9 +206,11 @@ def run_model(spec: Spec, args) -> ModelResult:
     every_predicted = every_block_prediction(spec, model, base)
     budgets = [("every block's peak", every.peak)] + [(f"{f:.0%}", int(f * unplanned)) for f in args.fractions]
     for label, budget in budgets:
+        bound_ms, any_run_ms = beyond_the_planner(base.problem, budget)
         for solver in args.solvers:
             name = f"planner {solver} @ {label}"
-            config = Config(name, "planner", budget_bytes=budget, solver=solver, budget_label=label)
+            config = Config(name, "planner", budget_bytes=budget, solver=solver, budget_label=label,
+                            bound_ms=bound_ms, any_run_ms=any_run_ms)
             started = time.perf_counter()
             try:
                 planned = base.replan(budget_gb=budget / GIB, solver=solver)

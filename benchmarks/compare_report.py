@@ -40,6 +40,8 @@ class Config:
     budget_label: str = ""  # planner: "every block's peak", "40%", ...
     predicted_overhead_ms: float | None = None  # planner: p.recompute_ms
     optimal: bool = False  # planner: the solver proved its plan the cheapest of its decision space
+    bound_ms: float | None = None  # planner: no plan of whole graph nodes costs less at this budget
+    any_run_ms: float | None = None  # planner: cheapest with regions on any run of nodes (dp)
 
     @property
     def eager(self) -> bool:
@@ -104,13 +106,23 @@ def table(result: ModelResult) -> str:
         under = "-" if c.budget_bytes is None else ("yes" if c.peak <= c.budget_bytes else "NO")
         notes = c.note
         if c.kind == "planner":
-            notes = f"predicted peak {mib(c.predicted_peak_bytes)}; {notes}"
+            notes = f"predicted peak {mib(c.predicted_peak_bytes)}; {notes}{space_shares(result, c)}"
         if c.kind == "compile":
             notes = f"compile + first step {c.compile_s:.1f} s; {notes}"
         rows.append(f"| {c.name} | {budget} | {mib(c.peak)} | {under} | {c.step_ms:.0f} ms "
                     f"[{min(c.times_ms):.0f}-{max(c.times_ms):.0f}] | {measured:+.0f} ms | {predicted} "
                     f"| {share} | {notes} |")
     return "\n".join(rows)
+
+
+def space_shares(result: ModelResult, config: Config) -> str:
+    """The shares (of every block's predicted overhead) of the cheapest plan with regions on any
+    run of nodes, and of the lower bound for any plan, at the configuration's budget."""
+    every = result.every_predicted_ms
+    if not every or config.bound_ms is None:
+        return ""
+    any_run = "none fits" if config.any_run_ms is None else f"{config.any_run_ms / every:.2f}"
+    return f"; any run of nodes {any_run}, lower bound {config.bound_ms / every:.2f}"
 
 
 def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
@@ -159,6 +171,7 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
                          f"at {predicted:.2f} of every block's: no plan the planner can apply does better")
             elif predicted is not None:
                 line += f" missed: predicted {predicted:.2f}, so the clock exceeds the prediction"
+            line += beyond_the_planner(result, config)
             beyond = overhead_ms(result, config) - target * every > noise_ms
             line += "" if beyond else " (within the timing noise)"
         lines.append(line + ".")
@@ -176,6 +189,20 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
            if result.every_predicted_ms is not None else "") + ".")
     lines.append(noise_line)
     return lines, flags
+
+
+def beyond_the_planner(result: ModelResult, config: Config) -> str:
+    """What larger decision spaces give at this budget, as shares of every block's predicted
+    overhead: regions on any run of nodes (not yet applicable), and the lower bound for any plan."""
+    every = result.every_predicted_ms
+    if not every or config.bound_ms is None:
+        return ""
+    text = "; " if config.any_run_ms is None else (
+        f"; regions on any run of graph nodes (not just submodule calls, which the planner cannot apply yet) "
+        f"would reach {config.any_run_ms / every:.2f}; ")
+    if config.bound_ms == float("inf"):
+        return text + "no plan of whole graph nodes fits"
+    return text + f"no plan of whole graph nodes can cost under {config.bound_ms / every:.2f} (a lower bound)"
 
 
 def noise(result: ModelResult) -> tuple[float, str]:

@@ -1,10 +1,17 @@
-"""What keeping outputs inside regions buys, on the same measurements: for each model of
-`benchmarks/compare.py`, the cheapest plan's predicted overhead with keep choices and with
-whole regions only (the same problem with nothing keepable), as a share of checkpointing every
-block, at every block's own predicted peak and at 40/60/80% of the unplanned predicted peak.
+"""What each decision space buys, on the same measurements: for each model of
+`benchmarks/compare.py`, the cheapest plan's predicted overhead as a share of checkpointing
+every block, at every block's own predicted peak and at 40/60/80% of the unplanned predicted
+peak, over four spaces:
+- the planner's: regions that are submodule calls, each keeping any of its matmul and attention
+  outputs;
+- whole regions only (the same problem with nothing keepable);
+- regions of any run of graph nodes, with the same keep choices (`dp` with no allowed regions):
+  what the planner would gain from regions inside a submodule call, which it cannot apply yet;
+- the lower bound for every plan of whole graph nodes (`solvers.recompute_bound`): no plan,
+  however its regions fall, costs less at that budget.
 
-Predicted figures only (the planner's measurements, solved twice by `dp`): where the clock is
-too noisy to compare plans (this shared CPU), this shows what the larger decision space gives.
+Predicted figures only (the planner's measurements, solved by `dp`): where the clock is too
+noisy to compare plans (this shared CPU), this shows what each decision space gives.
 
 Usage:
     .venv/bin/python benchmarks/keep_gain.py [--models gpt gpt2 ...] [--no-save]
@@ -32,6 +39,20 @@ def without_keeps(problem):
     return dataclasses.replace(problem, nodes=tuple(dataclasses.replace(n, keepable=False) for n in problem.nodes))
 
 
+def any_run(problem):
+    """The same problem with regions allowed on any run of nodes."""
+    return dataclasses.replace(problem, allowed_regions=None)
+
+
+def bound_cell(problem, budget: int, every_ms: float) -> str:
+    from solvers.recompute_bound import recompute_lower_bound
+
+    bound = recompute_lower_bound(problem, budget)
+    if not bound.fits:
+        return "no plan fits"
+    return f"{bound.recompute_ms / every_ms:.2f} ({bound.recompute_ms:.0f} ms)"
+
+
 def cell(problem, budget: int, every_ms: float) -> tuple[str, float | None]:
     from solvers import InfeasibleBudget, solve
 
@@ -54,7 +75,8 @@ def main() -> int:
     parser.add_argument("--no-save", action="store_true", help="print only, do not append to RESULTS.md")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = ["| model | budget | with keeps: share (ms) | whole regions only: share (ms) |", "|---|---|---|---|"]
+    rows = ["| model | budget | planner (submodule regions, keeps): share (ms) | whole regions only "
+            "| any run of nodes, keeps | lower bound, any plan |", "|---|---|---|---|---|---|"]
     print("\n".join(rows), flush=True)
     started = time.perf_counter()
     for key in args.models:
@@ -72,16 +94,19 @@ def main() -> int:
         for label, budget in budgets:
             keeping, _ = cell(problem, budget, every.recompute_ms)
             plain, _ = cell(whole, budget, every.recompute_ms)
-            row = f"| {spec.title} | {label} ({budget / 2**20:.1f} MiB) | {keeping} | {plain} |"
+            anywhere, _ = cell(any_run(problem), budget, every.recompute_ms)
+            bound = bound_cell(problem, budget, every.recompute_ms)
+            row = f"| {spec.title} | {label} ({budget / 2**20:.1f} MiB) | {keeping} | {plain} | {anywhere} | {bound} |"
             rows.append(row)
             print(row, flush=True)
     body = "\n".join(rows) + (
         f"\n\nShares of every block's predicted overhead (`Plan.with_submodules(blocks)`), predicted by the "
-        "planner on one set of measurements, solved by `dp` (status in brackets) with keep choices and with "
-        "nothing keepable; budgets are every block's predicted peak and fractions of the unplanned predicted "
+        "planner on one set of measurements, solved by `dp` (status in brackets) with keep choices, with "
+        "nothing keepable, and with regions on any run of nodes; the lower bound is "
+        "`solvers.recompute_bound.recompute_lower_bound` (an LP relaxation over every plan of whole graph nodes); budgets are every block's predicted peak and fractions of the unplanned predicted "
         f"peak. {time.perf_counter() - started:.0f} s.")
     if not args.no_save:
-        append_results("What keeping inside regions buys (predicted)", "python benchmarks/keep_gain.py", body)
+        append_results("What each decision space buys (predicted)", "python benchmarks/keep_gain.py", body)
     return 0
 
 

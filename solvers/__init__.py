@@ -8,6 +8,8 @@ and is registered in `SOLVERS`; `solve()` picks one by name (or "auto").
 * `ilp`: an exact CP-SAT model of the simulator on any DAG (needs OR-Tools), under a time limit.
 * `brute_force`: every plan, for tests (n <= 12).
 
+`recompute_lower_bound` says how little any plan can cost at a budget, whatever its regions.
+
 Example:
     >>> from solvers import NodeCost, Problem, solve
     >>> problem = Problem(nodes=(NodeCost("a", 1.0, output_bytes=8, saves=(0,)),))
@@ -25,6 +27,7 @@ from solvers.dp import minimum_peak_dp, solve_dp
 from solvers.graphs import load_graph
 from solvers.ilp import solve_ilp
 from solvers.problem import InfeasibleBudget, NodeCost, Problem, Solution, Status, format_bytes
+from solvers.recompute_bound import RecomputeBound, recompute_lower_bound
 from solvers.simulate import Timeline, held_after_forward, peak_bytes, simulate
 from solvers.sqrt import solve_sqrt
 
@@ -126,6 +129,7 @@ __all__ = [
     "InfeasibleBudget",
     "NodeCost",
     "Problem",
+    "RecomputeBound",
     "SOLVERS",
     "Solution",
     "Status",
@@ -135,6 +139,7 @@ __all__ = [
     "load_graph",
     "minimum_peak_bytes",
     "peak_bytes",
+    "recompute_lower_bound",
     "simulate",
     "solve",
     "solve_brute_force",

@@ -71,8 +71,39 @@ def validate_regions(problem: Problem, regions: tuple[range, ...], kept: Collect
             )
 
 
+@dataclass(frozen=True)
+class Buffers:
+    """Every buffer of one step under a plan: (owner node or -1, kind, bytes, first step, last
+    step), alive over first..last inclusive, plus each step's temporaries and the step labels.
+    Kinds: "output", "saved" (a node's), "rng" (a region's RNG state), "gradient".
+    `simulate` sums them; `solvers.recompute_bound` asks which node owns what at each step."""
+
+    labels: tuple[str, ...]
+    held: tuple[tuple[int, str, int, int, int], ...]
+    transient: tuple[int, ...]
+
+
 def simulate(problem: Problem, regions: tuple[range, ...] = (), kept: Collection[int] = ()) -> Timeline:
     """Walk the step timeline of a plan and return live memory per step and its peak."""
+    buffers = plan_buffers(problem, regions, kept)
+    steps = len(buffers.labels)
+    delta = [0] * (steps + 1)  # difference array of live bytes
+    for _, _, size, first, last in buffers.held:
+        delta[first] += size
+        delta[last + 1] -= size
+    live: list[int] = []
+    running = 0
+    for step in range(steps):
+        running += delta[step]
+        live.append(running)
+    with_transient = [live[s] + buffers.transient[s] for s in range(steps)]
+    peak_step = max(range(steps), key=with_transient.__getitem__) if steps else 0
+    peak = problem.static_bytes + (with_transient[peak_step] if steps else 0)
+    return Timeline(buffers.labels, tuple(live), peak, peak_step)
+
+
+def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collection[int] = ()) -> Buffers:
+    """The step timeline of a plan: which buffers are alive over which steps, and who owns them."""
     kept = frozenset(kept)
     validate_regions(problem, regions, kept)
     nodes = problem.nodes
@@ -94,13 +125,12 @@ def simulate(problem: Problem, regions: tuple[range, ...] = (), kept: Collection
     steps = len(labels)
     end_of_forward = n - 1
 
-    delta = [0] * (steps + 1)  # difference array of live bytes
+    held: list[tuple[int, str, int, int, int]] = []
     transient = [0] * steps
 
-    def hold(size: int, first: int, last: int) -> None:
+    def hold(owner: int, kind: str, size: int, first: int, last: int) -> None:
         if size > 0:
-            delta[first] += size
-            delta[last + 1] -= size
+            held.append((owner, kind, size, first, last))
 
     last_forward_use = list(range(n))  # read, or still referenced by the model's code
     for k, node in enumerate(nodes):
@@ -126,26 +156,26 @@ def simulate(problem: Problem, regions: tuple[range, ...] = (), kept: Collection
     for j, node in enumerate(nodes):
         transient[j] += node.transient_bytes
         if j in kept:
-            hold(node.saved_bytes, j, backward_step[j])  # cached from forward to its backward
+            hold(j, "saved", node.saved_bytes, j, backward_step[j])  # cached from forward to its backward
             first_copy_until[j] = last[j]
             continue
-        hold(node.output_bytes, j, last[j])
+        hold(j, "output", node.output_bytes, j, last[j])
         if j in region_of:
             transient[j] += node.saved_bytes  # created, then dropped by checkpoint
         else:
-            hold(node.saved_bytes, j, backward_step[j])
+            hold(j, "saved", node.saved_bytes, j, backward_step[j])
 
     # Recomputation: a second copy of each region's outputs and saved tensors, and the RNG
     # state kept from the region's forward to its backward where it draws random numbers.
     referenced_until = [n if node.is_output else last_forward_use[j] for j, node in enumerate(nodes)]
     for region in regions:
         rng_bytes = problem.region_rng_bytes(region)
-        hold(rng_bytes, region.start, backward_step[region.start])
+        hold(-1, "rng", rng_bytes, region.start, backward_step[region.start])
         recomputed = problem.recomputed(region)
         if not recomputed:
             continue
         stop = recompute_step[recomputed.stop - 1]
-        hold(rng_bytes, recompute_step[recomputed.start], stop)  # fork_rng's copy while recomputing
+        hold(-1, "rng", rng_bytes, recompute_step[recomputed.start], stop)  # fork_rng's copy while recomputing
         last_copy = {j: recompute_step[j] for j in recomputed}
         for k in recomputed:
             for owner in (*nodes[k].uses, *nodes[k].holds, *nodes[k].arguments):
@@ -162,29 +192,21 @@ def simulate(problem: Problem, regions: tuple[range, ...] = (), kept: Collection
         for j in recomputed:
             node = nodes[j]
             if j in kept:  # one storage from its forward until recomputation is done with it
-                hold(node.output_bytes, j, max(first_copy_until[j], last_copy[j]))
+                hold(j, "output", node.output_bytes, j, max(first_copy_until[j], last_copy[j]))
                 continue
             # Recomputation stops at its last node, maybe before that node makes its output.
             made = j < recomputed.stop - 1 or not node.stops_before_output
-            hold(node.output_bytes if made else 0, recompute_step[j], last_copy[j])
-            hold(node.saved_bytes, recompute_step[j], backward_step[j])
+            hold(j, "output", node.output_bytes if made else 0, recompute_step[j], last_copy[j])
+            hold(j, "saved", node.saved_bytes, recompute_step[j], backward_step[j])
             transient[recompute_step[j]] += node.transient_bytes
 
     # Gradients (see `gradient_spans`), and what each node's backward adds while it runs.
     for first, last_node, size in gradient_spans(problem):
-        hold(size, backward_step[last_node], backward_step[first])
+        hold(-1, "gradient", size, backward_step[last_node], backward_step[first])
     for j, node in enumerate(nodes):
         transient[backward_step[j]] += node.param_grad_bytes + node.backward_transient_bytes
 
-    live: list[int] = []
-    running = 0
-    for step in range(steps):
-        running += delta[step]
-        live.append(running)
-    with_transient = [live[s] + transient[s] for s in range(steps)]
-    peak_step = max(range(steps), key=with_transient.__getitem__) if steps else 0
-    peak = problem.static_bytes + (with_transient[peak_step] if steps else 0)
-    return Timeline(tuple(labels), tuple(live), peak, peak_step)
+    return Buffers(tuple(labels), tuple(held), tuple(transient))
 
 
 def held_after_forward(problem: Problem, regions: tuple[range, ...] = (), kept: Collection[int] = ()) -> int:

@@ -1,0 +1,49 @@
+"""The recompute lower bound against brute force: no plan that fits costs less than it."""
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_solver_properties import SETTINGS, Truth, budgets, module_problems, problems
+
+from solvers import NodeCost, Problem, peak_bytes
+from solvers.recompute_bound import recompute_lower_bound
+
+
+def check_bound(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(problem)
+    previous = math.inf
+    for budget in budgets(truth, data):
+        bound = recompute_lower_bound(problem, budget).recompute_ms
+        optimum = truth.optimum(budget)
+        if optimum is not None:
+            assert bound <= optimum + 1e-9, f"bound {bound} ms over the optimum {optimum} ms at budget {budget}"
+        assert bound <= previous + 1e-9, "more budget raised the bound"
+        previous = bound
+    assert recompute_lower_bound(problem, peak_bytes(problem, ())).recompute_ms == 0.0
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(problem=problems(max_nodes=9), data=st.data())
+def test_no_plan_of_any_regions_costs_less_than_the_bound(problem: Problem, data: st.DataObject) -> None:
+    check_bound(problem, data)
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(problem=module_problems(max_nodes=9, self_saves=True), data=st.data())
+def test_no_plan_of_allowed_regions_costs_less_than_the_bound(problem: Problem, data: st.DataObject) -> None:
+    check_bound(problem, data)
+
+
+def test_the_bound_is_the_cheapest_drop_on_a_chain():
+    # Three nodes, each saving 10 bytes until its backward; the budget forces 10 bytes out at
+    # the end of forward. The cheapest node to recompute costs 1 ms: that is the bound, and the
+    # plan recomputing it alone fits (its saved tensors come back only at its own backward).
+    nodes = tuple(NodeCost(f"n{i}", compute_ms=ms, output_bytes=0, saved_bytes=10, uses=(i - 1,) if i else ())
+                  for i, ms in enumerate((3.0, 1.0, 2.0)))
+    problem = Problem(nodes)
+    budget = peak_bytes(problem, ()) - 10
+    assert recompute_lower_bound(problem, budget).recompute_ms == 1.0 * (1 - 1e-6)
+    assert peak_bytes(problem, (range(1, 2),)) <= budget
+    assert recompute_lower_bound(problem, -1).recompute_ms == math.inf
