@@ -22,9 +22,10 @@ recomputes plus checkpoint's cost per call) and compared with every block's; the
 (`benchmarks/compare_report.py`) checks the targets of issue 14: share of every block's
 overhead at most 0.6 at every block's peak, 0.4 at 60%, 0.2 at 80%, and every prediction within
 10% (or 2 ms) of the measured overhead, saying why where one is missed. Each plan's notes give,
-at its budget and on the same measurements, the cheapest plan with regions on any run of graph
-nodes (`dp`; the planner can only apply submodule calls) and the lower bound for every plan of
-whole graph nodes (`solvers.recompute_bound`), as shares of every block's predicted overhead.
+at its budget and on the same measurements, the lower bound for every plan of whole graph nodes
+(`solvers.recompute_bound`) and, with `--any-run`, the cheapest plan with regions on any run of
+graph nodes (`dp`; the planner can only apply submodule calls), as shares of every block's
+predicted overhead (`benchmarks/keep_gain.py` tabulates both).
 
 Peaks count static storages (parameters, gradients, buffers, inputs) plus the peak of what the
 step allocates, as `p.verify()` does (the allocator's events from `torch.profiler`, kernel
@@ -152,19 +153,22 @@ def every_block_prediction(spec: Spec, model, base) -> float | None:
         return None
 
 
-def beyond_the_planner(problem, budget: int) -> tuple[float, float | None]:
+def beyond_the_planner(problem, budget: int, any_run: bool) -> tuple[float, float | None]:
     """At a budget, on the planner's measurements: the lower bound for every plan of whole graph
-    nodes, and the cheapest plan with regions on any run of nodes (dp; None where none fits),
-    which the planner cannot apply yet. They say why a missed target is missed."""
+    nodes and, with `any_run`, the cheapest plan with regions on any run of nodes (dp; None where
+    none fits, or not asked: minutes per budget), which the planner cannot apply yet. They say
+    why a missed target is missed."""
     import dataclasses
 
     from solvers import InfeasibleBudget, recompute_lower_bound, solve
 
     bound_ms = recompute_lower_bound(problem, budget).recompute_ms
-    try:
-        any_run_ms = solve(dataclasses.replace(problem, allowed_regions=None), budget, method="dp").recompute_ms
-    except InfeasibleBudget:
-        any_run_ms = None
+    any_run_ms = None
+    if any_run:
+        try:
+            any_run_ms = solve(dataclasses.replace(problem, allowed_regions=None), budget, method="dp").recompute_ms
+        except InfeasibleBudget:
+            pass
     return bound_ms, any_run_ms
 
 
@@ -206,7 +210,7 @@ def run_model(spec: Spec, args) -> ModelResult:
     every_predicted = every_block_prediction(spec, model, base)
     budgets = [("every block's peak", every.peak)] + [(f"{f:.0%}", int(f * unplanned)) for f in args.fractions]
     for label, budget in budgets:
-        bound_ms, any_run_ms = beyond_the_planner(base.problem, budget)
+        bound_ms, any_run_ms = beyond_the_planner(base.problem, budget, args.any_run)
         for solver in args.solvers:
             name = f"planner {solver} @ {label}"
             config = Config(name, "planner", budget_bytes=budget, solver=solver, budget_label=label,
@@ -281,6 +285,8 @@ def main() -> int:
     parser.add_argument("--no-save", action="store_true", help="print only: no RESULTS.md, no plots")
     parser.add_argument("--warm-cache", action="store_true",
                         help="use Inductor's usual cache (default: a fresh one, so compile times are cold)")
+    parser.add_argument("--any-run", action="store_true",
+                        help="also solve each budget with regions on any run of nodes (dp; minutes per budget)")
     parser.add_argument("--plan-repeats", type=int, default=3, help="plan(repeats=...) timing repeats")
     parser.add_argument("--ilp-time-limit", type=float, default=10.0,
                         help="time_limit_s for the ilp solver when it is registered (default 10; its own default "

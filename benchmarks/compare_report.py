@@ -121,8 +121,8 @@ def space_shares(result: ModelResult, config: Config) -> str:
     every = result.every_predicted_ms
     if not every or config.bound_ms is None:
         return ""
-    any_run = "none fits" if config.any_run_ms is None else f"{config.any_run_ms / every:.2f}"
-    return f"; any run of nodes {any_run}, lower bound {config.bound_ms / every:.2f}"
+    any_run = "" if config.any_run_ms is None else f"; any run of nodes {config.any_run_ms / every:.2f}"
+    return f"{any_run}; lower bound {config.bound_ms / every:.2f}"
 
 
 def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:

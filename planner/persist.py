@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -30,14 +29,13 @@ from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, check_state, state_shapes
 from planner.graph import compute_nodes
-from planner.json_values import UnsupportedValue, decode_value, dtype_from_name, json_text
-from planner.plan_records import (cost_record, describe_node, graph_nodes, model_device, node_identity,
-                                   problem_from_record, problem_record, profile_delta, profile_full,
-                                   region_record, regions_from_records, report_setup, sample_structure,
-                                   verification_from_record, whole_modules)
+from planner.json_values import json_text
+from planner.plan_records import (cost_record, graph_nodes, problem_from_record, problem_record, profile_delta,
+                                   profile_full, region_record, regions_from_records, report_setup,
+                                   sample_structure, verification_from_record, whole_modules)
 from planner.profile import META_KEY
 from planner.report import Checkpoint, PlanFigures, describe_checkpoints, format_report
-from planner.trace import trace
+from planner.saved_check import FX_FRONTEND, sample_like, trace_matching
 from planner.verify import Verification
 from solvers import Problem, Solution, Status
 
@@ -49,9 +47,6 @@ VERSION = 3
 # Version 1 lacks what the plan was for (target, FSDP, optimizer); versions 1 and 2 name regions
 # as node ranges of a replacement graph, which no longer applies: their reports still print.
 READABLE_VERSIONS = (1, 2, 3)
-FX_FRONTEND = "torch.fx.symbolic_trace"  # the value of Traced.frontend for the fx frontend
-EXPORT_FRONTEND = "torch.export"
-APPLICABLE_FRONTENDS = (FX_FRONTEND, EXPORT_FRONTEND)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,26 +265,7 @@ class SavedPlan(PlanFigures):
             >>> saved.sample_for(model)
             {'tokens': tensor([[0, 0, ...]])}
         """
-        device = model_device(model)
-        values: dict[str, Any] = {}
-        for argument in self.sample["arguments"]:
-            name = argument["name"]
-            if "tensor" in argument:
-                spec = argument["tensor"]
-                tensor = torch.zeros(spec["shape"], dtype=dtype_from_name(spec["dtype"]), device=device)
-                values[name] = tensor.requires_grad_() if spec.get("requires_grad") else tensor
-            else:
-                try:
-                    values[name] = decode_value(argument["value"])
-                except UnsupportedValue as error:
-                    raise ValueError(
-                        f"forward argument {name!r} was fixed to {error} when the plan was made; "
-                        "pass that value yourself: apply(model, sample=...)"
-                    ) from None
-        parameters = inspect.signature(model.forward).parameters
-        if any(parameters[name].kind == inspect.Parameter.POSITIONAL_ONLY for name in values if name in parameters):
-            return tuple(values.values())  # every saved argument, in forward's order
-        return values
+        return sample_like(self.sample, model)
 
     def check(self, model: nn.Module, sample: Any = None) -> fx.GraphModule:
         """Trace `model` and raise ValueError unless it matches the saved plan: same state-dict
@@ -299,44 +275,7 @@ class SavedPlan(PlanFigures):
         Example:
             >>> saved.check(fresh_model)
         """
-        return self._trace(model, sample).gm
-
-    def _trace(self, model: nn.Module, sample: Any) -> Any:
-        model_name = type(model).__name__
-        if self.frontend not in APPLICABLE_FRONTENDS:
-            raise ValueError(
-                f"this plan was traced with an unknown frontend {self.frontend!r} (known: "
-                f"{', '.join(APPLICABLE_FRONTENDS)}): make a new plan with planner.plan(model, sample, ...)"
-            )
-        try:
-            traced = trace(model, self.sample_for(model) if sample is None else sample, self.trace_leaves,
-                           frontend="export" if self.frontend == EXPORT_FRONTEND else "fx")
-        except TypeError as error:  # the saved arguments do not bind to this model's forward
-            raise ValueError(f"{model_name} does not match the saved plan (made for {self.model_class}): "
-                             f"{error}") from None
-        saved_inputs = tuple(a["name"] for a in self.sample["arguments"] if "tensor" in a)
-        if traced.tensor_names != saved_inputs:
-            raise ValueError(
-                f"{model_name} takes tensor arguments {traced.tensor_names} here but the plan was made "
-                f"for {saved_inputs}"
-            )
-        got = graph_nodes(traced.gm)
-        for position, (expected, found) in enumerate(zip(self.graph, got)):
-            if node_identity(expected) != node_identity(found):
-                raise ValueError(
-                    f"{model_name} does not match the saved plan (made for {self.model_class}): compute "
-                    f"node {position} is {describe_node(found)} in this model but {describe_node(expected)} in the plan"
-                )
-        if len(got) != len(self.graph):
-            common = min(len(got), len(self.graph))
-            first = (f"the first extra one is {describe_node(got[common])}" if len(got) > common
-                     else f"the first missing one is {describe_node(self.graph[common])}")
-            raise ValueError(
-                f"{model_name} does not match the saved plan (made for {self.model_class}): it has "
-                f"{len(got)} compute nodes and the plan {len(self.graph)}; {first}"
-            )
-        check_state(model, self.state, self.model_class)
-        return traced
+        return trace_matching(self, model, self.sample_for(model) if sample is None else sample).gm
 
     def apply(self, model: nn.Module) -> nn.Module:
         """Apply the plan in place to `model` (the planned model or a freshly built one of the
