@@ -23,8 +23,8 @@ recomputes plus checkpoint's cost per call) and compared with every block's; the
 overhead at most 0.6 at every block's peak, 0.4 at 60%, 0.2 at 80%, and every prediction within
 10% (or 2 ms) of the measured overhead, saying why where one is missed. Each plan's notes give,
 at its budget and on the same measurements, the lower bound for every plan of whole graph nodes
-(`solvers.recompute_bound`) and, with `--any-run`, the cheapest plan with regions on any run of
-graph nodes (`dp`; the planner can only apply submodule calls), as shares of every block's
+(`solvers.recompute_bound`) and, with `--any-run`, the cheapest plan of whole regions on any run
+of graph nodes (`dp`; the planner can only apply submodule calls), as shares of every block's
 predicted overhead (`benchmarks/keep_gain.py` tabulates both).
 
 Peaks count static storages (parameters, gradients, buffers, inputs) plus the peak of what the
@@ -112,10 +112,16 @@ def measure_allocator(module, sample) -> tuple[int, int]:
 
 
 def timed_step(module, sample) -> float:
+    """One step's wall time (ms), with the garbage collector off while it runs, as `timeit` does:
+    a collection inside one configuration's step would count against it alone."""
     gc.collect()
-    started = time.perf_counter()
-    step(module, sample)
-    return 1000 * (time.perf_counter() - started)
+    gc.disable()
+    try:
+        started = time.perf_counter()
+        step(module, sample)
+        return 1000 * (time.perf_counter() - started)
+    finally:
+        gc.enable()
 
 
 def inductor_with_budget(budget: float):
@@ -153,20 +159,33 @@ def every_block_prediction(spec: Spec, model, base) -> float | None:
         return None
 
 
-def beyond_the_planner(problem, budget: int, any_run: bool) -> tuple[float, float | None]:
-    """At a budget, on the planner's measurements: the lower bound for every plan of whole graph
-    nodes and, with `any_run`, the cheapest plan with regions on any run of nodes (dp; None where
-    none fits, or not asked: minutes per budget), which the planner cannot apply yet. They say
-    why a missed target is missed."""
+def without_keeps(problem):
+    """The same problem with nothing keepable: whole regions only."""
     import dataclasses
 
+    return dataclasses.replace(problem, nodes=tuple(dataclasses.replace(n, keepable=False) for n in problem.nodes))
+
+
+def any_run(problem):
+    """The same problem with regions on any run of nodes, whole regions only (with keep choices
+    too, dp takes minutes per budget on these graphs)."""
+    import dataclasses
+
+    return dataclasses.replace(without_keeps(problem), allowed_regions=None)
+
+
+def beyond_the_planner(problem, budget: int, with_any_run: bool) -> tuple[float, float | None]:
+    """At a budget, on the planner's measurements: the lower bound for every plan of whole graph
+    nodes and, with `with_any_run`, the cheapest plan of whole regions on any run of nodes (dp;
+    None where none fits or not asked), which the planner cannot apply yet. They say why a
+    missed target is missed."""
     from solvers import InfeasibleBudget, recompute_lower_bound, solve
 
     bound_ms = recompute_lower_bound(problem, budget).recompute_ms
     any_run_ms = None
-    if any_run:
+    if with_any_run:
         try:
-            any_run_ms = solve(dataclasses.replace(problem, allowed_regions=None), budget, method="dp").recompute_ms
+            any_run_ms = solve(any_run(problem), budget, method="dp").recompute_ms
         except InfeasibleBudget:
             pass
     return bound_ms, any_run_ms
@@ -286,7 +305,7 @@ def main() -> int:
     parser.add_argument("--warm-cache", action="store_true",
                         help="use Inductor's usual cache (default: a fresh one, so compile times are cold)")
     parser.add_argument("--any-run", action="store_true",
-                        help="also solve each budget with regions on any run of nodes (dp; minutes per budget)")
+                        help="also solve each budget with whole regions on any run of nodes (dp; seconds per budget)")
     parser.add_argument("--plan-repeats", type=int, default=3, help="plan(repeats=...) timing repeats")
     parser.add_argument("--ilp-time-limit", type=float, default=10.0,
                         help="time_limit_s for the ilp solver when it is registered (default 10; its own default "

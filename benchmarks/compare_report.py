@@ -41,7 +41,7 @@ class Config:
     predicted_overhead_ms: float | None = None  # planner: p.recompute_ms
     optimal: bool = False  # planner: the solver proved its plan the cheapest of its decision space
     bound_ms: float | None = None  # planner: no plan of whole graph nodes costs less at this budget
-    any_run_ms: float | None = None  # planner: cheapest with regions on any run of nodes (dp)
+    any_run_ms: float | None = None  # planner: cheapest of whole regions on any run of nodes (dp)
 
     @property
     def eager(self) -> bool:
@@ -121,7 +121,7 @@ def space_shares(result: ModelResult, config: Config) -> str:
     every = result.every_predicted_ms
     if not every or config.bound_ms is None:
         return ""
-    any_run = "" if config.any_run_ms is None else f"; any run of nodes {config.any_run_ms / every:.2f}"
+    any_run = "" if config.any_run_ms is None else f"; whole regions on any run of nodes {config.any_run_ms / every:.2f}"
     return f"{any_run}; lower bound {config.bound_ms / every:.2f}"
 
 
@@ -198,8 +198,8 @@ def beyond_the_planner(result: ModelResult, config: Config) -> str:
     if not every or config.bound_ms is None:
         return ""
     text = "; " if config.any_run_ms is None else (
-        f"; regions on any run of graph nodes (not just submodule calls, which the planner cannot apply yet) "
-        f"would reach {config.any_run_ms / every:.2f}; ")
+        f"; whole regions on any run of graph nodes (not just submodule calls, which the planner cannot apply "
+        f"yet) would reach {config.any_run_ms / every:.2f}; ")
     if config.bound_ms == float("inf"):
         return text + "no plan of whole graph nodes fits"
     return text + f"no plan of whole graph nodes can cost under {config.bound_ms / every:.2f} (a lower bound)"

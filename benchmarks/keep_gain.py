@@ -5,8 +5,9 @@ peak, over four spaces:
 - the planner's: regions that are submodule calls, each keeping any of its matmul and attention
   outputs;
 - whole regions only (the same problem with nothing keepable);
-- regions of any run of graph nodes, with the same keep choices (`dp` with no allowed regions):
-  what the planner would gain from regions inside a submodule call, which it cannot apply yet;
+- whole regions on any run of graph nodes (`dp` with no allowed regions and nothing keepable;
+  with keep choices too it takes minutes per budget): what the planner would gain from regions
+  inside a submodule call, which it cannot apply yet;
 - the lower bound for every plan of whole graph nodes (`solvers.recompute_bound`): no plan,
   however its regions fall, costs less at that budget.
 
@@ -19,7 +20,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -27,21 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.compare import block_names  # noqa: E402
+from benchmarks.compare import any_run, block_names, without_keeps  # noqa: E402
 from benchmarks.compare_models import SPECS  # noqa: E402
 from benchmarks.results import append_results  # noqa: E402
 
 FRACTIONS = (0.4, 0.6, 0.8)
-
-
-def without_keeps(problem):
-    """The same problem with nothing keepable: whole regions only."""
-    return dataclasses.replace(problem, nodes=tuple(dataclasses.replace(n, keepable=False) for n in problem.nodes))
-
-
-def any_run(problem):
-    """The same problem with regions allowed on any run of nodes."""
-    return dataclasses.replace(problem, allowed_regions=None)
 
 
 def bound_cell(problem, budget: int, every_ms: float) -> str:
@@ -76,7 +66,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = ["| model | budget | planner (submodule regions, keeps): share (ms) | whole regions only "
-            "| any run of nodes, keeps | lower bound, any plan |", "|---|---|---|---|---|---|"]
+            "| any run of nodes, whole regions | lower bound, any plan |", "|---|---|---|---|---|---|"]
     print("\n".join(rows), flush=True)
     started = time.perf_counter()
     for key in args.models:
@@ -102,7 +92,7 @@ def main() -> int:
     body = "\n".join(rows) + (
         f"\n\nShares of every block's predicted overhead (`Plan.with_submodules(blocks)`), predicted by the "
         "planner on one set of measurements, solved by `dp` (status in brackets) with keep choices, with "
-        "nothing keepable, and with regions on any run of nodes; the lower bound is "
+        "nothing keepable, and with whole regions on any run of nodes; the lower bound is "
         "`solvers.recompute_bound.recompute_lower_bound` (an LP relaxation over every plan of whole graph nodes); budgets are every block's predicted peak and fractions of the unplanned predicted "
         f"peak. {time.perf_counter() - started:.0f} s.")
     if not args.no_save:
