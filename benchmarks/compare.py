@@ -58,6 +58,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from compare_models import SPECS, Spec, every_block, segments, sqrt_segments  # noqa: E402
+from cpu_memory import retain_freed_memory  # noqa: E402
 from compare_report import Config, ModelResult, mib, plot, table, validation, verdict  # noqa: E402
 
 STARTED = time.perf_counter()
@@ -315,7 +316,11 @@ def main() -> int:
                              "whenever another process holds a core; steps measured 3-15x slower and erratic)")
     parser.add_argument("--compile-budgets", default="",
                         help="comma-separated activation_memory_budget values to compare torch.compile at (default: none)")
+    parser.add_argument("--return-freed-memory", action="store_true",
+                        help="leave glibc's malloc as it is (default: keep freed memory, as CUDA's caching "
+                             "allocator does; see benchmarks/cpu_memory.py)")
     args = parser.parse_args()
+    args.retained = False if args.return_freed_memory else retain_freed_memory()
     keys = [key.strip() for key in args.models.split(",") if key.strip()]
     unknown = [key for key in keys if key not in SPECS]
     if unknown:
@@ -387,7 +392,12 @@ def main() -> int:
         "forward+backward step allocates, gradients already allocated, as `p.verify()` measures it: "
         "`planner.memory.PeakMemory`, the allocator's events from the profiler, kernel scratch included, for "
         "eager and compiled code alike; *under budget* uses it. Step time: median over "
-        f"{args.rounds} rounds, configurations alternating, {args.threads} intra-op thread(s). Overhead, "
+        f"{args.rounds} rounds, configurations alternating, {args.threads} intra-op thread(s), the garbage "
+        "collector off during each step, "
+        + ("freed memory kept in the process as CUDA's caching allocator keeps it (`benchmarks/cpu_memory.py`: "
+           "otherwise each step page-faults its activations in again, which makes the unplanned step slower)"
+           if args.retained else "glibc's malloc as it is (freed memory goes back to the OS)")
+        + ". Overhead, "
         "measured = step time - none's (for compiled configurations it also holds the compiler's speed-up "
         "or slow-down); overhead, predicted = the plan's `recompute_ms` (the nodes it recomputes, less the "
         "nodes its regions keep, plus checkpoint's measured cost per call and, for regions that keep "

@@ -28,6 +28,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from compare import block_names, step, timed_step  # noqa: E402
 from compare_models import SPECS  # noqa: E402
+from cpu_memory import retain_freed_memory  # noqa: E402
 
 
 def timed_regions(module) -> dict[str, list[float]]:
@@ -105,7 +106,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds (default 7)")
     parser.add_argument("--keep", action="store_true", help="also every block keeping all its keep candidates")
     parser.add_argument("--no-save", action="store_true", help="print only, do not append to RESULTS.md")
+    parser.add_argument("--return-freed-memory", action="store_true",
+                        help="leave glibc's malloc as it is (default: keep freed memory, as CUDA's caching "
+                             "allocator does; see benchmarks/cpu_memory.py)")
     args = parser.parse_args()
+    retained = False if args.return_freed_memory else retain_freed_memory()
     import torch
 
     torch.set_num_threads(1)
@@ -122,7 +127,9 @@ def main() -> int:
         "second: recomputation, up to its last saving node), summed over regions. Rows *keeping N*: every "
         "block keeps all its keep candidates; its recomputation skips them (predicted: the nodes it still runs), "
         "and the policies' cost (a dispatch mode over every ATen call of forward and recomputation) is in the "
-        "predicted overhead and in the measured region times.")
+        "predicted overhead and in the measured region times. "
+        + ("Freed memory kept in the process, as CUDA's caching allocator keeps it (`benchmarks/cpu_memory.py`)."
+           if retained else "glibc's malloc as it is (freed memory goes back to the OS)."))
     print(body)
     if not args.no_save:
         from results import append_results
