@@ -23,6 +23,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import time
@@ -30,7 +31,6 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from planner.apply import ModuleCheckpoint
@@ -128,22 +128,20 @@ class _Layers(nn.Module):
         return self.layers(x)
 
 
-class _CallCounter(TorchDispatchMode):
+class _CountingPolicy:
+    """A selective-checkpoint policy that recomputes everything and counts the ATen calls it is
+    asked about: what a region's policy sees, with grad on as in training."""
+
     def __init__(self) -> None:
-        super().__init__()
         self.calls = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __call__(self, ctx, func, *args, **kwargs):  # type: ignore[no-untyped-def]
         self.calls += 1
-        return func(*args, **(kwargs or {}))
+        return CheckpointPolicy.PREFER_RECOMPUTE
 
-
-def _recompute_everything(ctx, func, *args, **kwargs):  # type: ignore[no-untyped-def]
-    return CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _selective_contexts():  # type: ignore[no-untyped-def]
-    return create_selective_checkpoint_contexts(_recompute_everything)
+    def contexts(self) -> Callable[[], Any]:
+        """checkpoint's `context_fn` for this policy."""
+        return functools.partial(create_selective_checkpoint_contexts, self)
 
 
 def selective_overhead_ms(device: torch.device) -> tuple[float, float]:
@@ -175,15 +173,12 @@ def selective_call_ms_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[
     Example:
         >>> selective_call_ms_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu"))
     """
-    counter = _CallCounter()
-    with counter, torch.no_grad():
-        module(*args, **kwargs)
-    seen = 2 * counter.calls
+    policy = _CountingPolicy()
 
     def step(selective: bool) -> Callable[[], None]:
         options: dict[str, Any] = {"use_reentrant": False}
         if selective:
-            options["context_fn"] = _selective_contexts
+            options["context_fn"] = policy.contexts()
 
         def run() -> None:  # fresh non-leaf inputs: the forward may write them in place
             inputs = tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
@@ -199,12 +194,13 @@ def selective_call_ms_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[
     plain, selective = step(False), step(True)
     plain()
     selective()
+    calls_per_step = policy.calls  # forward and recomputation, with grad as in training
     samples: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(_ROUNDS):
         for kind, run in ((False, plain), (True, selective)):
             samples[kind].append(timed(run))
     extra = statistics.median(samples[True]) - statistics.median(samples[False])
-    return max(0.0, (extra - per_region_ms) / max(1, seen))
+    return max(0.0, (extra - per_region_ms) / max(1, calls_per_step))
 
 
 def selective_call_ms_in_model(model: nn.Module, path: str, run_model: Callable[[], Any],
@@ -244,17 +240,14 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
     """(ATen calls seen per checkpoint call, ms the policy adds per checkpoint call)."""
     module = _Layers(depth).to(device)
     x = torch.randn(4, _WIDTH, device=device, requires_grad=True)
-    counter = _CallCounter()
-    with counter, torch.no_grad():
-        module(x)
-    seen = 2 * counter.calls  # the forward's calls and the recomputation's
+    policy = _CountingPolicy()
 
     def step(selective: bool) -> Callable[[], None]:
         def run() -> None:
             h = x
             for _ in range(_CALLS):
                 if selective:
-                    h = checkpoint(module, h, use_reentrant=False, context_fn=_selective_contexts)
+                    h = checkpoint(module, h, use_reentrant=False, context_fn=policy.contexts())
                 else:
                     h = checkpoint(module, h, use_reentrant=False)
             h.sum().backward()
@@ -265,6 +258,7 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
     samples: dict[bool, list[float]] = {False: [], True: []}
     plain()
     selective()
+    seen = policy.calls // _CALLS  # per checkpoint call: the forward's calls and the recomputation's
     for _ in range(_ROUNDS):
         for kind, run in ((False, plain), (True, selective)):
             samples[kind].append(timed(run))
