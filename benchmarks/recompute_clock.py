@@ -90,11 +90,11 @@ def run(key: str, rounds: int, keep: bool = False) -> str:
         predicted_recompute += planned_plan.problem.region_recompute_ms(region, planned_plan.solution.kept)
     overhead = statistics.median(checked) - statistics.median(plain)
     problem = planned_plan.problem
-    calls_ms = problem.region_overhead_ms * len(planned_plan.solution.regions)
+    calls_ms = sum(problem.checkpoint_ms(region) for region in planned_plan.solution.regions)
     policies_ms = sum(problem.selective_ms(region) for region in planned_plan.solution.regions
                       if any(i in region for i in planned_plan.solution.kept))
     label = f"{key} keeping {len(planned_plan.solution.kept)}" if keep else key
-    per_call = f"{calls_ms:.1f} ms per-call" + (f", {policies_ms:.1f} ms policies" if policies_ms else "")
+    per_call = f"{calls_ms:.1f} ms checkpoint calls" + (f", {policies_ms:.1f} ms policies" if policies_ms else "")
     return (f"| {label} | {len(planned_plan.solution.regions)} | {forward:.0f} ms | {predicted_forward:.0f} ms "
             f"| {recompute:.0f} ms | {predicted_recompute:.0f} ms | {statistics.median(plain):.0f} ms "
             f"| {overhead:+.0f} ms | {planned_plan.recompute_ms:.0f} ms ({per_call}) |")
@@ -127,7 +127,8 @@ def main() -> int:
         "second: recomputation, up to its last saving node), summed over regions. Rows *keeping N*: every "
         "block keeps all its keep candidates; its recomputation skips them (predicted: the nodes it still runs), "
         "and the policies' cost (a dispatch mode over every ATen call of forward and recomputation) is in the "
-        "predicted overhead and in the measured region times. "
+        "predicted overhead and in the measured region times. *Checkpoint calls*: checkpoint's own cost, per "
+        "call and per tensor saved in it (`Problem.checkpoint_ms`). "
         + ("Freed memory kept in the process, as CUDA's caching allocator keeps it (`benchmarks/cpu_memory.py`)."
            if retained else "glibc's malloc as it is (freed memory goes back to the OS)."))
     print(body)

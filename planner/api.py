@@ -374,9 +374,9 @@ def plan(
     # Measured where the plan runs; for a GPU elsewhere, this CPU's (checkpoint's own work is
     # mostly on the host), an estimate like the target's node times.
     overhead_device = where.device if where.local else torch.device("cpu")
-    overhead_ms = checkpoint_overhead_ms(overhead_device)
+    overhead_ms, saved_tensor_ms = checkpoint_overhead_ms(overhead_device)
     problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
-                            summary.gradients)
+                            summary.gradients, saved_tensor_ms)
     keep_region_ms, keep_call_ms = selective_overhead_for_plan(
         model, problem, wrapped, overhead_device, where.local and not on_meta, lambda: model(*args, **kwargs))
     problem = replace(problem, keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms)

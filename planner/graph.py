@@ -156,11 +156,13 @@ def kept_indices(problem: Problem, regions: tuple[range, ...], kept: Sequence[st
 
 def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[range, ...] | None = None,
                   region_overhead_ms: float = 0.0, rng_state_bytes: int = 0,
-                  gradients: tuple[tuple[str, str, int], ...] | None = None) -> Problem:
+                  gradients: tuple[tuple[str, str, int], ...] | None = None,
+                  saved_tensor_ms: float = 0.0) -> Problem:
     """Collect the per-node profiles of `gm` into a Problem (plain ints and floats), with the
     static memory the plan does not change (see `planner.static`). Regions are limited to the
     node ranges `allowed_regions` (None: any run of nodes), each costs `region_overhead_ms` more,
-    and one that draws random numbers keeps an RNG state of `rng_state_bytes`. `gradients`
+    and `saved_tensor_ms` per tensor its nodes save, and one that draws random numbers keeps an
+    RNG state of `rng_state_bytes`. `gradients`
     (measured gradients in flight, `GraphProfile.gradients`) replace the graph's estimate.
 
     Example:
@@ -209,6 +211,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 stop_ms=record.stop_ms,
                 keepable=bool(record.keep_calls) and i not in written,
                 aten_calls=len(record.aten_calls),
+                saved_tensors=record.saved_tensors,
                 recomputable=i not in fixed,
             )
         )
@@ -219,7 +222,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                              for made, freed, size in gradients))
     return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
                    region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes,
-                   measured_gradients=spans)
+                   measured_gradients=spans, saved_tensor_ms=saved_tensor_ms)
 
 
 def _touching_written_inputs(nodes: list[fx.Node]) -> set[int]:

@@ -1,12 +1,15 @@
-"""The fixed cost of one checkpoint call, measured on the plan's device.
+"""The cost of a checkpoint call beyond its recomputation, measured on the plan's device.
 
 Each region runs under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`, which costs
-work beyond recomputing its nodes: saved-tensor hooks and their holders, the recompute
-dispatch, a copy of the RNG state where the region draws random numbers. Plans of many small
-regions pay it many times, so the solvers add it per region (`Problem.region_overhead_ms`).
+work beyond recomputing its nodes: a fixed part per call (the recompute dispatch, a copy of the
+RNG state where the region draws random numbers) and a part per tensor its nodes save (the
+saved-tensor hooks pack each one in forward, recomputation stores it again, backward unpacks
+it: about 11 us each on this CPU, so a block that saves a hundred tensors pays about 1 ms).
+The solvers add both per region (`Problem.region_overhead_ms`, `Problem.saved_tensor_ms`).
 
-It is measured as the step-time difference of a tiny module run with and without checkpoint
-(its recomputation is a few microseconds and is subtracted), in alternating rounds, median.
+They are measured as the step-time difference of tiny modules of two depths run with and
+without checkpoint (their recomputation is subtracted), in alternating rounds, median; the
+line through the two gives both figures.
 
 A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that sees
 every ATen call of its forward and of its recomputation. `selective_overhead_ms` measures what
@@ -16,14 +19,13 @@ runs here, per call on the model's own submodule with the most keepable nodes
 call on this CPU.
 
 Example:
-    >>> checkpoint_overhead_ms(torch.device("cpu"))
-    0.05
+    >>> checkpoint_overhead_ms(torch.device("cpu"))    # per call, per saved tensor
+    (0.14, 0.011)
     >>> selective_overhead_ms(torch.device("cpu"))
     (0.01, 0.012)
 """
 from __future__ import annotations
 
-import functools
 import logging
 import statistics
 import time
@@ -31,6 +33,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from planner.apply import ModuleCheckpoint
@@ -43,16 +46,23 @@ logger = logging.getLogger(__name__)
 _WIDTH = 8  # the tiny module: recomputation is negligible next to checkpoint's own work
 _CALLS = 50  # checkpoint calls per timed step
 _ROUNDS = 7
+# Where a small difference is read off larger steps (checkpoint's cost per saved tensor, the
+# policy's cost per call inside a real submodule), more rounds.
+_FINE_ROUNDS = 15
 
 
 class _Tiny(nn.Module):
-    def __init__(self) -> None:
+    """`depth` tiny linear + tanh layers and a dropout: saved tensors in proportion to depth."""
+
+    def __init__(self, depth: int) -> None:
         super().__init__()
-        self.linear = nn.Linear(_WIDTH, _WIDTH)
+        self.layers = nn.ModuleList(nn.Linear(_WIDTH, _WIDTH) for _ in range(depth))
         self.dropout = nn.Dropout(0.1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(torch.tanh(self.linear(x)))
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.dropout(x)
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], None]], float]:
@@ -71,22 +81,40 @@ def _timer(device: torch.device) -> Callable[[Callable[[], None]], float]:
     return run
 
 
-def checkpoint_overhead_ms(device: torch.device) -> float:
-    """Milliseconds one checkpoint call adds to a training step on `device`, beyond the
-    recomputed forward (RNG state preserved, as for a region with dropout; at least 0).
+def checkpoint_overhead_ms(device: torch.device) -> tuple[float, float]:
+    """Milliseconds one checkpoint call adds to a training step on `device` beyond the
+    recomputed forward (RNG state preserved, as for a region with dropout): per call, and per
+    tensor saved inside it (both at least 0).
 
     Example:
-        >>> checkpoint_overhead_ms(torch.device("cpu")) > 0
-        True
+        >>> per_call, per_saved_tensor = checkpoint_overhead_ms(torch.device("cpu"))
     """
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(0)
-        return _measure(device)
+        (saved_short, extra_short), (saved_long, extra_long) = (_measure(device, depth) for depth in (1, 12))
+    per_tensor = max(0.0, (extra_long - extra_short) / (saved_long - saved_short))
+    return max(0.0, extra_short - per_tensor * saved_short), per_tensor
 
 
-def _measure(device: torch.device) -> float:
-    module = _Tiny().to(device)
+def _saved_tensors(module: nn.Module, x: torch.Tensor) -> int:
+    """Tensors autograd saves in one forward of `module` with grad on."""
+    count = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal count
+        count += 1
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        module(x)
+    return count
+
+
+def _measure(device: torch.device, depth: int) -> tuple[int, float]:
+    """(tensors saved per checkpoint call, ms checkpoint adds per call beyond recomputation)."""
+    module = _Tiny(depth).to(device)
     x = torch.randn(4, _WIDTH, device=device, requires_grad=True)
+    saved = _saved_tensors(module, x)
 
     def plain() -> None:
         h = x
@@ -110,11 +138,11 @@ def _measure(device: torch.device) -> float:
     samples: dict[str, list[float]] = {"plain": [], "checkpointed": [], "forward": []}
     for step in (plain, checkpointed, forward_only):  # warm-up
         step()
-    for _ in range(_ROUNDS):
+    for _ in range(_FINE_ROUNDS):
         for name, step in (("plain", plain), ("checkpointed", checkpointed), ("forward", forward_only)):
             samples[name].append(timed(step))
     extra = statistics.median(samples["checkpointed"]) - statistics.median(samples["plain"])
-    return max(0.0, (extra - statistics.median(samples["forward"])) / _CALLS)
+    return saved, (extra - statistics.median(samples["forward"])) / _CALLS
 
 
 class _Layers(nn.Module):
@@ -128,20 +156,35 @@ class _Layers(nn.Module):
         return self.layers(x)
 
 
-class _CountingPolicy:
-    """A selective-checkpoint policy that recomputes everything and counts the ATen calls it is
-    asked about: what a region's policy sees, with grad on as in training."""
+class _CallCounter(TorchDispatchMode):
+    """Counts the ATen calls dispatched while it is active."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.calls = 0
 
-    def __call__(self, ctx, func, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         self.calls += 1
-        return CheckpointPolicy.PREFER_RECOMPUTE
+        return func(*args, **(kwargs or {}))
 
-    def contexts(self) -> Callable[[], Any]:
-        """checkpoint's `context_fn` for this policy."""
-        return functools.partial(create_selective_checkpoint_contexts, self)
+
+def _recompute_everything(ctx, func, *args, **kwargs):  # type: ignore[no-untyped-def]
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_contexts():  # type: ignore[no-untyped-def]
+    return create_selective_checkpoint_contexts(_recompute_everything)
+
+
+def _calls_charged(module: nn.Module, *args: Any, **kwargs: Any) -> int:
+    """The ATen calls a region's policy is charged for per checkpoint call of `module`, counted
+    as `NodeCost.aten_calls` counts them (a dispatch mode over a forward with grad on,
+    `planner.holds`), twice: the forward's and the recomputation's. (A no-grad forward may
+    dispatch other kernels.)"""
+    counter = _CallCounter()
+    with counter:
+        module(*args, **kwargs)
+    return 2 * counter.calls
 
 
 def selective_overhead_ms(device: torch.device) -> tuple[float, float]:
@@ -173,12 +216,12 @@ def selective_call_ms_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[
     Example:
         >>> selective_call_ms_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu"))
     """
-    policy = _CountingPolicy()
+    calls_per_step = _calls_charged(module, *args, **kwargs)
 
     def step(selective: bool) -> Callable[[], None]:
         options: dict[str, Any] = {"use_reentrant": False}
         if selective:
-            options["context_fn"] = policy.contexts()
+            options["context_fn"] = _selective_contexts
 
         def run() -> None:  # fresh non-leaf inputs: the forward may write them in place
             inputs = tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
@@ -194,9 +237,8 @@ def selective_call_ms_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[
     plain, selective = step(False), step(True)
     plain()
     selective()
-    calls_per_step = policy.calls  # forward and recomputation, with grad as in training
     samples: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(_ROUNDS):
+    for _ in range(_FINE_ROUNDS):
         for kind, run in ((False, plain), (True, selective)):
             samples[kind].append(timed(run))
     extra = statistics.median(samples[True]) - statistics.median(samples[False])
@@ -240,14 +282,14 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
     """(ATen calls seen per checkpoint call, ms the policy adds per checkpoint call)."""
     module = _Layers(depth).to(device)
     x = torch.randn(4, _WIDTH, device=device, requires_grad=True)
-    policy = _CountingPolicy()
+    seen = _calls_charged(module, x)
 
     def step(selective: bool) -> Callable[[], None]:
         def run() -> None:
             h = x
             for _ in range(_CALLS):
                 if selective:
-                    h = checkpoint(module, h, use_reentrant=False, context_fn=policy.contexts())
+                    h = checkpoint(module, h, use_reentrant=False, context_fn=_selective_contexts)
                 else:
                     h = checkpoint(module, h, use_reentrant=False)
             h.sum().backward()
@@ -258,7 +300,6 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
     samples: dict[bool, list[float]] = {False: [], True: []}
     plain()
     selective()
-    seen = policy.calls // _CALLS  # per checkpoint call: the forward's calls and the recomputation's
     for _ in range(_ROUNDS):
         for kind, run in ((False, plain), (True, selective)):
             samples[kind].append(timed(run))

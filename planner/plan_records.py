@@ -199,6 +199,7 @@ def problem_record(problem: Problem, names: list[str]) -> dict[str, Any]:
     return {
         "static_bytes": problem.static_bytes,
         "region_overhead_ms": problem.region_overhead_ms,
+        "saved_tensor_ms": problem.saved_tensor_ms,
         "keep_region_ms": problem.keep_region_ms,
         "keep_call_ms": problem.keep_call_ms,
         "rng_state_bytes": problem.rng_state_bytes,
@@ -212,7 +213,8 @@ def problem_record(problem: Problem, names: list[str]) -> dict[str, Any]:
 
 def problem_from_record(data: dict[str, Any], index: dict[str, int]) -> Problem:
     """The Problem of a saved plan: its nodes' cost records and `problem_record`'s fields
-    (older plans lack some: no selective cost, RNG states counted as static).
+    (older plans lack some: no selective cost, no cost per saved tensor, RNG states counted as
+    static).
 
     Example:
         >>> problem_from_record(json.loads(text), index).static_bytes
@@ -224,6 +226,7 @@ def problem_from_record(data: dict[str, Any], index: dict[str, int]) -> Problem:
         allowed_regions=(None if data.get("allowed_regions") is None
                          else tuple(range(start, stop) for start, stop in data["allowed_regions"])),
         region_overhead_ms=data.get("region_overhead_ms", 0.0),
+        saved_tensor_ms=data.get("saved_tensor_ms", 0.0),
         keep_region_ms=data.get("keep_region_ms", 0.0),
         keep_call_ms=data.get("keep_call_ms", 0.0),
         rng_state_bytes=data.get("rng_state_bytes", 0),

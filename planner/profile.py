@@ -70,6 +70,9 @@ class NodeProfile:
     # where a region may keep its output (planner.holds.NodeCalls.keepable), the positions in
     # `aten_calls` of the calls that make its storages: what a selective policy caches
     keep_calls: tuple[int, ...] = ()
+    # tensors autograd saved for its backward, counted as packed (parameters included): in a
+    # region, checkpoint's hooks pack and unpack each one
+    saved_tensors: int = 0
 
 
 @dataclass(frozen=True)
@@ -184,8 +187,10 @@ class ProfileInterpreter(fx.Interpreter):
         saved: dict[int, int] = {}
         tracker = self.tracker
         last_pack = [0]  # tracker.allocations when the node last saved a tensor
+        packed = [0]  # tensors saved
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
+            packed[0] += 1
             if tensor.layout == torch.strided:
                 saved[storage_key(tensor)] = tensor.untyped_storage().nbytes()
             last_pack[0] = tracker.allocations
@@ -204,7 +209,7 @@ class ProfileInterpreter(fx.Interpreter):
             raise RuntimeError(f"profiling node {n.name!r} ({n.format_node()}) failed: {error}") from error
         live_after = tracker.live_bytes
 
-        record = NodeProfile(random=tracker.random)
+        record = NodeProfile(random=tracker.random, saved_tensors=packed[0])
         made_after_last_save = []
         for tensor in tensors_in(result):
             key = storage_key(tensor)

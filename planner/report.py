@@ -151,7 +151,8 @@ def format_report(
         f"  recompute         {solution.recompute_ms:.2f} ms per step{estimate} "
         f"(+{overhead:.0f}% of the {forward_ms:.2f} ms forward, {timing})",
         *([f"                    including {problem.region_overhead_ms:.3f} ms per checkpoint call "
-           f"(checkpoint's own work){estimate}"] if problem.region_overhead_ms and checkpoints else []),
+           + (f"+ {1000 * problem.saved_tensor_ms:.1f} us per tensor saved in it " if problem.saved_tensor_ms else "")
+           + f"(checkpoint's own work){estimate}"] if problem.region_overhead_ms and checkpoints else []),
         *([f"                    and {problem.keep_region_ms:.3f} ms + {1000 * problem.keep_call_ms:.1f} us per ATen "
            f"call for each region that keeps nodes (its selective policy){estimate}"]
           if solution.kept and (problem.keep_region_ms or problem.keep_call_ms) else []),

@@ -80,6 +80,8 @@ class _Search:
         self.keepable = [k for k, node in enumerate(problem.nodes) if node.keepable]
         self.stops_before = [node.stops_before_output for node in problem.nodes]
         self.cumulative_calls = [0, *accumulate(node.aten_calls for node in problem.nodes)]
+        self.cumulative_pack_ms = [0.0, *accumulate(problem.saved_tensor_ms * node.saved_tensors
+                                                    for node in problem.nodes)]
         floor = list(structure.gradient_recompute)
         for b in range(n - 1, -1, -1):
             floor[b] = min(floor[b], floor[b + 1])
@@ -150,6 +152,7 @@ class _Search:
             overhead_ms += self.problem.keep_region_ms
         keep_call_ms = self.problem.keep_call_ms if keep else 0.0
         calls = self.cumulative_calls
+        pack_ms = self.cumulative_pack_ms  # checkpoint's cost per saved tensor, summed
         rng_state_bytes = self.problem.rng_state_bytes
         random = self.random
         kept_nodes = frozenset(keep)
@@ -187,7 +190,7 @@ class _Search:
                 scan.ensure(b)
                 index = b - t - 1
                 stop = scan.recomputed_stop[index]
-                region_ms = (cumulative_ms[stop] - cumulative_ms[t] - kept_ms + overhead_ms
+                region_ms = (cumulative_ms[stop] - cumulative_ms[t] - kept_ms + overhead_ms + pack_ms[b] - pack_ms[t]
                              - (0.0 if stop - 1 in kept_nodes else scan.stop_saving[index]))
                 if keep_call_ms:
                     region_ms += keep_call_ms * (calls[b] + calls[stop] - 2 * calls[t])

@@ -90,6 +90,7 @@ class IlpModel:
     keep: dict[int, dict[int, Any]] = dataclasses.field(default_factory=dict)  # keep[j][s]: see solvers.ilp_keep
     keep_region_cost: int = 0  # scaled Problem.keep_region_ms: per region that keeps
     call_costs: list[int] = dataclasses.field(default_factory=list)  # scaled keep_call_ms per node's ATen calls
+    pack_costs: list[int] = dataclasses.field(default_factory=list)  # scaled saved_tensor_ms per node in a region
 
 
 def build_model(
@@ -280,6 +281,7 @@ def build_model(
     region_cost = round(problem.region_overhead_ms * scale)
     keep_region_cost = round(problem.keep_region_ms * scale) if keep else 0
     call_costs = [round(node.aten_calls * problem.keep_call_ms * scale) if keep else 0 for node in nodes]
+    pack_costs = [round(node.saved_tensors * problem.saved_tensor_ms * scale) for node in nodes]
     # member[a][a]: node a starts its region; each region pays checkpoint's fixed cost once.
     starts = [member[a][a] for a in range(n) if a in member[a]] if region_cost else []
     if live_budget is None:
@@ -287,10 +289,11 @@ def build_model(
     else:
         terms = recompute_terms(model, problem, member, in_region, costs, stop_costs, keep)
         terms += selective_terms(model, member, in_region, keep, keep_region_cost, call_costs)
+        terms += [(cost, in_region[i]) for i, cost in enumerate(pack_costs)]  # checkpoint's hooks
         objective = sum(cost * var for cost, var in terms if cost) + sum(region_cost * start for start in starts)
     model.minimize(objective)
     return IlpModel(model, member, in_region, alive, into_backward, prefix, scale, budget, costs,
-                    objective, region_cost, problem, stop_costs, keep, keep_region_cost, call_costs)
+                    objective, region_cost, problem, stop_costs, keep, keep_region_cost, call_costs, pack_costs)
 
 
 def scaled_cost(built: IlpModel, regions: tuple[range, ...], kept: Collection[int] = ()) -> int:
@@ -305,6 +308,7 @@ def scaled_cost(built: IlpModel, regions: tuple[range, ...], kept: Collection[in
     kept = frozenset(kept)
     total = built.region_cost * len(regions)
     for region in regions:
+        total += sum(built.pack_costs[i] for i in region) if built.pack_costs else 0
         recomputed = problem.recomputed(region)
         if recomputed:
             last = recomputed.stop - 1
@@ -320,14 +324,14 @@ def bound_by_optimum(built: IlpModel, regions: tuple[range, ...], kept: Collecti
     optimal on the same decision space (dp's OPTIMAL plans: every contiguous region with a
     startable start and every choice of its keep candidates, judged by the same simulator,
     which is what this model encodes too). The slack covers the rounding of each cost term to
-    the integer scale (< 1/2 each, at most four per node) and float sums; it is returned so the
+    the integer scale (< 1/2 each, at most five per node) and float sums; it is returned so the
     solver can stop once its gap is within it.
 
     Example:
         >>> slack = bound_by_optimum(built, dp.regions, dp.kept)
     """
     value = scaled_cost(built, regions, kept)
-    slack = 2 * len(built.costs) + math.ceil(1e-9 * value) + 1
+    slack = 3 * len(built.costs) + math.ceil(1e-9 * value) + 1
     built.model.add(built.objective >= value - slack)
     return slack
 

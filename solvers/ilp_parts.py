@@ -80,12 +80,13 @@ def objective_scale(problem: Problem, keeps: bool) -> float:
     keeps the objective under 2^40 (each node's time, its region's fixed costs and, where
     regions may keep, the selective policy's per region and per call, twice)."""
     n = len(problem.nodes)
-    largest = max([node.compute_ms for node in problem.nodes] + [problem.region_overhead_ms, 1e-12])
-    terms_per_node = 2
+    largest = max([node.compute_ms for node in problem.nodes] + [problem.region_overhead_ms, 1e-12]
+                  + [node.saved_tensors * problem.saved_tensor_ms for node in problem.nodes])
+    terms_per_node = 3
     if keeps and (problem.keep_region_ms or problem.keep_call_ms):
         most_calls = max(node.aten_calls for node in problem.nodes)
         largest = max(largest, problem.keep_region_ms, 2 * most_calls * problem.keep_call_ms)
-        terms_per_node = 4
+        terms_per_node = 5
     return 2.0 ** math.floor(math.log2((2**40 / max(1, terms_per_node * n)) / largest))
 
 

@@ -62,6 +62,8 @@ class NodeCost:
     # calls that make its output and saved tensors): the region's recomputation then skips it.
     keepable: bool = False
     aten_calls: int = 0  # ATen calls its forward makes: a selective region's policy sees each one
+    # tensors autograd saves for its backward: in a region, checkpoint packs and unpacks each
+    saved_tensors: int = 0
     # False: it may lie in no region. It writes a graph input in place (recomputing it would
     # write it again), or reads one that is written in place at or after it (checkpoint would
     # keep that input for recomputation, and autograd would see it modified).
@@ -95,6 +97,9 @@ class Problem:
     # plan is applied by wrapping a submodule's forward); None allows any run of nodes.
     allowed_regions: tuple[range, ...] | None = None
     region_overhead_ms: float = 0.0  # fixed cost of each region (checkpoint's own work per call)
+    # checkpoint's cost per tensor saved inside a region (its pack and unpack hooks, and the
+    # recomputed tensor's bookkeeping): regions that hold many saved tensors cost more
+    saved_tensor_ms: float = 0.0
     # A region with a random node keeps a copy of the RNG state (to replay it when recomputing)
     # from its forward to its backward: this many bytes.
     rng_state_bytes: int = 0
@@ -133,11 +138,16 @@ class Problem:
 
     def region_cost_ms(self, region: range, kept: Collection[int] = ()) -> float:
         """What one region adds to a step: its recomputation (`region_recompute_ms`), the
-        fixed cost of a checkpoint call (`region_overhead_ms`) and, where it keeps nodes, its
-        policy's cost (`selective_ms`)."""
+        cost of a checkpoint call (`region_overhead_ms`, and `saved_tensor_ms` per tensor its
+        nodes save) and, where it keeps nodes, its policy's cost (`selective_ms`)."""
         kept = frozenset(kept)
         selective = self.selective_ms(region) if any(i in kept for i in region) else 0.0
-        return self.region_recompute_ms(region, kept) + self.region_overhead_ms + selective
+        return self.region_recompute_ms(region, kept) + self.checkpoint_ms(region) + selective
+
+    def checkpoint_ms(self, region: range) -> float:
+        """checkpoint's own cost for one region: `region_overhead_ms` per call and
+        `saved_tensor_ms` per tensor saved by its nodes."""
+        return self.region_overhead_ms + self.saved_tensor_ms * sum(self.nodes[i].saved_tensors for i in region)
 
     def selective_ms(self, region: range) -> float:
         """What a selective-checkpoint policy costs a region that keeps nodes: `keep_region_ms`,

@@ -78,7 +78,7 @@ def test_regions_cover_what_the_report_says(example):
     for checkpoint, region in zip(p.checkpoints, p.solution.regions, strict=True):
         assert checkpoint.nodes == tuple(names[i] for i in region)
         assert checkpoint.recompute_ms == pytest.approx(
-            p.problem.region_recompute_ms(region) + p.problem.region_overhead_ms)
+            p.problem.region_recompute_ms(region) + p.problem.checkpoint_ms(region))
         assert checkpoint.freed_bytes > 0
     assert p.recompute_ms == pytest.approx(sum(c.recompute_ms for c in p.checkpoints))
     assert p.predicted_peak_bytes == peak_bytes(p.problem, p.solution.regions)

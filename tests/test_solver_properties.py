@@ -73,6 +73,7 @@ def problems(
                 # a matmul: a region may keep its output (a selective-checkpoint policy)
                 keepable=not mutates and draw(st.integers(0, 2)) == 0,
                 aten_calls=draw(st.integers(0, 3)),
+                saved_tensors=draw(st.integers(0, 3)),  # checkpoint packs each (Problem.saved_tensor_ms)
                 # reads or writes a graph input written in place later: in no region
                 recomputable=draw(st.integers(0, 14)) != 0,
             )
@@ -97,9 +98,11 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
     overhead = draw(st.sampled_from([0.0, 0.25, 1.0]))
     # a selective region's policy: a cost per region and per ATen call it sees
     keep_region_ms, keep_call_ms = draw(st.sampled_from([(0.0, 0.0), (0.5, 0.0), (0.25, 0.25)]))
+    # checkpoint's cost per saved tensor in a region
+    saved_tensor_ms = draw(st.sampled_from([0.0, 0.25]))
     return Problem(problem.nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,
                    rng_state_bytes=problem.rng_state_bytes, measured_gradients=problem.measured_gradients,
-                   keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms)
+                   keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms, saved_tensor_ms=saved_tensor_ms)
 
 
 @dataclass

@@ -53,6 +53,20 @@ def test_chain_picks_the_cheap_region():
         assert solution.recompute_ms == 2.0 and solution.peak_bytes == 40 and solution.status == Status.OPTIMAL
 
 
+def test_checkpoints_cost_per_saved_tensor_steers_the_plan():
+    # Two regions fit at budget 40 for the same compute, {a, b} and {b, c}; c saves 40 tensors,
+    # which checkpoint packs and unpacks at 0.1 ms each, so only {a, b} is the optimum.
+    plain = chain([10, 10, 10, 10], [1.0, 1.0, 1.0, 1.0])
+    assert solve(plain, 40, method="dp").regions == (range(1, 3),)
+    nodes = list(plain.nodes)
+    nodes[2] = NodeCost(**{**nodes[2].__dict__, "saved_tensors": 40})
+    problem = Problem(tuple(nodes), saved_tensor_ms=0.1)
+    assert math.isclose(problem.recompute_ms((range(1, 3),)), 6.0)
+    for method in EXACT:
+        solution = solve(problem, 40, method=method)
+        assert solution.regions == (range(0, 2),) and solution.recompute_ms == 2.0, method
+
+
 def test_budget_at_the_unplanned_peak_needs_no_regions():
     problem = chain([10, 20, 30], [1.0, 1.0, 1.0])
     for method in (*EXACT, "sqrt", "auto"):
