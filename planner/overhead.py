@@ -9,7 +9,7 @@ The solvers add both per region (`Problem.region_overhead_ms`, `Problem.saved_te
 
 They are measured as the step-time difference of tiny modules of two depths run with and
 without checkpoint (their recomputation is subtracted), in alternating rounds, median; the
-line through the two gives both figures.
+line through the two gives both figures. Both are measured once per device and process.
 
 A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that sees
 every ATen call of its forward and of its recomputation. `selective_overhead_ms` measures what
@@ -26,6 +26,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import time
@@ -81,6 +82,7 @@ def _timer(device: torch.device) -> Callable[[Callable[[], None]], float]:
     return run
 
 
+@functools.lru_cache(maxsize=None)  # a property of the device and this process, not of the model
 def checkpoint_overhead_ms(device: torch.device) -> tuple[float, float]:
     """Milliseconds one checkpoint call adds to a training step on `device` beyond the
     recomputed forward (RNG state preserved, as for a region with dropout): per call, and per
@@ -187,6 +189,7 @@ def _calls_charged(module: nn.Module, *args: Any, **kwargs: Any) -> int:
     return 2 * counter.calls
 
 
+@functools.lru_cache(maxsize=None)  # a property of the device and this process, not of the model
 def selective_overhead_ms(device: torch.device) -> tuple[float, float]:
     """Milliseconds a selective-checkpoint policy adds to a checkpoint call on `device`: per
     region, and per ATen call it sees (forward and recomputation; both at least 0). Measured as
