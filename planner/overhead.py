@@ -52,18 +52,17 @@ _ROUNDS = 7
 _FINE_ROUNDS = 15
 
 
-class _Tiny(nn.Module):
-    """`depth` tiny linear + tanh layers and a dropout: saved tensors in proportion to depth."""
+class _Layers(nn.Module):
+    """`depth` tiny linear + tanh layers, then a dropout if `dropout`: saved tensors and ATen
+    calls in proportion to depth."""
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, dropout: bool = False) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(_WIDTH, _WIDTH) for _ in range(depth))
-        self.dropout = nn.Dropout(0.1)
+        self.layers = nn.Sequential(*(nn.Sequential(nn.Linear(_WIDTH, _WIDTH), nn.Tanh()) for _ in range(depth)))
+        self.dropout = nn.Dropout(0.1) if dropout else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return self.dropout(x)
+        return self.dropout(self.layers(x))
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], None]], float]:
@@ -82,6 +81,24 @@ def _timer(device: torch.device) -> Callable[[Callable[[], None]], float]:
     return run
 
 
+def _medians(device: torch.device, steps: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
+    """Each step run once to warm up, then timed in `rounds` alternating rounds: its median ms."""
+    timed = _timer(device)
+    for step in steps.values():
+        step()
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            samples[name].append(timed(step))
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def _line(short: tuple[int, float], long: tuple[int, float]) -> tuple[float, float]:
+    """The line through two (count, ms) points: (ms at count 0, ms per count), both at least 0."""
+    slope = max(0.0, (long[1] - short[1]) / (long[0] - short[0]))
+    return max(0.0, short[1] - slope * short[0]), slope
+
+
 @functools.lru_cache(maxsize=None)  # a property of the device and this process, not of the model
 def checkpoint_overhead_ms(device: torch.device) -> tuple[float, float]:
     """Milliseconds one checkpoint call adds to a training step on `device` beyond the
@@ -93,9 +110,7 @@ def checkpoint_overhead_ms(device: torch.device) -> tuple[float, float]:
     """
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(0)
-        (saved_short, extra_short), (saved_long, extra_long) = (_measure(device, depth) for depth in (1, 12))
-    per_tensor = max(0.0, (extra_long - extra_short) / (saved_long - saved_short))
-    return max(0.0, extra_short - per_tensor * saved_short), per_tensor
+        return _line(_measure(device, 1), _measure(device, 12))
 
 
 def _saved_tensors(module: nn.Module, x: torch.Tensor) -> int:
@@ -114,7 +129,7 @@ def _saved_tensors(module: nn.Module, x: torch.Tensor) -> int:
 
 def _measure(device: torch.device, depth: int) -> tuple[int, float]:
     """(tensors saved per checkpoint call, ms checkpoint adds per call beyond recomputation)."""
-    module = _Tiny(depth).to(device)
+    module = _Layers(depth, dropout=True).to(device)
     x = torch.randn(4, _WIDTH, device=device, requires_grad=True)
     saved = _saved_tensors(module, x)
 
@@ -136,26 +151,8 @@ def _measure(device: torch.device, depth: int) -> tuple[int, float]:
             for _ in range(_CALLS):
                 h = module(h)
 
-    timed = _timer(device)
-    samples: dict[str, list[float]] = {"plain": [], "checkpointed": [], "forward": []}
-    for step in (plain, checkpointed, forward_only):  # warm-up
-        step()
-    for _ in range(_FINE_ROUNDS):
-        for name, step in (("plain", plain), ("checkpointed", checkpointed), ("forward", forward_only)):
-            samples[name].append(timed(step))
-    extra = statistics.median(samples["checkpointed"]) - statistics.median(samples["plain"])
-    return saved, (extra - statistics.median(samples["forward"])) / _CALLS
-
-
-class _Layers(nn.Module):
-    """`depth` tiny linear + tanh layers: ATen calls in proportion to depth."""
-
-    def __init__(self, depth: int) -> None:
-        super().__init__()
-        self.layers = nn.Sequential(*(nn.Sequential(nn.Linear(_WIDTH, _WIDTH), nn.Tanh()) for _ in range(depth)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
+    ms = _medians(device, {"plain": plain, "checkpointed": checkpointed, "forward": forward_only}, _FINE_ROUNDS)
+    return saved, (ms["checkpointed"] - ms["plain"] - ms["forward"]) / _CALLS
 
 
 class _CallCounter(TorchDispatchMode):
@@ -201,10 +198,7 @@ def selective_overhead_ms(device: torch.device) -> tuple[float, float]:
     """
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(0)
-        points = [_measure_selective(device, depth) for depth in (1, 6)]
-    (calls_short, extra_short), (calls_long, extra_long) = points
-    per_call = max(0.0, (extra_long - extra_short) / (calls_long - calls_short))
-    return max(0.0, extra_short - per_call * calls_short), per_call
+        return _line(_measure_selective(device, 1), _measure_selective(device, 6))
 
 
 def selective_call_ms_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -236,16 +230,8 @@ def selective_call_ms_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[
                 parameter.grad = None
         return run
 
-    timed = _timer(device)
-    plain, selective = step(False), step(True)
-    plain()
-    selective()
-    samples: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(_FINE_ROUNDS):
-        for kind, run in ((False, plain), (True, selective)):
-            samples[kind].append(timed(run))
-    extra = statistics.median(samples[True]) - statistics.median(samples[False])
-    return max(0.0, (extra - per_region_ms) / max(1, calls_per_step))
+    ms = _medians(device, {"plain": step(False), "selective": step(True)}, _FINE_ROUNDS)
+    return max(0.0, (ms["selective"] - ms["plain"] - per_region_ms) / max(1, calls_per_step))
 
 
 def selective_call_ms_in_model(model: nn.Module, path: str, run_model: Callable[[], Any],
@@ -298,16 +284,8 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
             h.sum().backward()
         return run
 
-    timed = _timer(device)
-    plain, selective = step(False), step(True)
-    samples: dict[bool, list[float]] = {False: [], True: []}
-    plain()
-    selective()
-    for _ in range(_ROUNDS):
-        for kind, run in ((False, plain), (True, selective)):
-            samples[kind].append(timed(run))
-    extra = statistics.median(samples[True]) - statistics.median(samples[False])
-    return seen, extra / _CALLS
+    ms = _medians(device, {"plain": step(False), "selective": step(True)}, _ROUNDS)
+    return seen, (ms["selective"] - ms["plain"]) / _CALLS
 
 
 def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],

@@ -46,7 +46,7 @@ from itertools import accumulate, combinations
 from solvers.problem import MAX_KEEP_CANDIDATES, InfeasibleBudget, Problem, Solution, Status
 from solvers.simulate import make_solution, peak_bytes
 from solvers.dp_settings import DpSettings, dp_settings, region_boundaries
-from solvers.pareto import Entry, Front, Stair, merge_fronts
+from solvers.pareto import Entry, Front, Stair, merge_fronts, weaken_states
 from solvers.region_scan import RegionScan
 from solvers.structure import Structure
 
@@ -100,29 +100,6 @@ class _Search:
                 rest ^= low
             self._mask_bytes[mask] = cached
         return cached
-
-    def _weaken(self, states: dict[int, list[Stair]]) -> dict[int, list[Stair]]:
-        """Keep the `max_states - 1` frontier sets with the cheapest entries; merge the others
-        into their common subset, counting the members they drop as kept bytes (an
-        over-estimate of memory, so merged plans still fit)."""
-
-        def rank(key: int) -> tuple[float, int, int]:
-            cheapest = min(front.entries[hi - 1].cost + cost for front, _, hi, _, cost, _ in states[key])
-            lightest = min(front.helds[lo] + held for front, lo, _, held, _, _ in states[key])
-            return cheapest, lightest, key
-
-        order = sorted(states, key=rank)
-        kept = {key: states[key] for key in order[: self.max_states - 1]}
-        rest = order[self.max_states - 1 :]
-        common = -1
-        for key in rest:
-            common &= key
-        merged = list(kept.get(common, []))
-        for key in rest:
-            extra = self.mask_bytes(key) - self.mask_bytes(common)
-            merged.extend((front, lo, hi, held + extra, cost, region) for front, lo, hi, held, cost, region in states[key])
-        kept[common] = merged
-        return kept
 
     def keep_candidates(self, t: int, last: int) -> tuple[tuple[int, ...], int]:
         """The nodes regions [t, b) (b <= last) may keep (`Problem.keep_candidates`): the first
@@ -241,7 +218,7 @@ class _Search:
             if not states:
                 continue
             if len(states) > self.max_states:
-                states = self._weaken(states)
+                states = weaken_states(states, self.max_states, self.mask_bytes)
                 exact = False
             fronts = {}
             for key in sorted(states):

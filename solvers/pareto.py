@@ -1,5 +1,6 @@
 """Pareto fronts of (bytes kept, recompute ms) for the dp solver (solvers/dp.py): one front
-per frontier set at a boundary, and the merge of shifted front slices into a new front.
+per frontier set at a boundary, the merge of shifted front slices into a new front, and the
+merge of frontier sets where there are too many (`weaken_states`).
 
 Example:
     >>> front = Front([Entry(0, 5.0, None, None), Entry(8, 1.0, None, None)])
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from typing import Callable
 
 Region = tuple[int, int, tuple[int, ...]]  # start, stop, the nodes it keeps
 
@@ -90,3 +92,32 @@ def merge_fronts(stairs: list[Stair], cost_limit: float, feasibility_only: bool,
             entry = front.entries[following]
             heapq.heappush(heap, (entry.held + added_held, entry.cost + added_cost, index, following))
     return Front(survivors)
+
+
+def weaken_states(states: dict[int, list[Stair]], max_states: int,
+                  mask_bytes: Callable[[int], int]) -> dict[int, list[Stair]]:
+    """Keep the `max_states - 1` frontier sets (bit sets of outputs, `mask_bytes` of them
+    kept) with the cheapest entries; merge the others into their common subset, counting the
+    members they drop as kept bytes (an over-estimate of memory, so merged plans still fit).
+
+    Example:
+        >>> weaken_states(states, 64, search.mask_bytes)
+    """
+
+    def rank(key: int) -> tuple[float, int, int]:
+        cheapest = min(front.entries[hi - 1].cost + cost for front, _, hi, _, cost, _ in states[key])
+        lightest = min(front.helds[lo] + held for front, lo, _, held, _, _ in states[key])
+        return cheapest, lightest, key
+
+    order = sorted(states, key=rank)
+    kept = {key: states[key] for key in order[: max_states - 1]}
+    rest = order[max_states - 1 :]
+    common = -1
+    for key in rest:
+        common &= key
+    merged = list(kept.get(common, []))
+    for key in rest:
+        extra = mask_bytes(key) - mask_bytes(common)
+        merged.extend((front, lo, hi, held + extra, cost, region) for front, lo, hi, held, cost, region in states[key])
+    kept[common] = merged
+    return kept

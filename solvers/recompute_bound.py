@@ -68,8 +68,13 @@ def recompute_lower_bound(problem: Problem, budget_bytes: int) -> RecomputeBound
     steps = len(buffers.labels)
     fixed = list(buffers.transient)  # per step: what no plan can drop
     owned: list[dict[int, int]] = [defaultdict(int) for _ in range(steps)]  # step -> owner -> bytes
+    savers: dict[int, list[int]] = defaultdict(list)  # owner -> the nodes that save its output
+    for k, node in enumerate(problem.nodes):
+        for owner in node.saves:
+            savers[owner].append(k)
     for owner, kind, size, first, last in buffers.held:
-        forced = _forced_steps(problem, owner, kind) if owner >= 0 and problem.nodes[owner].recomputable else None
+        forced = (_forced_steps(buffers.backward_step, owner, kind, savers.get(owner, []))
+                  if owner >= 0 and problem.nodes[owner].recomputable else None)
         for step in range(first, last + 1):
             if forced is not None and step not in forced:
                 owned[step][owner] += size
@@ -101,19 +106,12 @@ def recompute_lower_bound(problem: Problem, budget_bytes: int) -> RecomputeBound
     return RecomputeBound(max(0.0, solver.Objective().Value() * (1 - BOUND_TOLERANCE)))
 
 
-
-def _forced_steps(problem: Problem, owner: int, kind: str) -> range:
+def _forced_steps(backward_step: tuple[int, ...], owner: int, kind: str, savers: list[int]) -> range:
     """The unplanned steps at which a buffer of `owner` is alive even if `owner` is recomputed:
     its saved tensors at its own backward, its output from the first to the last backward of a
-    node that saved it (one recomputed copy serves them all)."""
-    n = len(problem.nodes)
-
-    def backward_step(k: int) -> int:
-        return 2 * n - 1 - k
-
+    node that saved it (`savers`; one recomputed copy serves them all)."""
     if kind == "saved":
-        return range(backward_step(owner), backward_step(owner) + 1)
-    savers = [k for k in range(owner, n) if owner in problem.nodes[k].saves]
+        return range(backward_step[owner], backward_step[owner] + 1)
     if not savers:
         return range(0)
-    return range(backward_step(max(savers)), backward_step(min(savers)) + 1)
+    return range(backward_step[max(savers)], backward_step[min(savers)] + 1)

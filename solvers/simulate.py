@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Collection
 
-from solvers.problem import Problem, Solution, Status, gradient_spans
+from solvers.gradients import gradient_spans
+from solvers.problem import Problem, Solution, Status
 
 
 @dataclass(frozen=True)
@@ -76,11 +77,13 @@ class Buffers:
     """Every buffer of one step under a plan: (owner node or -1, kind, bytes, first step, last
     step), alive over first..last inclusive, plus each step's temporaries and the step labels.
     Kinds: "output", "saved" (a node's), "rng" (a region's RNG state), "gradient".
+    `backward_step[i]` is the step of node i's backward.
     `simulate` sums them; `solvers.recompute_bound` asks which node owns what at each step."""
 
     labels: tuple[str, ...]
     held: tuple[tuple[int, str, int, int, int], ...]
     transient: tuple[int, ...]
+    backward_step: tuple[int, ...]
 
 
 def simulate(problem: Problem, regions: tuple[range, ...] = (), kept: Collection[int] = ()) -> Timeline:
@@ -206,7 +209,7 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
     for j, node in enumerate(nodes):
         transient[backward_step[j]] += node.param_grad_bytes + node.backward_transient_bytes
 
-    return Buffers(tuple(labels), tuple(held), tuple(transient))
+    return Buffers(tuple(labels), tuple(held), tuple(transient), tuple(backward_step[i] for i in range(n)))
 
 
 def held_after_forward(problem: Problem, regions: tuple[range, ...] = (), kept: Collection[int] = ()) -> int:

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solvers.problem import Problem, gradient_spans
+from solvers.gradients import gradient_spans
+from solvers.problem import Problem
 
 
 @dataclass(frozen=True)
