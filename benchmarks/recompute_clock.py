@@ -67,7 +67,7 @@ def run(key: str, rounds: int, keep: bool = False) -> str:
     if keep:
         problem = planned_plan.problem
         candidates = [problem.nodes[i].name for region in planned_plan.solution.regions
-                      for i in problem.keep_candidates(region)]
+                      for i in problem.keepable_in(region)]
         planned_plan = base.with_submodules(block_names(spec, model), kept=candidates)
     planned = planned_plan.module()
     times = timed_regions(planned)

@@ -9,7 +9,6 @@ import torch.fx as fx
 from planner.apply import ModuleCheckpoint
 from planner.profile import COMPUTE_OPS, META_KEY
 from solvers import NodeCost, Problem
-from solvers.problem import MAX_KEEP_CANDIDATES
 
 
 def compute_nodes(gm: fx.GraphModule) -> list[fx.Node]:
@@ -126,9 +125,9 @@ def saved_calls(gm: fx.GraphModule, region: range, kept: Collection[int]) -> tup
 
 
 def kept_indices(problem: Problem, regions: tuple[range, ...], kept: Sequence[str]) -> tuple[int, ...]:
-    """The sorted node indices of `kept` (node names), each a keep candidate of one of
-    `regions` (`Problem.keep_candidates`); ValueError naming the first that is not, with the
-    nodes the regions may keep.
+    """The sorted node indices of `kept` (node names), each a node one of `regions` may keep
+    (`Problem.keepable_in`); ValueError naming the first that is not, with the nodes the
+    regions may keep.
 
     Example:
         >>> kept_indices(problem, (range(8, 43),), ["blocks_0_mlp_0"])
@@ -137,7 +136,7 @@ def kept_indices(problem: Problem, regions: tuple[range, ...], kept: Sequence[st
     if isinstance(kept, str):
         raise TypeError(f"kept takes a list of node names, not the string {kept!r}")
     index = {node.name: i for i, node in enumerate(problem.nodes)}
-    candidates = {i for region in regions for i in problem.keep_candidates(region)}
+    candidates = {i for region in regions for i in problem.keepable_in(region)}
     for name in kept:
         if index.get(name) in candidates:
             continue
@@ -146,11 +145,12 @@ def kept_indices(problem: Problem, regions: tuple[range, ...], kept: Sequence[st
         elif not any(index[name] in region for region in regions):
             why = "lies in none of the checkpointed regions"
         else:
-            why = ("is not a node a region may keep (a matrix product, convolution or attention whose calls were "
-                   "recorded, that recomputation reaches, in a region of at most "
-                   f"{MAX_KEEP_CANDIDATES} such nodes)")
-        named = ", ".join(problem.nodes[i].name for i in sorted(candidates)[:MAX_KEEP_CANDIDATES]) or "none"
-        raise ValueError(f"cannot keep {name!r}: it {why}; the regions may keep {named}")
+            why = ("is not a node its region may keep (one that makes a storage, writes nothing in place, draws "
+                   "no random numbers, whose calls were recorded in the model's forward as in the graph, and "
+                   "that recomputation reaches)")
+        named = ", ".join(problem.nodes[i].name for i in sorted(candidates)[:12]) or "none"
+        more = f" and {len(candidates) - 12} more" if len(candidates) > 12 else ""
+        raise ValueError(f"cannot keep {name!r}: it {why}; the regions may keep {named}{more}")
     return tuple(sorted({index[name] for name in kept}))
 
 
@@ -210,6 +210,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 stops_before_output=record.stops_before_output,
                 stop_ms=record.stop_ms,
                 keepable=bool(record.keep_calls) and i not in written,
+                keep_span=None if record.keep_span is None else tuple(record.keep_span),
                 aten_calls=len(record.aten_calls),
                 saved_tensors=record.saved_tensors,
                 recomputable=i not in fixed,

@@ -38,7 +38,7 @@ from typing import Any, Callable, Collection, Sequence
 import torch
 import torch.fx as fx
 
-from planner.graph import compute_nodes, module_calls
+from planner.graph import ModuleCall, compute_nodes, module_calls
 from planner.memory import LiveBytesTracker, draws_random_numbers, written_arguments
 from planner.profile import COMPUTE_OPS, tensors_in
 
@@ -75,16 +75,34 @@ class NodeCalls:
     writes: bool = False
     random: bool = False
     found: bool = True
+    # (start, stop) nodes of the largest submodule call holding it whose calls, and those of
+    # every smaller one holding it, are all the same, in order, in the model's forward: in
+    # those, any of its calls (not just `KEEPABLE_OPS` ones) is found at its occurrence
+    span: tuple[int, int] | None = None
 
     @property
     def keepable(self) -> bool:
-        """Whether a region may keep its output: its calls are found in the model's forward
-        (a policy could not find them otherwise), it makes a storage, every storage it makes
-        comes from a `KEEPABLE_OPS` call (so caching those calls keeps exactly its outputs and
-        saved tensors), it writes nothing in place, and it draws no random numbers (a cached
-        call is skipped when recomputing, which would shift the generator for later draws)."""
-        return (self.found and bool(self.allocating) and not self.writes and not self.random
-                and all(self.names[i] in KEEPABLE_OPS for i in self.allocating))
+        """Whether a region may keep its output: it makes a storage, its storage-making calls
+        are found in the model's forward (a policy could not find them otherwise: all its calls
+        where they are not all `KEEPABLE_OPS` ones), it writes nothing in place, and it draws no
+        random numbers (a cached call is skipped when recomputing, which would shift the
+        generator for later draws). Caching its storage-making calls keeps its outputs and
+        saved tensors."""
+        if not self.allocating or self.writes or self.random:
+            return False
+        return self.found if self.heavy else self.span is not None
+
+    @property
+    def heavy(self) -> bool:
+        """Whether every storage it makes comes from a `KEEPABLE_OPS` call (a matmul, a
+        convolution, attention)."""
+        return all(self.names[i] in KEEPABLE_OPS for i in self.allocating)
+
+    @property
+    def keep_span(self) -> tuple[int, int] | None:
+        """The nodes within which a region may keep it (`NodeCost.keep_span`): its `span`,
+        unless it is `heavy` (then any region: those calls are matched in every one)."""
+        return None if self.heavy else self.span
 
 
 class _CallLog(LiveBytesTracker):
@@ -213,23 +231,40 @@ def _keepable(names: Sequence[str]) -> list[str]:
     return [name for name in names if name in KEEPABLE_OPS]
 
 
+def _checked(names: Sequence[str]) -> list[str]:
+    """The calls a policy's occurrences depend on: all but torch.export's metadata asserts
+    (`aten._assert_tensor_metadata`), which the model's forward does not make; a policy counts
+    each func's calls on its own, so leaving out other funcs changes no occurrence."""
+    return [name for name in names if not name.startswith("aten._assert")]
+
+
 def _unmatched_regions(gm: fx.GraphModule, calls_of: dict[str, NodeCalls], eager_calls: list[str],
-                       spans: _ModuleSpans) -> list[range]:
+                       spans: _ModuleSpans) -> tuple[list[range], list[range]]:
     """The node ranges of the regions (submodule calls, `planner.graph.module_calls`) whose
-    `KEEPABLE_OPS` calls are not the same, in order, in the graph run and in the module's one
-    call in the model's forward; logs each and why."""
+    `KEEPABLE_OPS` calls, and those whose calls of any op, are not the same, in order, in the
+    graph run and in the module's one call in the model's forward; logs the first kind and why."""
     nodes = compute_nodes(gm)
     regions = module_calls(gm)
     by_path = spans.by_path([call.path for call in regions])
     unmatched: list[range] = []
+    differing: list[range] = []
     why: list[str] = []
+    differ: list[str] = []
     for call in regions:
-        graph = _keepable([name for i in call.nodes for name in calls_of[nodes[i].name].names])
+        graph_calls = _checked([name for i in call.nodes for name in calls_of[nodes[i].name].names])
+        graph = _keepable(graph_calls)
         found = by_path.get(call.path, [])
         if len(found) != 1:
             unmatched.append(call.nodes)
+            differing.append(call.nodes)
             why.append(f"{call.path} (called {len(found)} times in the model's forward, once in the graph)")
             continue
+        eager = _checked(eager_calls[found[0].start:found[0].stop])
+        if eager != graph_calls:
+            differing.append(call.nodes)
+            at = next((i for i, (a, b) in enumerate(zip(eager, graph_calls)) if a != b), min(len(eager), len(graph_calls)))
+            differ.append(f"{call.path} (call {at} is {eager[at] if at < len(eager) else 'none'} in the model, "
+                          f"{graph_calls[at] if at < len(graph_calls) else 'none'} in the graph)")
         model = _keepable(eager_calls[found[0].start:found[0].stop])
         if model != graph:
             unmatched.append(call.nodes)
@@ -242,7 +277,22 @@ def _unmatched_regions(gm: fx.GraphModule, calls_of: dict[str, NodeCalls], eager
         logger.info("no region may keep a node of %d submodule calls: the model's forward does not make their "
                     "matrix product, convolution and attention calls as the graph does, so a selective policy "
                     "would not find them: %s", len(why), "; ".join(why))
-    return unmatched
+    if differ:
+        logger.info("%d of %d submodule calls make other ATen calls in the model's forward than in the graph: "
+                    "they keep only matrix products, convolutions and attention: %s", len(differ), len(regions),
+                    "; ".join(differ[:4]) + ("; ..." if len(differ) > 4 else ""))
+    return unmatched, differing
+
+
+def _matched_span(index: int, calls: list[ModuleCall], differing: list[range]) -> tuple[int, int] | None:
+    """(start, stop) of the largest submodule call holding node `index` that, with every
+    smaller one holding it, makes the same calls in the model's forward (not in `differing`)."""
+    span = None
+    for call in sorted((call for call in calls if index in call.nodes), key=lambda call: len(call.nodes)):
+        if call.nodes in differing:
+            break
+        span = (call.nodes.start, call.nodes.stop)
+    return span
 
 
 @dataclass
@@ -296,8 +346,10 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
                 hook.remove()
     compute = compute_nodes(gm)
     order = {node.name: i for i, node in enumerate(compute)}
-    unmatched = _unmatched_regions(gm, runner.calls_of, eager_log.calls, spans)
-    calls = {name: replace(record, found=False) if any(order[name] in region for region in unmatched) else record
+    unmatched, differing = _unmatched_regions(gm, runner.calls_of, eager_log.calls, spans)
+    regions = module_calls(gm)
+    calls = {name: replace(record, found=not any(order[name] in region for region in unmatched),
+                           span=_matched_span(order[name], regions, differing))
              for name, record in runner.calls_of.items()}
     if graph_log.calls != eager_log.calls:
         mismatch = next((i for i, (a, b) in enumerate(zip(graph_log.calls, eager_log.calls)) if a != b),

@@ -176,6 +176,7 @@ def note_holds(gm: fx.GraphModule, lifetimes: EagerLifetimes) -> None:
         if calls is not None:
             node.meta[META_KEY].aten_calls = calls.names
             node.meta[META_KEY].keep_calls = calls.allocating if calls.keepable else ()
+            node.meta[META_KEY].keep_span = calls.keep_span if calls.keepable else None
 
 
 def _no_run(gm: fx.GraphModule, inputs: list[torch.Tensor], fake: Any, where: PlanDevice, repeats: int,

@@ -41,6 +41,7 @@ from planner.apply import ModuleCheckpoint
 from planner.memory import preserved_state
 from planner.profile import tensors_in
 from solvers import Problem
+from solvers.problem import MAX_RUN_CANDIDATES
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +294,7 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
                                 run_model: Callable[[], Any]) -> tuple[float, float]:
     """A selective policy's cost per region and per ATen call (`Problem.keep_region_ms`,
     `keep_call_ms`): from tiny modules, and per call, where the model runs here, on its own
-    submodule with the most keep candidates (its real ops cost the policy more). (0, 0) where
+    submodule with the most keepable nodes, a block (its real ops cost the policy more). (0, 0) where
     nothing is keepable.
 
     Example:
@@ -303,9 +304,12 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     if not any(node.keepable for node in problem.nodes):
         return 0.0, 0.0
     per_region, per_call = selective_overhead_ms(device)
-    candidates = [r for r in wrapped if problem.allows_region(r.start, r.stop) and problem.keep_candidates(r)]
+    # the regions the solvers may keep in (a block, not the whole model: at most
+    # MAX_RUN_CANDIDATES keepable nodes)
+    candidates = [r for r in wrapped if problem.allows_region(r.start, r.stop)
+                  and 0 < len(problem.keepable_in(r)) <= MAX_RUN_CANDIDATES]
     if runs_here and candidates:
-        region = max(candidates, key=lambda r: (len(problem.keep_candidates(r)), len(r)))
+        region = max(candidates, key=lambda r: (len(problem.keepable_in(r)), len(r)))
         try:
             with preserved_state(model, [device]):
                 per_call = selective_call_ms_in_model(model, wrapped[region].module, run_model, per_region, device)

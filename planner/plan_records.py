@@ -89,6 +89,8 @@ def cost_from_record(name: str, record: dict[str, Any], index: dict[str, int]) -
     for key in _NODE_REFERENCES:
         values[key] = tuple(index[owner] for owner in values.get(key, ()))
     values["shared_grads"] = tuple((index[user], size) for user, size in values.get("shared_grads", ()))
+    if values.get("keep_span") is not None:
+        values["keep_span"] = tuple(values["keep_span"])
     return NodeCost(name=name, **values)
 
 

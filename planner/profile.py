@@ -70,6 +70,8 @@ class NodeProfile:
     # where a region may keep its output (planner.holds.NodeCalls.keepable), the positions in
     # `aten_calls` of the calls that make its storages: what a selective policy caches
     keep_calls: tuple[int, ...] = ()
+    # (start, stop) compute-node indices: kept only by regions within them (NodeCost.keep_span)
+    keep_span: tuple[int, int] | None = None
     # tensors autograd saved for its backward, counted as packed (parameters included): in a
     # region, checkpoint's hooks pack and unpack each one
     saved_tensors: int = 0

@@ -3,13 +3,13 @@
 A plan is any set of disjoint, non-empty ranges of consecutive nodes whose starts pass
 `Problem.can_start_region`; two adjacent ranges differ from their union. There are F(2n + 1)
 of them (Fibonacci), 75 025 for n = 12, so this refuses larger graphs. Each region may also
-keep any subset of its `Problem.keep_candidates` (a selective-checkpoint policy).
+keep any of its `Problem.keep_choices` (a selective-checkpoint policy).
 """
 from __future__ import annotations
 
 import logging
 import time
-from itertools import chain, combinations, product
+from itertools import chain, product
 from typing import Iterator
 
 from solvers.problem import InfeasibleBudget, Problem, Solution, Status
@@ -44,18 +44,14 @@ def all_plans(problem: Problem) -> Iterator[tuple[range, ...]]:
 
 def all_plans_with_keeps(problem: Problem) -> Iterator[tuple[tuple[range, ...], tuple[int, ...]]]:
     """Every plan of `problem` as (regions, kept nodes): each of `all_plans` with every
-    choice of a subset of each region's `Problem.keep_candidates`.
+    choice of what each region keeps (`Problem.keep_choices`).
 
     Example:
         >>> next(all_plans_with_keeps(problem))
         ((), ())
     """
     for regions in all_plans(problem):
-        choices = []
-        for region in regions:
-            candidates = problem.keep_candidates(region)
-            choices.append([subset for size in range(len(candidates) + 1)
-                            for subset in combinations(candidates, size)])
+        choices = [problem.keep_choices(region) for region in regions]
         for subsets in product(*choices):
             yield regions, tuple(chain.from_iterable(subsets))
 

@@ -25,9 +25,10 @@ and bounded ones (fewer sets, thinned Pareto fronts, region boundaries on a grid
 DAGs, where dp is a fast heuristic and `ilp` is the exact solver, and for chains of over 1000
 nodes (regions of at most 128 nodes, bounded at nodes that hold memory, thinned fronts).
 
-A region [t, b) may also keep any subset of its keep candidates (`Problem.keep_candidates`):
-dp runs the region transitions once per subset of the first `MAX_KEEP_CANDIDATES` keepable
-nodes from t. A kept node's output enters the frontier set like a region input (it is alive
+A region [t, b) may also keep nodes (a selective-checkpoint policy). With allowed regions, dp
+runs each allowed region's transition once per set it may keep (`Problem.keep_choices`: subsets,
+and all but a run of consecutive nodes in a block); without, once per subset of the first
+`MAX_KEEP_CANDIDATES` keepable nodes from t, for all regions from t at once. A kept node's output enters the frontier set like a region input (it is alive
 from its forward on), its saved tensors join the bytes the region keeps, the region's own scan
 counts both from its first recomputation step (solvers/region_scan.py), and its time leaves
 the region's cost (the selective policy's own cost joins it).
@@ -77,7 +78,9 @@ class _Search:
             self.frontier[t] = mask
         self.cumulative_ms = [0.0, *accumulate(structure.compute_ms)]
         self.random = [node.random for node in problem.nodes]
-        self.keepable = [k for k, node in enumerate(problem.nodes) if node.keepable]
+        # (With allowed regions, `Problem.keep_choices` says what each keeps; without, nodes
+        # with a keep span are kept nowhere.)
+        self.keepable = [k for k, node in enumerate(problem.nodes) if node.keepable and node.keep_span is None]
         self.stops_before = [node.stops_before_output for node in problem.nodes]
         self.cumulative_calls = [0, *accumulate(node.aten_calls for node in problem.nodes)]
         self.cumulative_pack_ms = [0.0, *accumulate(problem.saved_tensor_ms * node.saved_tensors
@@ -113,9 +116,10 @@ class _Search:
 
     def _regions_from(self, t: int, keep: tuple[int, ...], last: int, fronts: dict[int, Front],
                       pending: list[dict[int, list[Stair]] | None], live_budget: int, bound: float, slack: float,
-                      feasibility_only: bool) -> float:
-        """Add the transitions of the regions [t, b), b <= last, that keep `keep` to `pending`;
-        return the cost bound, lowered where a region reaches the end of the graph."""
+                      feasibility_only: bool, only_last: bool = False) -> float:
+        """Add the transitions of the regions [t, b), b <= last (`only_last`: b = last), that
+        keep `keep` to `pending`; return the cost bound, lowered where a region reaches the end
+        of the graph."""
         structure = self.structure
         n = structure.n
         out = structure.output_bytes
@@ -178,7 +182,8 @@ class _Search:
                 if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
                     break
                 # (The kept nodes must be keep candidates: `Problem.keep_candidates`, inline.)
-                if (not self.boundary[b] or not self.problem.allows_region(t, b) or scan.last_saver < 0
+                if (not self.boundary[b] or (only_last and b != last) or not self.problem.allows_region(t, b)
+                        or scan.last_saver < 0
                         or last_kept >= stop or (last_kept == stop - 1 and stops_before[last_kept])):
                     continue  # (a region that saves nothing recomputes and frees nothing)
                 limit = live_budget - max(forward_max, inputs_bytes - kept_out + scan.peak[index]) - rng
@@ -256,6 +261,15 @@ class _Search:
             last = self.problem.last_region_stop(t)
             if self.max_region_nodes is not None:
                 last = min(last, t + self.max_region_nodes)
+            if self.problem.allowed_regions is not None:
+                # Every region from t keeping nothing, then each allowed one keeping each choice.
+                bound = self._regions_from(t, (), last, fronts, pending, live_budget, bound, slack, feasibility_only)
+                for b in range(t + 1, last + 1):
+                    if self.problem.allows_region(t, b):
+                        for keep in self.problem.keep_choices(range(t, b))[1:]:
+                            bound = self._regions_from(t, keep, b, fronts, pending, live_budget, bound, slack,
+                                                       feasibility_only, only_last=True)
+                continue
             candidates, keep_stop = self.keep_candidates(t, last)
             for size in range(len(candidates) + 1):
                 for keep in combinations(candidates, size):

@@ -2,13 +2,19 @@
 from __future__ import annotations
 
 import bisect
+from itertools import combinations
 from dataclasses import dataclass
 from enum import Enum
 from typing import Collection
 
-# A region keeps (a selective-checkpoint policy) only where it holds at most this many keepable
-# nodes: every solver tries each subset of them, and a region spanning several blocks keeps none.
+# What a region may keep (a selective-checkpoint policy), `Problem.keep_choices`: any subset of
+# its keepable nodes where it holds at most MAX_KEEP_CANDIDATES (the solvers try each); in a
+# larger allowed region (a block), any subset of its KEEP_COSTLIEST costliest ones, or all of
+# them but a run of consecutive ones (recomputing a run inside the block: its norm and the next
+# linear's input, an activation), this last where it holds at most MAX_RUN_CANDIDATES.
 MAX_KEEP_CANDIDATES = 8
+KEEP_COSTLIEST = 5
+MAX_RUN_CANDIDATES = 40
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,9 @@ class NodeCost:
     # Its output may be kept inside a region (a selective-checkpoint policy caches the ATen
     # calls that make its output and saved tensors): the region's recomputation then skips it.
     keepable: bool = False
+    # (start, stop): it may be kept only in allowed regions within these nodes (the submodule
+    # calls whose ATen calls the model's forward makes as the graph does); None: in any region
+    keep_span: tuple[int, int] | None = None
     aten_calls: int = 0  # ATen calls its forward makes: a selective region's policy sees each one
     # tensors autograd saves for its backward: in a region, checkpoint packs and unpacks each
     saved_tensors: int = 0
@@ -118,6 +127,8 @@ class Problem:
         for index, node in enumerate(self.nodes):
             if node.keepable and node.mutates:
                 raise ValueError(f"node {index} ({node.name!r}) writes in place, so its output cannot be kept")
+            if node.keep_span is not None and not node.keep_span[0] <= index < node.keep_span[1]:
+                raise ValueError(f"node {index} ({node.name!r}) lies outside its keep span {node.keep_span}")
             if node.stops_before_output and index in node.saves:
                 raise ValueError(f"node {index} ({node.name!r}) saves its own output, so it makes it before it stops")
             for owner in (*node.uses, *node.saves, *node.mutates, *node.grad_aliases, *node.holds, *node.arguments,
@@ -168,20 +179,80 @@ class Problem:
         return (sum(self.nodes[i].compute_ms for i in recomputed[:-1] if i not in kept)
                 + (0.0 if last in kept else self.nodes[last].stop_cost_ms))
 
-    def keep_candidates(self, region: range) -> tuple[int, ...]:
-        """The nodes a region may keep: its keepable nodes that recomputation reaches (and asks
-        for: not a last node it stops before), where it holds at most `MAX_KEEP_CANDIDATES`
-        keepable nodes (a longer region keeps nothing: the solvers try every subset of a
-        region's candidates)."""
-        keepable = [i for i in region if self.nodes[i].keepable]
-        if len(keepable) > MAX_KEEP_CANDIDATES:
-            return ()
+    def keepable_in(self, region: range) -> list[int]:
+        """The keepable nodes of `region` that recomputation reaches (and asks for: not a last
+        node it stops before) and whose `keep_span` holds the region (with no allowed regions,
+        only nodes without a span)."""
         recomputed = self.recomputed(region)
+        if not recomputed:
+            return []
         last = recomputed.stop - 1
         # Recomputation that stops before its last node makes its output never asks for that
         # output: kept, it would stay cached until the region's backward, saving no time.
-        skipped = last if recomputed and self.nodes[last].stops_before_output else -1
-        return tuple(i for i in keepable if i in recomputed and i != skipped)
+        skipped = last if self.nodes[last].stops_before_output else -1
+        found = []
+        for i in recomputed:
+            node = self.nodes[i]
+            if not node.keepable or i == skipped:
+                continue
+            span = node.keep_span
+            if span is None or (self.allowed_regions is not None and span[0] <= region.start
+                                and region.stop <= span[1]):
+                found.append(i)
+        return found
+
+    def keep_candidates(self, region: range) -> tuple[int, ...]:
+        """The nodes of which a region may keep any subset: its `keepable_in` nodes where at
+        most `MAX_KEEP_CANDIDATES`; in a larger allowed region its `KEEP_COSTLIEST` costliest
+        (by forward time, then position); else none (every solver tries each subset).
+
+        Example:
+            >>> problem.keep_candidates(range(10, 24))  # a block's four linears and attention
+            (12, 15, 18, 20, 22)
+        """
+        if self.allowed_regions is None:  # counted over the whole region, as dp finds them
+            if sum(self.nodes[i].keepable and self.nodes[i].keep_span is None for i in region) > MAX_KEEP_CANDIDATES:
+                return ()
+            return tuple(self.keepable_in(region))
+        keepable = self.keepable_in(region)
+        if len(keepable) <= MAX_KEEP_CANDIDATES:
+            return tuple(keepable)
+        costliest = sorted(keepable, key=lambda i: (-self.nodes[i].compute_ms, i))[:KEEP_COSTLIEST]
+        return tuple(sorted(costliest))
+
+    def keeps_runs(self, region: range) -> bool:
+        """Whether `region` may also keep all its `keepable_in` nodes but a run of consecutive
+        ones: an allowed region with over `MAX_KEEP_CANDIDATES` and at most
+        `MAX_RUN_CANDIDATES` of them."""
+        return (self.allowed_regions is not None
+                and MAX_KEEP_CANDIDATES < len(self.keepable_in(region)) <= MAX_RUN_CANDIDATES)
+
+    def keep_choices(self, region: range) -> list[tuple[int, ...]]:
+        """Every set of nodes `region` may keep (sorted tuples, each once, the empty one first):
+        the subsets of its `keep_candidates`, and where it `keeps_runs`, its `keepable_in`
+        nodes less each run of consecutive ones (the empty run too).
+
+        Example:
+            >>> problem.keep_choices(range(0, 2))
+            [(), (0,), (1,), (0, 1)]
+        """
+        candidates = self.keep_candidates(region)
+        choices = [keep for size in range(len(candidates) + 1) for keep in combinations(candidates, size)]
+        if self.keeps_runs(region):
+            keepable = self.keepable_in(region)
+            seen = set(choices)
+            for first in range(len(keepable) + 1):  # (the empty run keeps them all)
+                for stop in range(first + (first < len(keepable)), len(keepable) + 1):
+                    keep = (*keepable[:first], *keepable[stop:])
+                    if keep not in seen:
+                        seen.add(keep)
+                        choices.append(keep)
+        return choices
+
+    def may_keep(self, region: range, kept: Collection[int]) -> bool:
+        """Whether `region` may keep its nodes in `kept`: any of its `keepable_in` nodes (the
+        solvers search its `keep_choices`, a part of these)."""
+        return {i for i in kept if i in region} <= set(self.keepable_in(region))
 
     def region_rng_bytes(self, region: range) -> int:
         """The RNG state a region keeps: `rng_state_bytes` if one of its nodes is random."""

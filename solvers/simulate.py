@@ -48,7 +48,7 @@ def peak_bytes(problem: Problem, regions: tuple[range, ...] = (), kept: Collecti
 
 def validate_regions(problem: Problem, regions: tuple[range, ...], kept: Collection[int] = ()) -> None:
     """Raise ValueError unless regions are sorted, disjoint, non-empty and startable, and each
-    kept node is one of its region's `Problem.keep_candidates`."""
+    region keeps one of its `Problem.keep_choices`."""
     previous_stop = 0
     for region in regions:
         if region.step != 1 or len(region) == 0:
@@ -63,12 +63,15 @@ def validate_regions(problem: Problem, regions: tuple[range, ...], kept: Collect
         if not problem.allows_region(region.start, region.stop):
             raise ValueError(f"region {region} is not one of the problem's allowed regions")
         previous_stop = region.stop
-    candidates = {i for region in regions for i in problem.keep_candidates(region)}
-    for i in kept:
-        if i not in candidates:
+    kept = set(kept)
+    outside = sorted(kept - {i for region in regions for i in region})
+    if outside:
+        raise ValueError(f"node {outside[0]} cannot be kept: it lies in no region")
+    for region in regions:
+        if not problem.may_keep(region, kept):
             raise ValueError(
-                f"node {i} cannot be kept: it is not a keepable node that a region's recomputation reaches"
-                " (or its region holds over MAX_KEEP_CANDIDATES keepable nodes)"
+                f"nodes {sorted(kept & set(region))} cannot be kept by region {region}: not all are keepable "
+                "nodes that its recomputation reaches (`Problem.keepable_in`)"
             )
 
 

@@ -141,26 +141,36 @@ def assert_same_step(reference: nn.Module, planned: nn.Module, tokens: torch.Ten
 
 # -- which nodes are keepable --------------------------------------------------------------------
 
-def test_matrix_products_and_attention_are_keepable_the_rest_is_not(measured):
+def test_what_is_keepable_and_where(measured):
     _, _, p = measured
-    keepable = {node.name for node in p.problem.nodes if node.keepable}
-    for i in range(BLOCKS):
-        for name in LINEARS:
-            assert f"blocks_{i}_{name}" in keepable
+    nodes = {node.name: node for node in p.problem.nodes}
+    keepable = {name for name, node in nodes.items() if node.keepable}
+    # matrix products and attention, in any region (their calls match in every submodule call)
+    heavy = {f"blocks_{i}_{name}" for i in range(BLOCKS) for name in LINEARS}
     # the written-out attention's two matmuls (blocks 0, 2) and the fused kernel (blocks 1, 3)
-    assert {"matmul", "matmul_1", "matmul_2", "matmul_3"} <= keepable
-    assert {"scaled_dot_product_attention", "scaled_dot_product_attention_1"} <= keepable
-    for name in ("blocks_0_norm1", "blocks_0_act", "softmax", "blocks_0_attention_dropout", "add", "truediv",
-                 "blocks_1_dropout", "reshape", "embedding"):
+    heavy |= {"matmul", "matmul_1", "matmul_2", "matmul_3", "scaled_dot_product_attention",
+              "scaled_dot_product_attention_1"}
+    assert heavy <= keepable and all(nodes[name].keep_span is None for name in heavy)
+    # other deterministic storage-making nodes, within the submodule calls whose calls match
+    from planner.graph import compute_nodes, module_calls
+
+    calls = {(call.nodes.start, call.nodes.stop) for call in module_calls(p.traced.gm)}
+    index = {name: i for i, name in enumerate(nodes)}
+    for name in ("blocks_0_norm1", "blocks_0_act", "softmax", "add", "truediv"):
+        assert name in keepable and nodes[name].keep_span in calls, name
+        start, stop = nodes[name].keep_span
+        assert start <= index[name] < stop
+    # random (dropout) and storage-less (reshape) nodes never
+    for name in ("blocks_0_attention_dropout", "blocks_1_dropout", "reshape"):
         assert name not in keepable, name
-    # each keepable node's cached calls are matrix products or attention
-    from planner.graph import compute_nodes
+    # each keepable node's cached calls are the ones that make its storages
     from planner.profile import META_KEY
 
     for node in compute_nodes(p.traced.gm):
         record = node.meta[META_KEY]
         assert bool(record.keep_calls) == (node.name in keepable), node.name
-        assert all(record.aten_calls[i] in KEEPABLE_OPS for i in record.keep_calls)
+        if node.name in heavy:
+            assert all(record.aten_calls[i] in KEEPABLE_OPS for i in record.keep_calls)
 
 
 def test_an_output_written_in_place_later_is_not_keepable():
@@ -208,8 +218,8 @@ def test_calls_are_found_per_region_where_the_whole_runs_differ(caplog):
 
 def test_with_submodules_names_what_it_cannot_keep(measured):
     _, _, p = measured
-    with pytest.raises(ValueError, match="cannot keep 'blocks_0_act': it is not a node a region may keep"):
-        p.with_submodules(["blocks.0"], kept=["blocks_0_act"])
+    with pytest.raises(ValueError, match="cannot keep 'blocks_0_dropout': it is not a node its region may keep"):
+        p.with_submodules(["blocks.0"], kept=["blocks_0_dropout"])
     with pytest.raises(ValueError, match="cannot keep 'blocks_1_fc1': it lies in none of the checkpointed"):
         p.with_submodules(["blocks.0"], kept=["blocks_1_fc1"])
     with pytest.raises(ValueError, match="cannot keep 'nothing': it is not a node of the graph"):
@@ -251,7 +261,7 @@ def test_a_selective_plan_matches_the_model_and_its_predicted_peak(measured):
 def test_a_plan_keeping_every_candidate_matches_too(measured):
     model, tokens, p = measured
     every = [p.problem.nodes[i].name for region in p.with_submodules(BLOCK_NAMES).solution.regions
-             for i in p.problem.keep_candidates(region)]
+             for i in p.problem.keepable_in(region)]
     assert "scaled_dot_product_attention" in every and "matmul" in every
     keeping = selective(p, every)
     assert recomputed_ms(keeping) < recomputed_ms(selective(p))

@@ -7,14 +7,18 @@ multiples of 1/4 ms, so sums are exact and ties are real ties.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Iterator
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from solvers import InfeasibleBudget, NodeCost, Problem, Status, minimum_peak_bytes, peak_bytes, solve
+import solvers.problem
 from solvers.brute_force import all_plans, all_plans_with_keeps
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -22,11 +26,13 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], der
 
 @st.composite
 def problems(
-    draw: st.DrawFn, max_nodes: int = 8, unread_saves: bool = False, self_saves: bool = False
+    draw: st.DrawFn, max_nodes: int = 8, unread_saves: bool = False, self_saves: bool = False,
+    keepable_odds: int = 3,
 ) -> Problem:
     """A random graph in topological order. Saves are owners a node reads or itself (as in
     traced graphs), unless `unread_saves`, which also lets nodes save outputs they never read;
-    `self_saves` makes every node save its own output too (as in the literature graphs)."""
+    `self_saves` makes every node save its own output too (as in the literature graphs). One
+    node in `keepable_odds` is keepable (1: all that write nothing in place)."""
     n = draw(st.integers(1, max_nodes))
     chain = draw(st.booleans())
     sizes = st.sampled_from([0, 1, 2, 3, 8, 16])
@@ -71,7 +77,7 @@ def problems(
                 # forward time up to its last save (a dropout's mask: most of it; a linear: none)
                 stop_ms=draw(st.sampled_from([None, 0.0, 0.25, 1.0])),
                 # a matmul: a region may keep its output (a selective-checkpoint policy)
-                keepable=not mutates and draw(st.integers(0, 2)) == 0,
+                keepable=not mutates and draw(st.integers(0, keepable_odds - 1)) == 0,
                 aten_calls=draw(st.integers(0, 3)),
                 saved_tensors=draw(st.integers(0, 3)),  # checkpoint packs each (Problem.saved_tensor_ms)
                 # reads or writes a graph input written in place later: in no region
@@ -90,17 +96,25 @@ def problems(
 @st.composite
 def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> Problem:
     """A random problem whose regions are limited to random node ranges (like submodule calls:
-    some nested, some overlapping) and whose regions each cost a fixed overhead."""
-    problem = draw(problems(max_nodes=max_nodes, **options))
+    some nested, some overlapping) and whose regions each cost a fixed overhead; with
+    `keep_spans`, some keepable nodes may be kept only within a random span of nodes."""
+    problem = draw(problems(max_nodes=max_nodes, **{k: v for k, v in options.items() if k != "keep_spans"}))
     n = len(problem)
     spans = st.tuples(st.integers(0, n - 1), st.integers(1, n)).map(lambda ab: range(ab[0], max(ab[0] + 1, min(n, ab[0] + ab[1]))))
-    allowed = tuple(sorted(set(draw(st.lists(spans, min_size=1, max_size=6))), key=lambda r: (r.start, r.stop)))
+    drawn = set(draw(st.lists(spans, min_size=1, max_size=6)))
+    if options.get("keep_spans"):  # a block holding most nodes, which may keep all but a run
+        drawn.add(range(draw(st.integers(0, min(2, n - 1))), n))
+    allowed = tuple(sorted(drawn, key=lambda r: (r.start, r.stop)))
     overhead = draw(st.sampled_from([0.0, 0.25, 1.0]))
     # a selective region's policy: a cost per region and per ATen call it sees
     keep_region_ms, keep_call_ms = draw(st.sampled_from([(0.0, 0.0), (0.5, 0.0), (0.25, 0.25)]))
     # checkpoint's cost per saved tensor in a region
     saved_tensor_ms = draw(st.sampled_from([0.0, 0.25]))
-    return Problem(problem.nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,
+    nodes = problem.nodes
+    if options.get("keep_spans"):  # kept only in allowed regions within a span (planner.holds)
+        nodes = tuple(replace(node, keep_span=(draw(st.integers(0, i)), draw(st.integers(i + 1, n))))
+                      if node.keepable and draw(st.integers(0, 3)) == 0 else node for i, node in enumerate(nodes))
+    return Problem(nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,
                    rng_state_bytes=problem.rng_state_bytes, measured_gradients=problem.measured_gradients,
                    keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms, saved_tensor_ms=saved_tensor_ms)
 
@@ -430,3 +444,52 @@ def test_allowed_regions_sqrt_fits_and_more_budget_never_costs_more(problem: Pro
         assert solution.peak_bytes <= budget and solution.recompute_ms >= optimum - 1e-9
         assert all(problem.allows_region(r.start, r.stop) for r in solution.regions)
     assert problem.recompute_ms(()) == 0
+
+
+@contextlib.contextmanager
+def small_keep_limits() -> Iterator[None]:
+    """Keep-choice limits small enough that 9-node regions reach every tier of
+    `Problem.keep_choices`: any subset of one, else subsets of the costliest one or all but a run."""
+    with mock.patch.multiple(solvers.problem, MAX_KEEP_CANDIDATES=1, KEEP_COSTLIEST=1, MAX_RUN_CANDIDATES=6):
+        yield
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(problem=module_problems(max_nodes=9, keep_spans=True, keepable_odds=1), data=st.data())
+def test_dp_equals_brute_force_keeping_all_but_a_run(problem: Problem, data: st.DataObject) -> None:
+    with small_keep_limits():
+        truth = Truth.of(problem)
+        for budget in budgets(truth, data):
+            check_against_truth(problem, truth, budget, "dp")
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(problem=module_problems(max_nodes=8, keep_spans=True, keepable_odds=1), data=st.data())
+def test_ilp_equals_brute_force_over_subsets_of_keep_candidates(problem: Problem, data: st.DataObject) -> None:
+    # ilp chooses subsets of `Problem.keep_candidates`, not "all but a run": the optimum over those
+    with small_keep_limits():
+        subsets = Truth([plan for plan in Truth.of(problem).plans if all(
+            set(plan[1]) & set(region) <= set(problem.keep_candidates(region)) for region in plan[0])])
+        for budget in budgets(subsets, data):
+            check_against_truth(problem, subsets, budget, "ilp", hint=False)
+
+
+def test_keep_choices_tiers() -> None:
+    nodes = tuple(NodeCost(f"n{i}", compute_ms=1.0 + (i == 2), output_bytes=8, uses=(i - 1,) if i else (),
+                           saves=(i - 1,) if i else (), keepable=True) for i in range(5))
+    problem = Problem(nodes, allowed_regions=(range(0, 5), range(0, 2)))
+    with small_keep_limits():
+        # the costlier (a tie: the first), or all but a run
+        assert problem.keep_choices(range(0, 2)) == [(), (0,), (1,), (0, 1)]
+        # five keepable nodes: subsets of the costliest (node 2), or all but a run (the whole
+        # run keeps nothing, already there)
+        choices = problem.keep_choices(range(0, 5))
+        assert choices[:2] == [(), (2,)]
+        assert (0, 1, 4) in choices and (1, 2, 3, 4) in choices and (0, 4) in choices
+        assert (0, 2, 4) not in choices and len(choices) == len(set(choices)) == 2 + 16 - 1
+        # any keepable nodes make a valid plan; the solvers search the choices
+        assert problem.may_keep(range(0, 5), (0, 2, 4))
+        spanned = Problem(tuple(replace(node, keep_span=(0, 2)) if i == 1 else node for i, node in enumerate(nodes)),
+                          allowed_regions=problem.allowed_regions)
+        assert 1 in spanned.keepable_in(range(0, 2)) and 1 not in spanned.keepable_in(range(0, 5))
+        assert spanned.may_keep(range(0, 2), (1,)) and not spanned.may_keep(range(0, 5), (1,))
