@@ -167,8 +167,9 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
                          if result.every_predicted_ms else None)
             if predicted is not None and predicted > target and config.optimal:
                 line += (f" missed: the cheapest plan at this budget (proven optimal over regions of whole "
-                         "submodules, each keeping any subset of its matmul and attention outputs) is predicted "
-                         f"at {predicted:.2f} of every block's: no plan the planner can apply does better")
+                         "submodule calls, each keeping nodes under a selective policy as `Problem.keep_choices` "
+                         "lists them: any of up to 8, or in a block its 5 costliest or all but a run) is "
+                         f"predicted at {predicted:.2f} of every block's: no plan the planner searches does better")
             elif predicted is not None:
                 line += f" missed: predicted {predicted:.2f}, so the clock exceeds the prediction"
             line += beyond_the_planner(result, config)

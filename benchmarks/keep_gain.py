@@ -2,8 +2,9 @@
 `benchmarks/compare.py`, the cheapest plan's predicted overhead as a share of checkpointing
 every block, at every block's own predicted peak and at 40/60/80% of the unplanned predicted
 peak, over four spaces:
-- the planner's: regions that are submodule calls, each keeping any of its matmul and attention
-  outputs;
+- the planner's: regions that are submodule calls, each keeping nodes under a selective policy
+  (`Problem.keep_choices`: any of up to 8 keepable nodes, or in a block its 5 costliest or all
+  but a run of consecutive ones);
 - whole regions only (the same problem with nothing keepable);
 - whole regions on any run of graph nodes (`dp` with no allowed regions and nothing keepable;
   with keep choices too it takes minutes per budget): what the planner would gain from regions
