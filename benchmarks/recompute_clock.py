@@ -8,8 +8,8 @@ It tells where a predicted overhead (benchmarks/compare.py) goes wrong: in the n
 (region forward and recompute off their sums), or in the rest of the step (regions on time,
 step overhead not).
 
-With `--keep`, each model also runs with every block keeping all its keep candidates (a
-selective policy: matmul, linear and attention outputs), whose recomputation skips them.
+With `--keep`, each model also runs with every block keeping all its keepable nodes (a
+selective policy: `Problem.keepable_in`), whose recomputation skips them.
 
     .venv/bin/python benchmarks/recompute_clock.py [--models gpt,gpt2,llama,bert,cnn,vit]
                                                    [--rounds 7] [--keep] [--no-save]
@@ -91,8 +91,9 @@ def run(key: str, rounds: int, keep: bool = False) -> str:
     overhead = statistics.median(checked) - statistics.median(plain)
     problem = planned_plan.problem
     calls_ms = sum(problem.checkpoint_ms(region) for region in planned_plan.solution.regions)
+    kept = planned_plan.solution.kept
     policies_ms = sum(problem.selective_ms(region) for region in planned_plan.solution.regions
-                      if any(i in region for i in planned_plan.solution.kept))
+                      if any(i in region for i in kept)) + problem.kept_node_ms * len(kept)
     label = f"{key} keeping {len(planned_plan.solution.kept)}" if keep else key
     per_call = f"{calls_ms:.1f} ms checkpoint calls" + (f", {policies_ms:.1f} ms policies" if policies_ms else "")
     return (f"| {label} | {len(planned_plan.solution.regions)} | {forward:.0f} ms | {predicted_forward:.0f} ms "
@@ -125,8 +126,9 @@ def main() -> int:
         "\n\nEvery block checkpointed by the planner, one intra-op thread. Region times are medians over the "
         f"{args.rounds} rounds of each region's own forward call, timed inside the step (first call: forward; "
         "second: recomputation, up to its last saving node), summed over regions. Rows *keeping N*: every "
-        "block keeps all its keep candidates; its recomputation skips them (predicted: the nodes it still runs), "
-        "and the policies' cost (a dispatch mode over every ATen call of forward and recomputation) is in the "
+        "block keeps all its keepable nodes (`Problem.keepable_in`); its recomputation skips them (predicted: the nodes it still runs), "
+        "and the policies' cost (a dispatch mode over every ATen call of forward and recomputation, and a cost per "
+        "kept node) is in the "
         "predicted overhead and in the measured region times. *Checkpoint calls*: checkpoint's own cost, per "
         "call and per tensor saved in it (`Problem.checkpoint_ms`). "
         + ("Freed memory kept in the process, as CUDA's caching allocator keeps it (`benchmarks/cpu_memory.py`)."

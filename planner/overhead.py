@@ -30,6 +30,7 @@ import functools
 import logging
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -38,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from planner.apply import ModuleCheckpoint
+from planner.keep_policy import keep_contexts
 from planner.memory import preserved_state
 from planner.profile import tensors_in
 from solvers import Problem
@@ -202,24 +204,47 @@ def selective_overhead_ms(device: torch.device) -> tuple[float, float]:
         return _line(_measure_selective(device, 1), _measure_selective(device, 6))
 
 
-def selective_call_ms_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                         per_region_ms: float, device: torch.device) -> float:
-    """What a selective policy adds per ATen call inside one of the model's own submodules
-    (called with `args`, `kwargs` as captured from a forward): the step-time difference between
-    plain and selective checkpoint of it, less `per_region_ms`, over the calls the policy sees
-    (its forward's and its recomputation's; at least 0). Real ops cost the policy more than the
-    tiny modules' (more arguments to inspect, colder caches). The caller restores the module's
-    state (buffers, RNG).
+@dataclass(frozen=True)
+class SelectiveCost:
+    """What a selective policy costs inside one of the model's own submodules: per ATen call it
+    sees (forward and recomputation) and per node it keeps, both at least 0."""
+
+    per_call_ms: float
+    per_kept_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class KeptCalls:
+    """Nodes a region keeps (indices), the calls its policy caches for them, and the
+    recomputation time that skips (predicted)."""
+
+    nodes: tuple[int, ...]
+    calls: tuple[tuple[str, int], ...]
+    skipped_ms: float
+
+
+def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], per_region_ms: float,
+                       device: torch.device, kept: KeptCalls | None = None) -> SelectiveCost:
+    """What a selective policy adds inside one of the model's own submodules (called with `args`,
+    `kwargs` as captured from a forward). Per call: the step-time difference between plain and
+    selective checkpoint of it (recomputing everything), less `per_region_ms`, over the calls
+    the policy sees (its forward's and its recomputation's). Real ops cost the policy more than
+    the tiny modules' (more arguments to inspect, colder caches). Per kept node, with `kept`:
+    what keeping `kept.nodes` (caching `kept.calls`) costs beyond the policy's calls, less the
+    recomputation it skips (`kept.skipped_ms`, predicted from node times): caching and handing
+    back outputs, and holding them through the step. The caller restores the module's state
+    (buffers, RNG).
 
     Example:
-        >>> selective_call_ms_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu"))
+        >>> selective_costs_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu")).per_call_ms
+        0.012
     """
     calls_per_step = _calls_charged(module, *args, **kwargs)
 
-    def step(selective: bool) -> Callable[[], None]:
+    def step(context_fn: Callable[[], Any] | None) -> Callable[[], None]:
         options: dict[str, Any] = {"use_reentrant": False}
-        if selective:
-            options["context_fn"] = _selective_contexts
+        if context_fn is not None:
+            options["context_fn"] = context_fn
 
         def run() -> None:  # fresh non-leaf inputs: the forward may write them in place
             inputs = tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
@@ -231,17 +256,24 @@ def selective_call_ms_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[
                 parameter.grad = None
         return run
 
-    ms = _medians(device, {"plain": step(False), "selective": step(True)}, _FINE_ROUNDS)
-    return max(0.0, (ms["selective"] - ms["plain"] - per_region_ms) / max(1, calls_per_step))
+    steps = {"plain": step(None), "selective": step(_selective_contexts)}
+    if kept is not None and kept.nodes:
+        steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
+    ms = _medians(device, steps, _FINE_ROUNDS)
+    per_call = max(0.0, (ms["selective"] - ms["plain"] - per_region_ms) / max(1, calls_per_step))
+    if "keeping" not in ms or kept is None:
+        return SelectiveCost(per_call)
+    per_kept = (ms["keeping"] - ms["selective"] + kept.skipped_ms) / len(kept.nodes)
+    return SelectiveCost(per_call, max(0.0, per_kept))
 
 
-def selective_call_ms_in_model(model: nn.Module, path: str, run_model: Callable[[], Any],
-                               per_region_ms: float, device: torch.device) -> float:
-    """`selective_call_ms_on` for the submodule `path` of `model`, called as one forward
+def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,
+                             device: torch.device, kept: KeptCalls | None = None) -> SelectiveCost:
+    """`selective_costs_on` for the submodule `path` of `model`, called as one forward
     (`run_model()`) calls it. The caller restores the model's state (buffers, RNG).
 
     Example:
-        >>> selective_call_ms_in_model(model, "blocks.0", lambda: model(x), 0.07, torch.device("cpu"))
+        >>> selective_costs_in_model(model, "blocks.0", lambda: model(x), 0.07, torch.device("cpu"))
     """
     module = model.get_submodule(path)
     captured: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
@@ -265,7 +297,7 @@ def selective_call_ms_in_model(model: nn.Module, path: str, run_model: Callable[
         return value
 
     args, kwargs = captured[0]
-    return selective_call_ms_on(module, tuple(activation(a) for a in args), kwargs, per_region_ms, device)
+    return selective_costs_on(module, tuple(activation(a) for a in args), kwargs, per_region_ms, device, kept)
 
 
 def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
@@ -290,34 +322,42 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
 
 
 def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
-                                device: torch.device, runs_here: bool,
-                                run_model: Callable[[], Any]) -> tuple[float, float]:
-    """A selective policy's cost per region and per ATen call (`Problem.keep_region_ms`,
-    `keep_call_ms`): from tiny modules, and per call, where the model runs here, on its own
-    submodule with the most keepable nodes, a block (its real ops cost the policy more). (0, 0) where
-    nothing is keepable.
+                                device: torch.device, runs_here: bool, run_model: Callable[[], Any],
+                                calls_of: Callable[[range, tuple[int, ...]], tuple[tuple[str, int], ...]]
+                                ) -> tuple[float, float, float]:
+    """A selective policy's cost per region, per ATen call and per kept node
+    (`Problem.keep_region_ms`, `keep_call_ms`, `kept_node_ms`): from tiny modules and, where the
+    model runs here, on its own submodule with the most keepable nodes, a block (its real ops
+    cost the policy more), keeping all of them (`calls_of(region, kept)`: the calls to cache).
+    (0, 0, 0) where nothing is keepable.
 
     Example:
-        >>> selective_overhead_for_plan(model, problem, wrapped, torch.device("cpu"), True, lambda: model(x))
-        (0.07, 0.02)
+        >>> selective_overhead_for_plan(model, problem, wrapped, torch.device("cpu"), True, lambda: model(x),
+        ...                             lambda region, kept: saved_calls(gm, region, kept))
+        (0.01, 0.012, 0.05)
     """
     if not any(node.keepable for node in problem.nodes):
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     per_region, per_call = selective_overhead_ms(device)
+    per_kept = 0.0
     # the regions the solvers may keep in (a block, not the whole model: at most
     # MAX_RUN_CANDIDATES keepable nodes)
     candidates = [r for r in wrapped if problem.allows_region(r.start, r.stop)
                   and 0 < len(problem.keepable_in(r)) <= MAX_RUN_CANDIDATES]
     if runs_here and candidates:
         region = max(candidates, key=lambda r: (len(problem.keepable_in(r)), len(r)))
+        nodes = tuple(problem.keepable_in(region))
+        kept = KeptCalls(nodes, calls_of(region, nodes),
+                         problem.region_recompute_ms(region) - problem.region_recompute_ms(region, nodes))
         try:
             with preserved_state(model, [device]):
-                per_call = selective_call_ms_in_model(model, wrapped[region].module, run_model, per_region, device)
+                cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept)
+            per_call, per_kept = cost.per_call_ms, cost.per_kept_ms
         except RuntimeError as error:  # a forward that cannot run alone under checkpoint
             logger.warning("the selective policy's cost per call could not be measured on %s (%s); using the "
                            "tiny modules' %.4f ms", wrapped[region].module, error, per_call)
-    return per_region, per_call
+    return per_region, per_call, per_kept
 
 
-__all__ = ["checkpoint_overhead_ms", "selective_call_ms_in_model", "selective_call_ms_on", "selective_overhead_for_plan",
-           "selective_overhead_ms"]
+__all__ = ["KeptCalls", "SelectiveCost", "checkpoint_overhead_ms", "selective_costs_in_model", "selective_costs_on",
+           "selective_overhead_for_plan", "selective_overhead_ms"]

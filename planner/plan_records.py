@@ -204,6 +204,7 @@ def problem_record(problem: Problem, names: list[str]) -> dict[str, Any]:
         "saved_tensor_ms": problem.saved_tensor_ms,
         "keep_region_ms": problem.keep_region_ms,
         "keep_call_ms": problem.keep_call_ms,
+        "kept_node_ms": problem.kept_node_ms,
         "rng_state_bytes": problem.rng_state_bytes,
         "measured_gradients": (None if problem.measured_gradients is None
                                else [[names[first], names[last], size]
@@ -231,6 +232,7 @@ def problem_from_record(data: dict[str, Any], index: dict[str, int]) -> Problem:
         saved_tensor_ms=data.get("saved_tensor_ms", 0.0),
         keep_region_ms=data.get("keep_region_ms", 0.0),
         keep_call_ms=data.get("keep_call_ms", 0.0),
+        kept_node_ms=data.get("kept_node_ms", 0.0),
         rng_state_bytes=data.get("rng_state_bytes", 0),
         measured_gradients=(None if data.get("measured_gradients") is None
                             else tuple((index[first], index[last], size)

@@ -154,7 +154,8 @@ def format_report(
            + (f"+ {1000 * problem.saved_tensor_ms:.1f} us per tensor saved in it " if problem.saved_tensor_ms else "")
            + f"(checkpoint's own work){estimate}"] if problem.region_overhead_ms and checkpoints else []),
         *([f"                    and {problem.keep_region_ms:.3f} ms + {1000 * problem.keep_call_ms:.1f} us per ATen "
-           f"call for each region that keeps nodes (its selective policy){estimate}"]
+           f"call + {1000 * problem.kept_node_ms:.1f} us per kept node for each region that keeps nodes "
+           f"(its selective policy){estimate}"]
           if solution.kept and (problem.keep_region_ms or problem.keep_call_ms) else []),
         f"  regions           {len(checkpoints)}",
     ]

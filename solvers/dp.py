@@ -25,10 +25,8 @@ and bounded ones (fewer sets, thinned Pareto fronts, region boundaries on a grid
 DAGs, where dp is a fast heuristic and `ilp` is the exact solver, and for chains of over 1000
 nodes (regions of at most 128 nodes, bounded at nodes that hold memory, thinned fronts).
 
-A region [t, b) may also keep nodes (a selective-checkpoint policy). With allowed regions, dp
-runs each allowed region's transition once per set it may keep (`Problem.keep_choices`: subsets,
-and all but a run of consecutive nodes in a block); without, once per subset of the first
-`MAX_KEEP_CANDIDATES` keepable nodes from t, for all regions from t at once. A kept node's output enters the frontier set like a region input (it is alive
+A region [t, b) may also keep nodes (a selective-checkpoint policy), as `_Search.region_keeps`
+enumerates them (`Problem.keep_choices` with allowed regions). A kept node's output enters the frontier set like a region input (it is alive
 from its forward on), its saved tensors join the bytes the region keeps, the region's own scan
 counts both from its first recomputation step (solvers/region_scan.py), and its time leaves
 the region's cost (the selective policy's own cost joins it).
@@ -90,6 +88,7 @@ class _Search:
             floor[b] = min(floor[b], floor[b + 1])
         self.min_recompute_gradients = floor
         self._mask_bytes: dict[int, int] = {}
+        self._region_keeps: dict[tuple[int, int], list[tuple[tuple[int, ...], int, bool]]] = {}
 
     def mask_bytes(self, mask: int) -> int:
         cached = self._mask_bytes.get(mask)
@@ -104,15 +103,28 @@ class _Search:
             self._mask_bytes[mask] = cached
         return cached
 
-    def keep_candidates(self, t: int, last: int) -> tuple[tuple[int, ...], int]:
-        """The nodes regions [t, b) (b <= last) may keep (`Problem.keep_candidates`): the first
-        `MAX_KEEP_CANDIDATES` keepable ones; and the largest b at which a region still holds
-        no more keepable nodes than that."""
-        first = bisect.bisect_left(self.keepable, t)
-        keepable = self.keepable[first:bisect.bisect_left(self.keepable, last, first)]
-        if len(keepable) > MAX_KEEP_CANDIDATES:
-            return tuple(keepable[:MAX_KEEP_CANDIDATES]), keepable[MAX_KEEP_CANDIDATES]
-        return tuple(keepable), last
+    def region_keeps(self, t: int, last: int) -> list[tuple[tuple[int, ...], int, bool]]:
+        """What regions [t, b), b <= last, keep: (kept nodes, last b, whether only that b). With
+        allowed regions, nothing for all at once, then each allowed one's `Problem.keep_choices`;
+        without, each subset of the first `MAX_KEEP_CANDIDATES` keepable nodes from t, for the
+        regions holding no more keepable nodes than that (`Problem.keep_candidates`)."""
+        cached = self._region_keeps.get((t, last))
+        if cached is not None:
+            return cached
+        found = [((), last, False)]
+        if self.problem.allowed_regions is not None:
+            for b in range(t + 1, last + 1):
+                if self.problem.allows_region(t, b):
+                    found += [(keep, b, True) for keep in self.problem.keep_choices(range(t, b))[1:]]
+        else:
+            first = bisect.bisect_left(self.keepable, t)
+            keepable = self.keepable[first:bisect.bisect_left(self.keepable, last, first)]
+            stop = keepable[MAX_KEEP_CANDIDATES] if len(keepable) > MAX_KEEP_CANDIDATES else last
+            candidates = keepable[:MAX_KEEP_CANDIDATES]
+            found += [(keep, stop, False) for size in range(1, len(candidates) + 1)
+                      for keep in combinations(candidates, size)]
+        self._region_keeps[(t, last)] = found
+        return found
 
     def _regions_from(self, t: int, keep: tuple[int, ...], last: int, fronts: dict[int, Front],
                       pending: list[dict[int, list[Stair]] | None], live_budget: int, bound: float, slack: float,
@@ -129,8 +141,8 @@ class _Search:
         cumulative_ms = self.cumulative_ms
         mask_bytes = self._mask_bytes
         overhead_ms = self.problem.region_overhead_ms
-        if keep:  # the selective policy's fixed cost (its per-call cost grows with b, below)
-            overhead_ms += self.problem.keep_region_ms
+        if keep:  # the selective policy's fixed costs (its per-call cost grows with b, below)
+            overhead_ms += self.problem.keep_region_ms + self.problem.kept_node_ms * len(keep)
         keep_call_ms = self.problem.keep_call_ms if keep else 0.0
         calls = self.cumulative_calls
         pack_ms = self.cumulative_pack_ms  # checkpoint's cost per saved tensor, summed
@@ -255,26 +267,15 @@ class _Search:
                 next_states.setdefault(new_key, []).append((front, 0, hi, resolved + saved[t], 0.0, None))
                 if t + 1 == n and not feasibility_only:
                     bound = min(bound, front.entries[hi - 1].cost + slack)
-            # A region [t, b), keeping each subset of its keep candidates.
+            # A region [t, b), keeping what it may.
             if not structure.useful_start[t] or not self.boundary[t]:
                 continue
             last = self.problem.last_region_stop(t)
             if self.max_region_nodes is not None:
                 last = min(last, t + self.max_region_nodes)
-            if self.problem.allowed_regions is not None:
-                # Every region from t keeping nothing, then each allowed one keeping each choice.
-                bound = self._regions_from(t, (), last, fronts, pending, live_budget, bound, slack, feasibility_only)
-                for b in range(t + 1, last + 1):
-                    if self.problem.allows_region(t, b):
-                        for keep in self.problem.keep_choices(range(t, b))[1:]:
-                            bound = self._regions_from(t, keep, b, fronts, pending, live_budget, bound, slack,
-                                                       feasibility_only, only_last=True)
-                continue
-            candidates, keep_stop = self.keep_candidates(t, last)
-            for size in range(len(candidates) + 1):
-                for keep in combinations(candidates, size):
-                    bound = self._regions_from(t, keep, last if not keep else keep_stop, fronts, pending,
-                                               live_budget, bound, slack, feasibility_only)
+            for keep, stop, only_last in self.region_keeps(t, last):
+                bound = self._regions_from(t, keep, stop, fronts, pending, live_budget, bound, slack,
+                                           feasibility_only, only_last)
         best: Entry | None = None
         best_rank: tuple[float, int, int] | None = None
         finals = pending[n] or {}

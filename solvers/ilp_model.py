@@ -55,7 +55,7 @@ import dataclasses
 from functools import reduce
 from typing import Any, Collection
 
-from solvers.ilp_keep import add_keep_variables, held_saved, keep_ends, keep_hints, recompute_loads
+from solvers.ilp_keep import add_keep_variables, held_saved, keep_ends, keep_hints, kept_of, recompute_loads
 from solvers.ilp_parts import (add_triangle_cuts, objective_scale, recompute_terms, region_tables, rng_states,
                                selective_terms)
 from solvers.problem import Problem
@@ -91,6 +91,7 @@ class IlpModel:
     keep_region_cost: int = 0  # scaled Problem.keep_region_ms: per region that keeps
     call_costs: list[int] = dataclasses.field(default_factory=list)  # scaled keep_call_ms per node's ATen calls
     pack_costs: list[int] = dataclasses.field(default_factory=list)  # scaled saved_tensor_ms per node in a region
+    kept_cost: int = 0  # scaled Problem.kept_node_ms: per kept node
 
 
 def build_model(
@@ -280,6 +281,7 @@ def build_model(
     stop_costs = [round(node.stop_cost_ms * scale) for node in nodes]
     region_cost = round(problem.region_overhead_ms * scale)
     keep_region_cost = round(problem.keep_region_ms * scale) if keep else 0
+    kept_cost = round(problem.kept_node_ms * scale) if keep else 0
     call_costs = [round(node.aten_calls * problem.keep_call_ms * scale) if keep else 0 for node in nodes]
     pack_costs = [round(node.saved_tensors * problem.saved_tensor_ms * scale) for node in nodes]
     # member[a][a]: node a starts its region; each region pays checkpoint's fixed cost once.
@@ -289,11 +291,13 @@ def build_model(
     else:
         terms = recompute_terms(model, problem, member, in_region, costs, stop_costs, keep)
         terms += selective_terms(model, member, in_region, keep, keep_region_cost, call_costs)
+        terms += [(kept_cost, kept_of(keep, j)) for j in keep] if kept_cost else []
         terms += [(cost, in_region[i]) for i, cost in enumerate(pack_costs)]  # checkpoint's hooks
         objective = sum(cost * var for cost, var in terms if cost) + sum(region_cost * start for start in starts)
     model.minimize(objective)
     return IlpModel(model, member, in_region, alive, into_backward, prefix, scale, budget, costs,
-                    objective, region_cost, problem, stop_costs, keep, keep_region_cost, call_costs, pack_costs)
+                    objective, region_cost, problem, stop_costs, keep, keep_region_cost, call_costs, pack_costs,
+                    kept_cost)
 
 
 def scaled_cost(built: IlpModel, regions: tuple[range, ...], kept: Collection[int] = ()) -> int:
@@ -316,6 +320,7 @@ def scaled_cost(built: IlpModel, regions: tuple[range, ...], kept: Collection[in
             total += 0 if last in kept else built.stop_costs[last]
         if kept.intersection(region):  # its selective-checkpoint policy
             total += built.keep_region_cost + sum(built.call_costs[i] for i in (*region, *recomputed))
+            total += built.kept_cost * len(kept.intersection(region))
     return total
 
 

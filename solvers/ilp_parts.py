@@ -83,10 +83,10 @@ def objective_scale(problem: Problem, keeps: bool) -> float:
     largest = max([node.compute_ms for node in problem.nodes] + [problem.region_overhead_ms, 1e-12]
                   + [node.saved_tensors * problem.saved_tensor_ms for node in problem.nodes])
     terms_per_node = 3
-    if keeps and (problem.keep_region_ms or problem.keep_call_ms):
+    if keeps and (problem.keep_region_ms or problem.keep_call_ms or problem.kept_node_ms):
         most_calls = max(node.aten_calls for node in problem.nodes)
-        largest = max(largest, problem.keep_region_ms, 2 * most_calls * problem.keep_call_ms)
-        terms_per_node = 5
+        largest = max(largest, problem.keep_region_ms, 2 * most_calls * problem.keep_call_ms, problem.kept_node_ms)
+        terms_per_node = 6
     return 2.0 ** math.floor(math.log2((2**40 / max(1, terms_per_node * n)) / largest))
 
 

@@ -119,6 +119,9 @@ class Problem:
     # costs this much per region and per ATen call it sees (forward and recomputation).
     keep_region_ms: float = 0.0
     keep_call_ms: float = 0.0
+    # and this much per node it keeps: caching its calls' outputs and handing them back, and
+    # what holding them costs the step (measured on a block against the model's prediction)
+    kept_node_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for region in self.allowed_regions or ():
@@ -150,9 +153,11 @@ class Problem:
     def region_cost_ms(self, region: range, kept: Collection[int] = ()) -> float:
         """What one region adds to a step: its recomputation (`region_recompute_ms`), the
         cost of a checkpoint call (`region_overhead_ms`, and `saved_tensor_ms` per tensor its
-        nodes save) and, where it keeps nodes, its policy's cost (`selective_ms`)."""
+        nodes save) and, where it keeps nodes, its policy's cost (`selective_ms`) and
+        `kept_node_ms` per kept node."""
         kept = frozenset(kept)
-        selective = self.selective_ms(region) if any(i in kept for i in region) else 0.0
+        count = sum(i in kept for i in region)
+        selective = self.selective_ms(region) + self.kept_node_ms * count if count else 0.0
         return self.region_recompute_ms(region, kept) + self.checkpoint_ms(region) + selective
 
     def checkpoint_ms(self, region: range) -> float:

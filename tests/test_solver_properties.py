@@ -108,6 +108,7 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
     overhead = draw(st.sampled_from([0.0, 0.25, 1.0]))
     # a selective region's policy: a cost per region and per ATen call it sees
     keep_region_ms, keep_call_ms = draw(st.sampled_from([(0.0, 0.0), (0.5, 0.0), (0.25, 0.25)]))
+    kept_node_ms = draw(st.sampled_from([0.0, 0.25]))  # and per node it keeps
     # checkpoint's cost per saved tensor in a region
     saved_tensor_ms = draw(st.sampled_from([0.0, 0.25]))
     nodes = problem.nodes
@@ -116,7 +117,8 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
                       if node.keepable and draw(st.integers(0, 3)) == 0 else node for i, node in enumerate(nodes))
     return Problem(nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,
                    rng_state_bytes=problem.rng_state_bytes, measured_gradients=problem.measured_gradients,
-                   keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms, saved_tensor_ms=saved_tensor_ms)
+                   keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms, saved_tensor_ms=saved_tensor_ms,
+                   kept_node_ms=kept_node_ms)
 
 
 @dataclass
