@@ -53,8 +53,9 @@ def transformer() -> Problem:
 
 
 def planned_transformer() -> Problem:
-    """The same model as `plan` sees it: regions limited to submodule calls, and the matmul,
-    attention and linear nodes a region may keep (selective checkpointing)."""
+    """The same model as `plan` sees it: regions limited to submodule calls, and the nodes a
+    region may keep (selective checkpointing: `Problem.keep_choices` for dp, subsets of
+    `keep_candidates` for ilp)."""
     from planner import plan
     from planner.examples import gpt
 
@@ -110,7 +111,7 @@ def main() -> int:
     graphs: list[tuple[str, Problem]] = []
     if not args.quick:
         graphs.append(("transformer (planner.examples.gpt)", transformer()))
-        graphs.append(("transformer, submodule regions keeping matmuls (plan)", planned_transformer()))
+        graphs.append(("transformer, submodule regions with keeps (plan)", planned_transformer()))
     if GRAPHS.is_dir():
         loaded = [(graph_name(path), load_graph(path)) for path in sorted(GRAPHS.glob("*.json"))]
         loaded.sort(key=lambda item: (len(item[1]), item[0]))
