@@ -94,7 +94,8 @@ def solve_ilp(
             regions to use those (no bound), or False for none.
         hint_kept: with a tuple of regions, the nodes they keep (selective checkpointing).
 
-    The plan chooses which candidates each region keeps (`Problem.keep_candidates`) as well.
+    The plan chooses which candidates each region keeps (any subset of `Problem.keep_candidates`)
+    as well; not a block's "all but a run" of `Problem.keep_choices`, which `dp` also searches.
 
     Raises InfeasibleBudget with the proven minimum peak when no plan fits.
 
