@@ -30,6 +30,7 @@ import functools
 import logging
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -340,10 +341,12 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
         return 0.0, 0.0, 0.0
     per_region, per_call = selective_overhead_ms(device)
     per_kept = 0.0
-    # the regions the solvers may keep in (a block, not the whole model: at most
-    # MAX_RUN_CANDIDATES keepable nodes)
+    # a block: the regions that may keep (at most MAX_RUN_CANDIDATES keepable nodes) of a class
+    # the model calls more than once, not the whole model (which would take a step per round)
     candidates = [r for r in wrapped if problem.allows_region(r.start, r.stop)
                   and 0 < len(problem.keepable_in(r)) <= MAX_RUN_CANDIDATES]
+    classes = Counter(spec.module_class for spec in wrapped.values())
+    candidates = [r for r in candidates if classes[wrapped[r].module_class] > 1] or candidates
     if runs_here and candidates:
         region = max(candidates, key=lambda r: (len(problem.keepable_in(r)), len(r)))
         nodes = tuple(problem.keepable_in(region))
