@@ -238,6 +238,13 @@ def _checked(names: Sequence[str]) -> list[str]:
     return [name for name in names if not name.startswith("aten._assert")]
 
 
+def _first_difference(what: str, model: list[str], graph: list[str]) -> str:
+    """Where two call lists first differ: "call 3 is aten.mul.Tensor in the model, none in the graph"."""
+    at = next((i for i, (a, b) in enumerate(zip(model, graph)) if a != b), min(len(model), len(graph)))
+    return (f"{what} {at} is {model[at] if at < len(model) else 'none'} in the model, "
+            f"{graph[at] if at < len(graph) else 'none'} in the graph")
+
+
 def _unmatched_regions(gm: fx.GraphModule, calls_of: dict[str, NodeCalls], eager_calls: list[str],
                        spans: _ModuleSpans) -> tuple[list[range], list[range]]:
     """The node ranges of the regions (submodule calls, `planner.graph.module_calls`) whose
@@ -262,15 +269,11 @@ def _unmatched_regions(gm: fx.GraphModule, calls_of: dict[str, NodeCalls], eager
         eager = _checked(eager_calls[found[0].start:found[0].stop])
         if eager != graph_calls:
             differing.append(call.nodes)
-            at = next((i for i, (a, b) in enumerate(zip(eager, graph_calls)) if a != b), min(len(eager), len(graph_calls)))
-            differ.append(f"{call.path} (call {at} is {eager[at] if at < len(eager) else 'none'} in the model, "
-                          f"{graph_calls[at] if at < len(graph_calls) else 'none'} in the graph)")
-        model = _keepable(eager_calls[found[0].start:found[0].stop])
+            differ.append(f"{call.path} ({_first_difference('call', eager, graph_calls)})")
+        model = _keepable(eager)  # (the asserts left out are no keepable calls)
         if model != graph:
             unmatched.append(call.nodes)
-            at = next((i for i, (a, b) in enumerate(zip(model, graph)) if a != b), min(len(model), len(graph)))
-            why.append(f"{call.path} (keepable call {at} is {model[at] if at < len(model) else 'none'} in the "
-                       f"model, {graph[at] if at < len(graph) else 'none'} in the graph)")
+            why.append(f"{call.path} ({_first_difference('keepable call', model, graph)})")
     if spans.broken:
         logger.info("the model's submodule calls were not recorded: its module hooks did not nest")
     if why:

@@ -25,11 +25,11 @@ and bounded ones (fewer sets, thinned Pareto fronts, region boundaries on a grid
 DAGs, where dp is a fast heuristic and `ilp` is the exact solver, and for chains of over 1000
 nodes (regions of at most 128 nodes, bounded at nodes that hold memory, thinned fronts).
 
-A region [t, b) may also keep nodes (a selective-checkpoint policy), as `_Search.region_keeps`
-enumerates them (`Problem.keep_choices` with allowed regions). A kept node's output enters the frontier set like a region input (it is alive
-from its forward on), its saved tensors join the bytes the region keeps, the region's own scan
-counts both from its first recomputation step (solvers/region_scan.py), and its time leaves
-the region's cost (the selective policy's own cost joins it).
+A region [t, b) may also keep nodes (a selective-checkpoint policy; `_Search.region_keeps`). A
+kept node's output enters the frontier set like a region input (it is alive from its forward
+on), its saved tensors join the bytes the region keeps, the region's own scan counts both from
+its first recomputation step (solvers/region_scan.py), and its time leaves the region's cost
+(the selective policy's own cost joins it).
 
 Regions never start at memoryless nodes (views, shape queries) when the next node could start
 them instead: that plan recomputes less and keeps less, so no optimum is lost.
@@ -76,8 +76,7 @@ class _Search:
             self.frontier[t] = mask
         self.cumulative_ms = [0.0, *accumulate(structure.compute_ms)]
         self.random = [node.random for node in problem.nodes]
-        # (With allowed regions, `Problem.keep_choices` says what each keeps; without, nodes
-        # with a keep span are kept nowhere.)
+        # (without allowed regions; nodes with a keep span are kept only in allowed regions)
         self.keepable = [k for k, node in enumerate(problem.nodes) if node.keepable and node.keep_span is None]
         self.stops_before = [node.stops_before_output for node in problem.nodes]
         self.cumulative_calls = [0, *accumulate(node.aten_calls for node in problem.nodes)]
@@ -120,9 +119,8 @@ class _Search:
             first = bisect.bisect_left(self.keepable, t)
             keepable = self.keepable[first:bisect.bisect_left(self.keepable, last, first)]
             stop = keepable[MAX_KEEP_CANDIDATES] if len(keepable) > MAX_KEEP_CANDIDATES else last
-            candidates = keepable[:MAX_KEEP_CANDIDATES]
-            found += [(keep, stop, False) for size in range(1, len(candidates) + 1)
-                      for keep in combinations(candidates, size)]
+            found += [(keep, stop, False) for size in range(1, MAX_KEEP_CANDIDATES + 1)
+                      for keep in combinations(keepable[:MAX_KEEP_CANDIDATES], size)]
         self._region_keeps[(t, last)] = found
         return found
 
@@ -195,8 +193,8 @@ class _Search:
                     break
                 # (The kept nodes must be keep candidates: `Problem.keep_candidates`, inline.)
                 if (not self.boundary[b] or (only_last and b != last) or not self.problem.allows_region(t, b)
-                        or scan.last_saver < 0
-                        or last_kept >= stop or (last_kept == stop - 1 and stops_before[last_kept])):
+                        or scan.last_saver < 0 or last_kept >= stop
+                        or (last_kept == stop - 1 and stops_before[last_kept])):
                     continue  # (a region that saves nothing recomputes and frees nothing)
                 limit = live_budget - max(forward_max, inputs_bytes - kept_out + scan.peak[index]) - rng
                 hi = bisect.bisect_right(front.helds, limit)

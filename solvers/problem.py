@@ -225,17 +225,11 @@ class Problem:
         costliest = sorted(keepable, key=lambda i: (-self.nodes[i].compute_ms, i))[:KEEP_COSTLIEST]
         return tuple(sorted(costliest))
 
-    def keeps_runs(self, region: range) -> bool:
-        """Whether `region` may also keep all its `keepable_in` nodes but a run of consecutive
-        ones: an allowed region with over `MAX_KEEP_CANDIDATES` and at most
-        `MAX_RUN_CANDIDATES` of them."""
-        return (self.allowed_regions is not None
-                and MAX_KEEP_CANDIDATES < len(self.keepable_in(region)) <= MAX_RUN_CANDIDATES)
-
     def keep_choices(self, region: range) -> list[tuple[int, ...]]:
         """Every set of nodes `region` may keep (sorted tuples, each once, the empty one first):
-        the subsets of its `keep_candidates`, and where it `keeps_runs`, its `keepable_in`
-        nodes less each run of consecutive ones (the empty run too).
+        the subsets of its `keep_candidates` and, in an allowed region with over
+        `MAX_KEEP_CANDIDATES` and at most `MAX_RUN_CANDIDATES` `keepable_in` nodes, those nodes
+        less each run of consecutive ones (the empty run too).
 
         Example:
             >>> problem.keep_choices(range(0, 2))
@@ -243,15 +237,17 @@ class Problem:
         """
         candidates = self.keep_candidates(region)
         choices = [keep for size in range(len(candidates) + 1) for keep in combinations(candidates, size)]
-        if self.keeps_runs(region):
-            keepable = self.keepable_in(region)
-            seen = set(choices)
-            for first in range(len(keepable) + 1):  # (the empty run keeps them all)
-                for stop in range(first + (first < len(keepable)), len(keepable) + 1):
-                    keep = (*keepable[:first], *keepable[stop:])
-                    if keep not in seen:
-                        seen.add(keep)
-                        choices.append(keep)
+        keepable = self.keepable_in(region)
+        count = len(keepable)
+        if self.allowed_regions is None or not MAX_KEEP_CANDIDATES < count <= MAX_RUN_CANDIDATES:
+            return choices
+        runs = [(first, stop) for first in range(count) for stop in range(first + 1, count + 1)]
+        seen = set(choices)
+        for first, stop in [*runs, (count, count)]:  # (the empty run keeps them all)
+            keep = (*keepable[:first], *keepable[stop:])
+            if keep not in seen:
+                seen.add(keep)
+                choices.append(keep)
         return choices
 
     def may_keep(self, region: range, kept: Collection[int]) -> bool:
