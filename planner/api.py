@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -15,8 +14,9 @@ from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, check_state, sample_shapes, shallow_clone, state_shapes
 from planner.graph import (build_problem, compute_nodes, kept_indices, module_calls, module_checkpoint, module_path,
-                           saved_calls)
-from planner.measure import PlanDevice, check_measure, measure_model, plan_device
+                           run_checkpoints, saved_calls)
+from planner.measure import check_measure, measure_model, plan_device
+from planner.plan_setup import Setup, check_gb
 from planner.memory import preserved_state
 from planner.overhead import checkpoint_overhead_ms, selective_overhead_for_plan
 from planner.profile import GraphProfile
@@ -31,36 +31,6 @@ logger = logging.getLogger(__name__)
 
 GIB = 2**30
 DEFAULT_BUDGET_GB = 80.0  # one 80 GB GPU, where no target says otherwise
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What the plan is for besides the budget: the device (and target GPU), how the run holds
-    static memory (FSDP2 ranks, optimizer) and the resulting static memory per rank, by term."""
-
-    where: PlanDevice
-    world_size: int = 1
-    optimizer: str | float | None = None
-    static_breakdown: dict[str, int] | None = None
-
-    def with_reserve(self, reserved_bytes: int) -> "Setup":
-        return replace(self, static_breakdown={**(self.static_breakdown or {}), "reserved": reserved_bytes})
-
-
-def check_gb(name: str, value: Any, allow_zero: bool = False) -> float:
-    """Validate a size in GiB given by the user; raise ValueError naming the argument.
-
-    Example:
-        >>> check_gb("budget_gb", 4)
-        4.0
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number of GiB, not {value!r}")
-    value = float(value)
-    if math.isnan(value) or math.isinf(value) or value < 0 or (value == 0 and not allow_zero):
-        bound = "zero or more" if allow_zero else "more than zero"
-        raise ValueError(f"{name} must be a finite number of GiB {bound}, not {value!r}")
-    return value
 
 
 class Plan(PlanFigures):
@@ -95,7 +65,8 @@ class Plan(PlanFigures):
         # `wrapped` keeps nothing; the solution's regions keep their share of `solution.kept`.
         keeping = {region: replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, solution.kept))
                    for region in solution.regions if region in wrapped}
-        self.checkpoints = describe_checkpoints(problem, solution.regions, modules, {**wrapped, **keeping},
+        runs = run_checkpoints(traced.gm, problem, solution.regions, wrapped)
+        self.checkpoints = describe_checkpoints(problem, solution.regions, modules, {**wrapped, **keeping, **runs},
                                                 solution.kept)
 
     @property
@@ -178,7 +149,30 @@ class Plan(PlanFigures):
                 raise ValueError(f"{module!r} is not a submodule call this plan can checkpoint (called once per "
                                  f"forward, traced): try one of {', '.join(sorted(region_of)[:6])}")
         regions = tuple(sorted({region_of[module] for module in modules}, key=lambda region: region.start))
-        keep = kept_indices(self.problem, regions, kept)
+        return self._given(regions, kept_indices(self.problem, regions, kept))
+
+    def with_regions(self, regions: Sequence[tuple[str, str]]) -> "Plan":
+        """The same measurements with exactly `regions` recomputed, each given by its first and
+        last fx node names: a submodule call, or a run of nodes inside one (`Problem.run_spans`,
+        recomputed alone), as a plan you would write by hand. Its budget is as `with_submodules`'s.
+
+        Example:
+            >>> p.with_regions([("blocks_0_norm2", "blocks_0_mlp_1")]).module_checkpoints[0].runs
+            ((51, 57),)
+        """
+        index = {node.name: i for i, node in enumerate(self.problem.nodes)}
+        found = []
+        for first, last in regions:
+            if first not in index or last not in index:
+                raise ValueError(f"{first if first not in index else last!r} is not a compute node of the graph")
+            region = range(index[first], index[last] + 1)
+            if not self.problem.allows_region(region.start, region.stop):
+                raise ValueError(f"{first}..{last} is neither a submodule call nor a run inside one that this plan "
+                                 "may recompute (calls matched in the model's forward, no buffer writes)")
+            found.append(region)
+        return self._given(tuple(sorted(found, key=lambda region: region.start)), ())
+
+    def _given(self, regions: tuple[range, ...], keep: tuple[int, ...]) -> "Plan":
         peak = peak_bytes(self.problem, regions, keep)
         solution = Solution(regions, peak, self.problem.recompute_ms(regions, keep), Status.FEASIBLE, "given", 0.0,
                             kept=keep)
@@ -215,7 +209,8 @@ class Plan(PlanFigures):
         loose = [c for c in self.checkpoints if c.wrapped is None]
         if loose:  # the solvers choose only allowed regions: this is a bug, not a user error
             raise RuntimeError(f"region {loose[0].nodes[0]}..{loose[0].nodes[-1]} is not a submodule call")
-        return tuple(c.wrapped for c in self.checkpoints if c.wrapped is not None)
+        # (the runs inside one submodule call share one entry)
+        return tuple(dict.fromkeys(c.wrapped for c in self.checkpoints if c.wrapped is not None))
 
     def apply(self, model: nn.Module) -> nn.Module:
         """Apply the plan in place, like `gradient_checkpointing_enable()`: each planned
@@ -377,10 +372,11 @@ def plan(
     overhead_ms, saved_tensor_ms = checkpoint_overhead_ms(overhead_device)
     problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
                             summary.gradients, saved_tensor_ms)
-    keep_region_ms, keep_call_ms, kept_node_ms = selective_overhead_for_plan(
+    keep_region_ms, keep_call_ms, kept_node_ms, run_call_ms = selective_overhead_for_plan(
         model, problem, wrapped, overhead_device, where.local and not on_meta, lambda: model(*args, **kwargs),
         lambda region, kept: saved_calls(traced.gm, region, kept))
-    problem = replace(problem, keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms, kept_node_ms=kept_node_ms)
+    problem = replace(problem, keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms, kept_node_ms=kept_node_ms,
+                      run_call_ms=run_call_ms)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()
     solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))

@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.keep_policy import KeepPolicy, keep_contexts
+from planner.run_checkpoint import RunRecorder
 from planner.trace import bind_arguments, split_sample
 
 PLAN_ATTRIBUTE = "_checkpoint_plan"  # on the planned model: what apply_plan changed
@@ -47,6 +48,11 @@ class ModuleCheckpoint:
     # ATen calls whose outputs its forward keeps for backward, so recomputation skips them:
     # (func name, occurrence of that func within the forward, from 0); () keeps nothing
     saved_calls: tuple[tuple[str, int], ...] = ()
+    # Where given, the forward is not checkpointed: only these runs of its ATen calls ((start,
+    # stop) call indices, `planner.run_checkpoint`) are recomputed, checked against `calls`,
+    # the names of all its calls as planned.
+    runs: tuple[tuple[int, int], ...] = ()
+    calls: tuple[str, ...] = ()
 
 
 @contextlib.contextmanager
@@ -122,8 +128,10 @@ class CheckpointedForward:
         self.warned = False
         # torch.compile takes a context_fn that is a function or a functools.partial of one;
         # cache_hash lets AOTAutograd's cache tell policies apart.
-        self.compiled_context_fn: Any = functools.partial(keep_contexts, spec.saved_calls)
-        self.compiled_context_fn.cache_hash = f"planner.apply.keep_contexts{spec.saved_calls!r}"
+        # Under torch.compile, runs are a policy on the whole forward that keeps every other call.
+        compiled_calls = spec.saved_calls if not spec.runs else _calls_outside(spec.calls, spec.runs)
+        self.compiled_context_fn: Any = functools.partial(keep_contexts, compiled_calls)
+        self.compiled_context_fn.cache_hash = f"planner.apply.keep_contexts{compiled_calls!r}"
 
     def original(self, *args: Any, **kwargs: Any) -> Any:
         if self.previous is not None:
@@ -141,9 +149,11 @@ class CheckpointedForward:
         if not torch.is_grad_enabled():
             return self.original(*args, **kwargs)
         self.calls += 1
+        if self.spec.runs and not torch.compiler.is_compiling():
+            return self._recompute_runs(*args, **kwargs)
         options: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": self.spec.random}
         if torch.compiler.is_compiling():
-            if self.spec.saved_calls:
+            if self.spec.saved_calls or self.spec.runs:
                 options["context_fn"] = self.compiled_context_fn
             return checkpoint(self.original, *args, **options, **kwargs)
         policy = KeepPolicy(self.spec.saved_calls) if self.spec.saved_calls else None
@@ -157,6 +167,27 @@ class CheckpointedForward:
                           "ATen calls differ from the planned ones (another input layout?), so it keeps less than "
                           "planned and recomputes the rest", stacklevel=2)
         return result
+
+    def _recompute_runs(self, *args: Any, **kwargs: Any) -> Any:
+        recorder = RunRecorder(self.spec.calls, self.spec.runs)
+        with recorder:
+            result = self.original(*args, **kwargs)
+        if recorder.mismatch is not None and not self.warned:
+            self.warned = True
+            warnings.warn(f"{self.spec.module!r} makes other ATen calls than planned ({recorder.mismatch}; another "
+                          "input layout?), so it recomputes less than planned and holds more memory", stacklevel=3)
+        return result
+
+
+def _calls_outside(calls: tuple[str, ...], runs: tuple[tuple[int, int], ...]) -> tuple[tuple[str, int], ...]:
+    """(name, occurrence) of each of `calls` outside `runs`: what a policy keeps to recompute only the runs."""
+    seen: dict[str, int] = {}
+    found = []
+    for index, name in enumerate(calls):
+        if not any(start <= index < stop for start, stop in runs):
+            found.append((name, seen.get(name, 0)))
+        seen[name] = seen.get(name, 0) + 1
+    return tuple(found)
 
 
 @dataclass

@@ -1,13 +1,14 @@
 """Turn a profiled fx graph into a torch-free `solvers.Problem`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Collection, Sequence
 
 import torch.fx as fx
 
 from planner.apply import ModuleCheckpoint
 from planner.profile import COMPUTE_OPS, META_KEY
+from planner.run_checkpoint import counted_call
 from solvers import NodeCost, Problem
 
 
@@ -124,6 +125,37 @@ def saved_calls(gm: fx.GraphModule, region: range, kept: Collection[int]) -> tup
     return tuple(found)
 
 
+def run_checkpoints(gm: fx.GraphModule, problem: Problem, regions: Sequence[range],
+                    wrapped: dict[range, ModuleCheckpoint]) -> dict[range, ModuleCheckpoint]:
+    """For each of `regions` that is a run inside a submodule call (`Problem.run_span_of`),
+    how that call's forward is applied: not checkpointed, recomputing the ATen calls of every
+    planned run inside it (`ModuleCheckpoint.runs`, indices into its calls as the model's
+    forward makes them, `planner.run_checkpoint.counted_call`).
+
+    Example:
+        >>> run_checkpoints(gm, problem, [range(30, 34)], wrapped)[range(30, 34)].runs
+        ((52, 58),)
+    """
+    nodes = compute_nodes(gm)
+    runs: dict[range, list[range]] = {}
+    for region in regions:
+        span = problem.run_span_of(region)
+        if span is not None:
+            runs.setdefault(span, []).append(region)
+    found: dict[range, ModuleCheckpoint] = {}
+    for span, inside in runs.items():
+        calls: list[str] = []
+        first_call: dict[int, int] = {}
+        for i in span:
+            first_call[i] = len(calls)
+            calls += [name for name in nodes[i].meta[META_KEY].aten_calls if counted_call(name)]
+        first_call[span.stop] = len(calls)
+        spec = replace(wrapped[span], runs=tuple((first_call[r.start], first_call[r.stop]) for r in inside),
+                       calls=tuple(calls))
+        found.update({region: spec for region in inside})
+    return found
+
+
 def kept_indices(problem: Problem, regions: tuple[range, ...], kept: Sequence[str]) -> tuple[int, ...]:
     """The sorted node indices of `kept` (node names), each a node one of `regions` may keep
     (`Problem.keepable_in`); ValueError naming the first that is not, with the nodes the
@@ -214,6 +246,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 aten_calls=len(record.aten_calls),
                 saved_tensors=record.saved_tensors,
                 recomputable=i not in fixed,
+                replayable=not record.mutated_buffers,
             )
         )
     spans = None
@@ -223,7 +256,24 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                              for made, freed, size in gradients))
     return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
                    region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes,
-                   measured_gradients=spans, saved_tensor_ms=saved_tensor_ms)
+                   measured_gradients=spans, saved_tensor_ms=saved_tensor_ms,
+                   run_spans=run_spans(nodes, allowed_regions))
+
+
+# A run inside a submodule call of more nodes than this (a whole stack of blocks) is left out:
+# its dispatch mode would see every call of the stack, and the solvers' search grows with n².
+MAX_RUN_SPAN_NODES = 200
+
+
+def run_spans(nodes: list[fx.Node], allowed_regions: tuple[range, ...] | None) -> tuple[range, ...]:
+    """The allowed regions (submodule calls) inside which any run of nodes may be a region
+    (`Problem.run_spans`): those of 2 to `MAX_RUN_SPAN_NODES` nodes within some node's
+    `NodeProfile.call_span` (the largest call holding it whose ATen calls the model's forward
+    makes as the graph does; so do the calls inside it)."""
+    matched = {range(*span) for node in nodes if (span := node.meta[META_KEY].call_span) is not None}
+    return tuple(region for region in allowed_regions or ()
+                 if 2 <= len(region) <= MAX_RUN_SPAN_NODES
+                 and any(span.start <= region.start and region.stop <= span.stop for span in matched))
 
 
 def _touching_written_inputs(nodes: list[fx.Node]) -> set[int]:

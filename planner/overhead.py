@@ -26,6 +26,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import statistics
@@ -39,6 +40,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from planner.run_checkpoint import RunRecorder
 from planner.apply import ModuleCheckpoint
 from planner.keep_policy import keep_contexts
 from planner.memory import preserved_state
@@ -212,6 +214,8 @@ class SelectiveCost:
 
     per_call_ms: float
     per_kept_ms: float = 0.0
+    # what recording runs costs it per ATen call of its forward (`planner.run_checkpoint`)
+    per_recorded_call_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -257,15 +261,28 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
                 parameter.grad = None
         return run
 
-    steps = {"plain": step(None), "selective": step(_selective_contexts)}
+    def bare(recorded: bool) -> Callable[[], None]:  # no checkpoint: the forward, maybe under a RunRecorder
+        def run() -> None:
+            inputs = tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
+            with RunRecorder((), ()) if recorded else contextlib.nullcontext():
+                output = module(*inputs, **kwargs)
+            loss = sum(t.float().sum() for t in tensors_in(output) if t.requires_grad)
+            if isinstance(loss, torch.Tensor):
+                loss.backward()
+            for parameter in module.parameters():
+                parameter.grad = None
+        return run
+
+    steps = {"plain": step(None), "selective": step(_selective_contexts), "bare": bare(False), "recorded": bare(True)}
     if kept is not None and kept.nodes:
         steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
     ms = _medians(device, steps, _FINE_ROUNDS)
     per_call = max(0.0, (ms["selective"] - ms["plain"] - per_region_ms) / max(1, calls_per_step))
+    per_recorded = max(0.0, (ms["recorded"] - ms["bare"]) / max(1, calls_per_step // 2))
     if "keeping" not in ms or kept is None:
-        return SelectiveCost(per_call)
+        return SelectiveCost(per_call, 0.0, per_recorded)
     per_kept = (ms["keeping"] - ms["selective"] + kept.skipped_ms) / len(kept.nodes)
-    return SelectiveCost(per_call, max(0.0, per_kept))
+    return SelectiveCost(per_call, max(0.0, per_kept), per_recorded)
 
 
 def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,
@@ -325,26 +342,28 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
 def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
                                 device: torch.device, runs_here: bool, run_model: Callable[[], Any],
                                 calls_of: Callable[[range, tuple[int, ...]], tuple[tuple[str, int], ...]]
-                                ) -> tuple[float, float, float]:
+                                ) -> tuple[float, float, float, float]:
     """A selective policy's cost per region, per ATen call and per kept node
     (`Problem.keep_region_ms`, `keep_call_ms`, `kept_node_ms`): from tiny modules and, where the
     model runs here, on its own submodule with the most keepable nodes, a block (its real ops
     cost the policy more), keeping all of them (`calls_of(region, kept)`: the calls to cache).
-    (0, 0, 0) where nothing is keepable.
+    (0, 0, 0) where nothing is keepable. Fourth, what recording runs costs per ATen call
+    (`Problem.run_call_ms`), measured on that block; else the policy's cost per call stands in.
 
     Example:
         >>> selective_overhead_for_plan(model, problem, wrapped, torch.device("cpu"), True, lambda: model(x),
         ...                             lambda region, kept: saved_calls(gm, region, kept))
-        (0.01, 0.012, 0.05)
+        (0.01, 0.012, 0.05, 0.009)
     """
-    if not any(node.keepable for node in problem.nodes):
-        return 0.0, 0.0, 0.0
+    if not any(node.keepable for node in problem.nodes) and not problem.run_spans:
+        return 0.0, 0.0, 0.0, 0.0
     per_region, per_call = selective_overhead_ms(device)
     per_kept = 0.0
+    per_recorded = per_call
     # a block: the regions that may keep (at most MAX_RUN_CANDIDATES keepable nodes) of a class
     # the model calls more than once, not the whole model (which would take a step per round)
     candidates = [r for r in wrapped if problem.allows_region(r.start, r.stop)
-                  and 0 < len(problem.keepable_in(r)) <= MAX_RUN_CANDIDATES]
+                  and (0 < len(problem.keepable_in(r)) <= MAX_RUN_CANDIDATES or r in problem.run_spans)]
     classes = Counter(spec.module_class for spec in wrapped.values())
     candidates = [r for r in candidates if classes[wrapped[r].module_class] > 1] or candidates
     if runs_here and candidates:
@@ -355,11 +374,11 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
         try:
             with preserved_state(model, [device]):
                 cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept)
-            per_call, per_kept = cost.per_call_ms, cost.per_kept_ms
+            per_call, per_kept, per_recorded = cost.per_call_ms, cost.per_kept_ms, cost.per_recorded_call_ms
         except RuntimeError as error:  # a forward that cannot run alone under checkpoint
             logger.warning("the selective policy's cost per call could not be measured on %s (%s); using the "
                            "tiny modules' %.4f ms", wrapped[region].module, error, per_call)
-    return per_region, per_call, per_kept
+    return per_region, per_call, per_kept, per_recorded
 
 
 __all__ = ["KeptCalls", "SelectiveCost", "checkpoint_overhead_ms", "selective_costs_in_model", "selective_costs_on",

@@ -296,7 +296,9 @@ class SavedPlan(PlanFigures):
             )
         check_state(model, self.state, self.model_class)
         planned_shapes = {a["name"]: tuple(a["tensor"]["shape"]) for a in self.sample["arguments"] if "tensor" in a}
-        return apply_plan(model, [spec for spec in self.wrapped if spec is not None], planned_shapes,
+        # (the runs inside one submodule call share one entry)
+        specs = list(dict.fromkeys(spec for spec in self.wrapped if spec is not None))
+        return apply_plan(model, specs, planned_shapes,
                           self.model_class.rsplit(".", 1)[-1])
 
     # -- report ------------------------------------------------------------------------------

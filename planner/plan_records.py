@@ -134,6 +134,9 @@ def region_record(names: list[str], spec: ModuleCheckpoint | None, kept: Collect
         record["kept"] = keeps
     if spec is not None and spec.saved_calls:
         record["saved_calls"] = [[name, occurrence] for name, occurrence in spec.saved_calls]
+    if spec is not None and spec.runs:
+        record["runs"] = [list(run) for run in spec.runs]
+        record["calls"] = list(spec.calls)
     return record
 
 
@@ -145,7 +148,9 @@ def module_checkpoint(record: Any) -> ModuleCheckpoint | None:
     return ModuleCheckpoint(module=record["module"], module_class=record["class"], random=record["random"],
                             written_buffers=tuple(record["written_buffers"]),
                             saved_calls=tuple((str(name), int(occurrence))
-                                              for name, occurrence in record.get("saved_calls", ())))
+                                              for name, occurrence in record.get("saved_calls", ())),
+                            runs=tuple((int(start), int(stop)) for start, stop in record.get("runs", ())),
+                            calls=tuple(str(name) for name in record.get("calls", ())))
 
 
 def kept_nodes(record: Any) -> list[str]:
@@ -211,6 +216,8 @@ def problem_record(problem: Problem, names: list[str]) -> dict[str, Any]:
                                      for first, last, size in problem.measured_gradients]),
         "allowed_regions": (None if problem.allowed_regions is None
                             else [[region.start, region.stop] for region in problem.allowed_regions]),
+        "run_spans": [[span.start, span.stop] for span in problem.run_spans],
+        "run_call_ms": problem.run_call_ms,
     }
 
 
@@ -234,6 +241,8 @@ def problem_from_record(data: dict[str, Any], index: dict[str, int]) -> Problem:
         keep_call_ms=data.get("keep_call_ms", 0.0),
         kept_node_ms=data.get("kept_node_ms", 0.0),
         rng_state_bytes=data.get("rng_state_bytes", 0),
+        run_spans=tuple(range(start, stop) for start, stop in data.get("run_spans", ())),
+        run_call_ms=data.get("run_call_ms", 0.0),
         measured_gradients=(None if data.get("measured_gradients") is None
                             else tuple((index[first], index[last], size)
                                        for first, last, size in data["measured_gradients"])),

@@ -72,6 +72,10 @@ class NodeProfile:
     keep_calls: tuple[int, ...] = ()
     # (start, stop) compute-node indices: kept only by regions within them (NodeCost.keep_span)
     keep_span: tuple[int, int] | None = None
+    # (start, stop) compute-node indices of the largest submodule call holding it whose ATen
+    # calls the model's forward makes exactly as the graph does: a run of nodes inside it may
+    # be recomputed alone (planner.run_checkpoint)
+    call_span: tuple[int, int] | None = None
     # tensors autograd saved for its backward, counted as packed (parameters included): in a
     # region, checkpoint's hooks pack and unpack each one
     saved_tensors: int = 0

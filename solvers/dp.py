@@ -32,7 +32,8 @@ its first recomputation step (solvers/region_scan.py), and its time leaves the r
 (the selective policy's own cost joins it).
 
 Regions never start at memoryless nodes (views, shape queries) when the next node could start
-them instead: that plan recomputes less and keeps less, so no optimum is lost.
+them instead (it recomputes and keeps less). A run inside a submodule call (`Problem.run_spans`)
+also pays its recording (`Problem.run_ms`), outside the bounds that stop the scan of longer regions.
 """
 from __future__ import annotations
 
@@ -198,15 +199,18 @@ class _Search:
                     continue  # (a region that saves nothing recomputes and frees nothing)
                 limit = live_budget - max(forward_max, inputs_bytes - kept_out + scan.peak[index]) - rng
                 hi = bisect.bisect_right(front.helds, limit)
+                run_ms = self.problem.run_ms(range(t, b)) if self.problem.run_spans else 0.0
+                if run_ms:  # (not in the bounds above: the longer submodule call pays none)
+                    lo = max(lo, bisect.bisect_left(front.negative_costs, region_ms + run_ms - bound))
                 if lo >= hi:
                     continue
                 new_key = inputs & frontier[b]
                 mask_bytes[new_key] = inputs_bytes - released
                 # The RNG state and the kept saved tensors stay until the region's backward.
                 pending[b].setdefault(new_key, []).append(
-                    (front, lo, hi, released + rng + kept_saved, region_ms, (t, b, keep)))
+                    (front, lo, hi, released + rng + kept_saved, region_ms + run_ms, (t, b, keep)))
                 if b == n and not feasibility_only:
-                    bound = min(bound, front.entries[hi - 1].cost + region_ms + slack)
+                    bound = min(bound, front.entries[hi - 1].cost + region_ms + run_ms + slack)
         return bound
 
     def run(
@@ -298,10 +302,9 @@ def minimum_peak_dp(problem: Problem, above: int | None = None, **options: objec
     """Smallest peak (static included) that dp can reach, and whether that is proven minimal.
 
     A binary search on the budget with dp's feasibility check. When dp's search is exact (few
-    frontier sets, saves read by their savers) this is the true minimum over all plans;
-    otherwise it is the peak of a plan that exists (an upper bound), found to within 2%.
-    `above` is a live budget (static excluded) already known not to fit; `options` as for
-    `solve_dp`.
+    frontier sets, saves read by their savers) this is the true minimum over all plans; else
+    the peak of a plan that exists (an upper bound), found to within 2%. `above` is a live budget
+    (static excluded) already known not to fit; `options` as for `solve_dp`.
 
     Example:
         >>> minimum_peak_dp(problem)[0] <= peak_bytes(problem)
@@ -311,12 +314,9 @@ def minimum_peak_dp(problem: Problem, above: int | None = None, **options: objec
     return peak, exact
 
 
-def minimum_peak_plan_dp(
-    problem: Problem, above: int | None = None, **options: object
-) -> tuple[int, bool, tuple[range, ...], tuple[int, ...]]:
-    """`minimum_peak_dp` plus a plan that reaches that peak.
-
-    Example:
+def minimum_peak_plan_dp(problem: Problem, above: int | None = None, **options: object
+                         ) -> tuple[int, bool, tuple[range, ...], tuple[int, ...]]:
+    """`minimum_peak_dp` plus a plan that reaches that peak. Example:
         >>> peak, exact, regions, kept = minimum_peak_plan_dp(problem)
         >>> peak_bytes(problem, regions, kept) == peak
         True

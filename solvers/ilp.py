@@ -95,7 +95,9 @@ def solve_ilp(
         hint_kept: with a tuple of regions, the nodes they keep (selective checkpointing).
 
     The plan chooses which candidates each region keeps (any subset of `Problem.keep_candidates`)
-    as well; not a block's "all but a run" of `Problem.keep_choices`, which `dp` also searches.
+    as well; not a block's "all but a run" of `Problem.keep_choices`, nor the runs inside
+    submodule calls of `Problem.run_spans`, which `dp` also searches (it solves the problem
+    without them).
 
     Raises InfeasibleBudget with the proven minimum peak when no plan fits.
 
@@ -108,6 +110,11 @@ def solve_ilp(
         raise TypeError(f"ilp got unknown options {sorted(options)}")
     started = time.perf_counter()
     cp_model = load_cp_model()
+    if problem.run_spans:
+        logger.info("ilp: regions are the allowed ones only, not the runs inside %d submodule calls",
+                    len(problem.run_spans))
+        problem = dataclasses.replace(problem, run_spans=())
+        hint = hint if isinstance(hint, bool) else tuple(r for r in hint if problem.allows_region(r.start, r.stop))
     if peak_bytes(problem) <= budget_bytes:  # nothing to recompute
         return dataclasses.replace(
             make_solution(problem, (), budget_bytes, Status.OPTIMAL, "ilp", started), gap=0.0

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Collection
 
+from solvers.infeasible import InfeasibleBudget, format_bytes
+
 # What a region may keep (a selective-checkpoint policy), `Problem.keep_choices`: any subset of
 # its keepable nodes where it holds at most MAX_KEEP_CANDIDATES (the solvers try each); in a
 # larger allowed region (a block), any subset of its KEEP_COSTLIEST costliest ones, or all of
@@ -73,6 +75,9 @@ class NodeCost:
     aten_calls: int = 0  # ATen calls its forward makes: a selective region's policy sees each one
     # tensors autograd saves for its backward: in a region, checkpoint packs and unpacks each
     saved_tensors: int = 0
+    # False: no run inside a submodule call (`Problem.run_spans`) may hold it: replaying its
+    # calls would write a buffer again (BatchNorm's running statistics)
+    replayable: bool = True
     # False: it may lie in no region. It writes a graph input in place (recomputing it would
     # write it again), or reads one that is written in place at or after it (checkpoint would
     # keep that input for recomputation, and autograd would see it modified).
@@ -122,8 +127,19 @@ class Problem:
     # and this much per node it keeps: caching its calls' outputs and handing them back, and
     # what holding them costs the step (measured on a block against the model's prediction)
     kept_node_ms: float = 0.0
+    # Submodule calls (allowed regions) inside which any run of nodes may also be a region,
+    # recomputed alone (`planner.run_checkpoint`): a dispatch mode over the call's forward
+    # records the run and costs `run_call_ms` per ATen call of the call. Such a region keeps
+    # nothing.
+    run_spans: tuple[range, ...] = ()
+    run_call_ms: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.run_spans and self.allowed_regions is None:
+            raise ValueError("run_spans need allowed_regions: they are allowed regions")
+        for region in self.run_spans:
+            if region not in self.allowed_regions:  # type: ignore[operator]
+                raise ValueError(f"run span {region} is not one of the allowed regions")
         for region in self.allowed_regions or ():
             if region.step != 1 or len(region) == 0 or region.start < 0 or region.stop > len(self.nodes):
                 raise ValueError(f"allowed region {region} is not a non-empty run of the {len(self.nodes)} nodes")
@@ -158,7 +174,21 @@ class Problem:
         kept = frozenset(kept)
         count = sum(i in kept for i in region)
         selective = self.selective_ms(region) + self.kept_node_ms * count if count else 0.0
-        return self.region_recompute_ms(region, kept) + self.checkpoint_ms(region) + selective
+        return self.region_recompute_ms(region, kept) + self.checkpoint_ms(region) + selective + self.run_ms(region)
+
+    def run_ms(self, region: range) -> float:
+        """What recording `region` as a run costs (0 where it is no run, `run_span_of`): the
+        dispatch mode sees every ATen call of its submodule call's forward, `run_call_ms` each."""
+        span = self.run_span_of(region)
+        return 0.0 if span is None else self.run_call_ms * _span_calls(self)[span]
+
+    def run_span_of(self, region: range) -> range | None:
+        """The smallest submodule call (`run_spans`) inside which `region` is a run recomputed
+        alone; None for a region that is itself an allowed region (or where there are none)."""
+        if not self.run_spans or region in _allowed_set(self):
+            return None
+        return next((span for span in _span_calls(self) if span.start <= region.start and region.stop <= span.stop),
+                    None)
 
     def checkpoint_ms(self, region: range) -> float:
         """checkpoint's own cost for one region: `region_overhead_ms` per call and
@@ -189,7 +219,7 @@ class Problem:
         node it stops before) and whose `keep_span` holds the region (with no allowed regions,
         only nodes without a span)."""
         recomputed = self.recomputed(region)
-        if not recomputed:
+        if not recomputed or self.run_span_of(region) is not None:
             return []
         last = recomputed.stop - 1
         # Recomputation that stops before its last node makes its output never asks for that
@@ -321,8 +351,33 @@ def _allowed_stops(problem: Problem) -> dict[int, frozenset[int]]:
         stops: dict[int, set[int]] = {}
         for region in problem.allowed_regions or ():
             stops.setdefault(region.start, set()).add(region.stop)
+        for span in problem.run_spans:
+            stop = span.stop
+            for start in reversed(span):  # runs of replayable nodes
+                if not problem.nodes[start].replayable:
+                    stop = start
+                else:
+                    stops.setdefault(start, set()).update(range(start + 1, stop + 1))
         cached = {start: frozenset(found) for start, found in stops.items()}
         object.__setattr__(problem, "_allowed_stops", cached)
+    return cached
+
+
+def _span_calls(problem: Problem) -> dict[range, int]:
+    cached = problem.__dict__.get("_span_calls")
+    if cached is None:
+        # smallest first: a run is recorded in the smallest submodule call that holds it
+        cached = {span: sum(problem.nodes[i].aten_calls for i in span)
+                  for span in sorted(problem.run_spans, key=lambda span: (len(span), span.start))}
+        object.__setattr__(problem, "_span_calls", cached)
+    return cached
+
+
+def _allowed_set(problem: Problem) -> frozenset[range]:
+    cached = problem.__dict__.get("_allowed_set")
+    if cached is None:
+        cached = frozenset(problem.allowed_regions or ())
+        object.__setattr__(problem, "_allowed_set", cached)
     return cached
 
 
@@ -354,39 +409,4 @@ class Solution:
     kept: tuple[int, ...] = ()  # nodes whose outputs their regions keep (selective checkpoint)
 
 
-def format_bytes(size: float) -> str:
-    """Human-readable bytes in binary units.
-
-    Example:
-        >>> format_bytes(3 * 2**29)
-        '1.50 GiB'
-    """
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(size) >= scale:
-            return f"{size / scale:.2f} {unit}"
-    return f"{int(size)} B"
-
-
-class InfeasibleBudget(ValueError):
-    """No plan fits the budget. Carries the smallest budget that does fit.
-
-    Example:
-        >>> raise InfeasibleBudget(budget_bytes=2**29, minimum_bytes=3 * 2**28, static_bytes=2**28)
-    """
-
-    def __init__(
-        self, budget_bytes: int, minimum_bytes: int, static_bytes: int, solver: str = "", proven: bool = True
-    ):
-        self.budget_bytes = budget_bytes
-        self.minimum_bytes = minimum_bytes
-        self.static_bytes = static_bytes
-        self.solver = solver
-        self.proven = proven  # False: minimum_bytes is the smallest peak found, not proven minimal
-        activations = minimum_bytes - static_bytes
-        dominant = "static memory dominates" if static_bytes >= activations else "activations dominate"
-        by = f" for solver {solver!r}" if solver else ""
-        super().__init__(
-            f"budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(minimum_bytes)}"
-            f"{by} (parameters+gradients and other static memory {format_bytes(static_bytes)}, "
-            f"activations at least {format_bytes(activations)}: {dominant})"
-        )
+__all__ = ["InfeasibleBudget", "MAX_KEEP_CANDIDATES", "NodeCost", "Problem", "Solution", "Status", "format_bytes"]

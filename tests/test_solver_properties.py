@@ -98,7 +98,8 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
     """A random problem whose regions are limited to random node ranges (like submodule calls:
     some nested, some overlapping) and whose regions each cost a fixed overhead; with
     `keep_spans`, some keepable nodes may be kept only within a random span of nodes."""
-    problem = draw(problems(max_nodes=max_nodes, **{k: v for k, v in options.items() if k != "keep_spans"}))
+    problem = draw(problems(max_nodes=max_nodes, **{k: v for k, v in options.items()
+                                                    if k not in ("keep_spans", "run_spans")}))
     n = len(problem)
     spans = st.tuples(st.integers(0, n - 1), st.integers(1, n)).map(lambda ab: range(ab[0], max(ab[0] + 1, min(n, ab[0] + ab[1]))))
     drawn = set(draw(st.lists(spans, min_size=1, max_size=6)))
@@ -115,10 +116,16 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
     if options.get("keep_spans"):  # kept only in allowed regions within a span (planner.holds)
         nodes = tuple(replace(node, keep_span=(draw(st.integers(0, i)), draw(st.integers(i + 1, n))))
                       if node.keepable and draw(st.integers(0, 3)) == 0 else node for i, node in enumerate(nodes))
+    run_spans: tuple[range, ...] = ()
+    run_call_ms = 0.0
+    if options.get("run_spans"):  # any run inside some calls is a region too, not through buffer writers
+        run_spans = tuple(r for r in allowed if len(r) > 1 and draw(st.booleans()))
+        run_call_ms = draw(st.sampled_from([0.0, 0.125]))
+        nodes = tuple(replace(node, replayable=draw(st.integers(0, 4)) > 0) for node in nodes)
     return Problem(nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,
                    rng_state_bytes=problem.rng_state_bytes, measured_gradients=problem.measured_gradients,
                    keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms, saved_tensor_ms=saved_tensor_ms,
-                   kept_node_ms=kept_node_ms)
+                   kept_node_ms=kept_node_ms, run_spans=run_spans, run_call_ms=run_call_ms)
 
 
 @dataclass
@@ -446,6 +453,38 @@ def test_allowed_regions_sqrt_fits_and_more_budget_never_costs_more(problem: Pro
         assert solution.peak_bytes <= budget and solution.recompute_ms >= optimum - 1e-9
         assert all(problem.allows_region(r.start, r.stop) for r in solution.regions)
     assert problem.recompute_ms(()) == 0
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(problem=module_problems(max_nodes=9, run_spans=True), data=st.data())
+def test_dp_equals_brute_force_with_runs_inside_calls(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(problem)
+    runs = {r for plan, _, _, _ in truth.plans for r in plan if problem.run_span_of(r) is not None}
+    assert all(problem.nodes[i].replayable for r in runs for i in r)
+    assert all(i not in r for plan, kept, _, _ in truth.plans for r in set(plan) & runs for i in kept)
+    for budget in budgets(truth, data):
+        check_against_truth(problem, truth, budget, "dp")
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(problem=module_problems(max_nodes=8, run_spans=True), data=st.data())
+def test_ilp_equals_brute_force_over_allowed_regions_leaving_out_runs(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(replace(problem, run_spans=()))  # ilp does not search the runs inside calls
+    for budget in budgets(truth, data):
+        check_against_truth(problem, truth, budget, "ilp", hint=False)
+
+
+def test_run_cost_is_the_recording_of_the_smallest_call_holding_it() -> None:
+    nodes = tuple(NodeCost(f"n{i}", compute_ms=1.0, output_bytes=8, uses=(i - 1,) if i else (), saves=(i,),
+                           aten_calls=2, replayable=i != 4) for i in range(6))
+    problem = Problem(nodes, allowed_regions=(range(0, 6), range(1, 4)), run_spans=(range(0, 6), range(1, 4)),
+                      run_call_ms=0.5)
+    assert problem.run_span_of(range(1, 4)) is None  # a call itself: checkpointed, not recorded
+    assert problem.run_span_of(range(2, 3)) == range(1, 4) and problem.run_ms(range(2, 3)) == 0.5 * 6
+    assert problem.run_span_of(range(0, 2)) == range(0, 6) and problem.run_ms(range(0, 2)) == 0.5 * 12
+    assert problem.region_cost_ms(range(2, 3)) == 1.0 + 3.0
+    assert problem.allows_region(0, 4) and not problem.allows_region(3, 5) and not problem.allows_region(4, 5)
+    assert problem.keepable_in(range(2, 3)) == []
 
 
 @contextlib.contextmanager

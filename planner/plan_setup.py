@@ -1,0 +1,41 @@
+"""What a plan is for besides its budget (`Setup`), and the check of sizes the user gives in GiB."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from planner.measure import PlanDevice
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the plan is for besides the budget: the device (and target GPU), how the run holds
+    static memory (FSDP2 ranks, optimizer) and the resulting static memory per rank, by term."""
+
+    where: PlanDevice
+    world_size: int = 1
+    optimizer: str | float | None = None
+    static_breakdown: dict[str, int] | None = None
+
+    def with_reserve(self, reserved_bytes: int) -> "Setup":
+        return replace(self, static_breakdown={**(self.static_breakdown or {}), "reserved": reserved_bytes})
+
+
+def check_gb(name: str, value: Any, allow_zero: bool = False) -> float:
+    """Validate a size in GiB given by the user; raise ValueError naming the argument.
+
+    Example:
+        >>> check_gb("budget_gb", 4)
+        4.0
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number of GiB, not {value!r}")
+    value = float(value)
+    if math.isnan(value) or math.isinf(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = "zero or more" if allow_zero else "more than zero"
+        raise ValueError(f"{name} must be a finite number of GiB {bound}, not {value!r}")
+    return value
+
+
+__all__ = ["Setup", "check_gb"]

@@ -1,0 +1,255 @@
+"""Recompute a run of ATen calls inside one submodule call, and nothing else of it.
+
+`checkpoint` on a submodule drops every tensor its forward saves for backward and replays the
+forward up to its last saving call; a selective policy can keep calls' outputs, but then also
+caches outputs that nothing saves (a linear's output feeding dropout). A region that is a run
+of nodes inside a block (its norm and the next linear's input, an activation) is applied here
+instead: a dispatch mode over the submodule's forward counts its ATen calls; over the run's
+calls it records each call (op, arguments) and, once autograd has saved the call's tensors,
+re-registers those that the run itself made with pack/unpack hooks that drop them
+(`SavedTensor.register_hooks`). The first unpack in backward replays the recorded calls under
+`no_grad`, from the run's inputs (kept, as checkpoint keeps a region's inputs) and the RNG
+state saved before its first random call, and hands each dropped tensor back once.
+
+Tensors the run saves that it did not make (its inputs, parameters) and tensors that later
+calls save stay as they are, so memory is that of a region on exactly those nodes.
+
+Example:
+    >>> recorder = RunRecorder(calls=block_calls, runs=((40, 52),))
+    >>> with recorder:
+    ...     out = block_forward(x)
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from planner.memory import draws_random_numbers
+
+_Ref = tuple[int, int]  # (call within the run, output of that call)
+_SAVED_PREFIX = "_raw_saved_"
+_saved_names: dict[type, tuple[str, ...]] = {}  # autograd node class -> its saved-tensor attributes
+
+
+def counted_call(name: str) -> bool:
+    """Whether a run's call indices count an ATen call: not torch.export's metadata asserts
+    (the model's forward makes none) nor `detach`, which autograd itself dispatches when it
+    saves some outputs without saved-tensor hooks (the planner's runs have hooks) and which
+    replay needs no more than the tensor it aliases."""
+    return not name.startswith("aten._assert") and name != "aten.detach.default"
+
+
+def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """What identifies a tensor's value at one moment of the forward: its memory and layout.
+    (autograd saves an output as a new tensor on the same memory, so identity would not do.)"""
+    return (tensor.device, tensor.dtype, tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
+
+
+@dataclass
+class _Arg:
+    """A recorded argument: a tensor the run made (`ref`), or any other value as it was."""
+
+    ref: _Ref | None = None
+    value: Any = None
+    version: int | None = None  # of an input tensor when recorded: replay refuses a changed one
+
+
+@dataclass
+class RunTape:
+    """One run's recorded calls in one forward, and the dropped saved tensors to hand back.
+
+    Example:
+        >>> tape.replay(); tape.unpack(0).shape
+        torch.Size([4, 256, 768])
+    """
+
+    calls: list[tuple[Any, list[_Arg], Any]] = field(default_factory=list)  # (func, flat args, spec)
+    outputs: list[int] = field(default_factory=list)  # per call: how many outputs
+    made: dict[tuple[Any, ...], _Ref] = field(default_factory=dict)  # tensor key -> the call that made it
+    slots: dict[int, _Ref] = field(default_factory=dict)  # dropped saved tensor -> its maker
+    rng: tuple[int, torch.Tensor, torch.device | None, torch.Tensor | None] | None = None
+    replayed: dict[int, torch.Tensor] | None = None
+    _slot_ids: Iterator[int] = field(default_factory=itertools.count)
+
+    def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        flat, spec = tree_flatten((args, kwargs))
+        recorded = []
+        for value in flat:
+            ref = self.made.get(_tensor_key(value)) if isinstance(value, torch.Tensor) else None
+            if ref is not None:
+                recorded.append(_Arg(ref=ref))
+            elif isinstance(value, torch.Tensor):
+                recorded.append(_Arg(value=value, version=value._version))
+            else:
+                recorded.append(_Arg(value=value))
+        index = len(self.calls)
+        self.calls.append((func, recorded, spec))
+        results = [value for value in tree_flatten(result)[0]]
+        self.outputs.append(len(results))
+        for position, value in enumerate(results):
+            if isinstance(value, torch.Tensor):
+                self.made[_tensor_key(value)] = (index, position)
+
+    def note_random(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Save the RNG state before the run's first random call (the one replay restores)."""
+        if self.rng is not None:
+            return
+        device = next((t.device for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)), None)
+        cuda = device if device is not None and device.type == "cuda" else None
+        self.rng = (len(self.calls), torch.get_rng_state(), cuda,
+                    torch.cuda.get_rng_state(cuda) if cuda is not None else None)
+
+    def drop_saved(self, outputs: Sequence[Any]) -> int:
+        """Re-register, with hooks that drop them, the tensors that the autograd nodes of the
+        last recorded call saved and that this run made. Returns how many it dropped."""
+        nodes = {t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+        dropped = 0
+        for node in nodes:
+            names = _saved_names.get(type(node))
+            if names is None:
+                names = _saved_names[type(node)] = tuple(n for n in dir(node) if n.startswith(_SAVED_PREFIX))
+            for name in names:
+                raw = getattr(node, name)
+                value = getattr(node, "_saved_" + name[len(_SAVED_PREFIX):])
+                pairs = zip(raw, value) if isinstance(raw, (list, tuple)) else [(raw, value)]
+                for saved, tensor in pairs:
+                    ref = self.made.get(_tensor_key(tensor)) if isinstance(tensor, torch.Tensor) else None
+                    if ref is None:
+                        continue
+                    slot = next(self._slot_ids)
+                    self.slots[slot] = ref
+                    try:
+                        saved.register_hooks(lambda _tensor, slot=slot: slot, self.unpack)
+                    except RuntimeError as error:
+                        raise RuntimeError("a run the plan recomputes cannot drop the tensors it saves: another "
+                                           "saved_tensors_hooks context is active (activation offloading, an outer "
+                                           "checkpoint?)") from error
+                    dropped += 1
+        return dropped
+
+    def unpack(self, slot: int) -> torch.Tensor:
+        """The dropped saved tensor `slot`, replaying the run first if needed; handed back once."""
+        if self.replayed is None or slot not in self.replayed:  # (again: a backward with retain_graph)
+            self.replay()
+        assert self.replayed is not None
+        return self.replayed.pop(slot)
+
+    def replay(self) -> None:
+        """Run the recorded calls again, up to the last one that made a dropped tensor, without
+        autograd or autocast, keeping only what later calls read or backward asks for."""
+        wanted = set(self.slots.values())
+        last = max((ref[0] for ref in wanted), default=-1)
+        last_read: dict[_Ref, int] = {}
+        for index, (_, args, _) in enumerate(self.calls[:last + 1]):
+            for arg in args:
+                if arg.ref is not None:
+                    last_read[arg.ref] = index
+        values: dict[_Ref, torch.Tensor] = {}
+        devices = [self.rng[2]] if self.rng is not None and self.rng[2] is not None else []
+        with torch.no_grad(), _no_autocast(), torch.random.fork_rng(devices=devices):
+            for index, (func, args, spec) in enumerate(self.calls[:last + 1]):
+                if self.rng is not None and self.rng[0] == index:
+                    torch.set_rng_state(self.rng[1])
+                    if self.rng[2] is not None:
+                        torch.cuda.set_rng_state(self.rng[3], self.rng[2])
+                flat = [values[arg.ref] if arg.ref is not None else _checked_input(arg, func) for arg in args]
+                call_args, call_kwargs = tree_unflatten(flat, spec)
+                results = tree_flatten(func(*call_args, **call_kwargs))[0]
+                for position, value in enumerate(results):
+                    ref = (index, position)
+                    if ref in wanted or last_read.get(ref, -1) > index:
+                        values[ref] = value
+                for arg in args:
+                    if arg.ref is not None and last_read.get(arg.ref) == index and arg.ref not in wanted:
+                        values.pop(arg.ref, None)
+        self.replayed = {slot: values[ref] for slot, ref in self.slots.items()}
+
+
+def _checked_input(arg: _Arg, func: Any) -> Any:
+    if arg.version is not None and arg.value._version != arg.version:
+        raise RuntimeError(f"an input of {func} in a recomputed run was modified in place after the forward, so "
+                           "it cannot be recomputed (the plan should not have put this run in a region)")
+    return arg.value
+
+
+@contextlib.contextmanager
+def _no_autocast() -> Iterator[None]:
+    # The recorded calls are already cast (autocast sits above the dispatch mode that saw them).
+    with contextlib.ExitStack() as stack:
+        for device_type in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
+
+
+class RunRecorder(TorchDispatchMode):
+    """The dispatch mode over one submodule call: counts its ATen calls (`counted_call`, as
+    `planner.graph.run_checkpoints` does) and records each run in
+    `runs` ((start, stop) call indices) as a `RunTape`, checking each call's name against
+    `calls`, the planned ones. A call that differs stops recording (`mismatch` says where);
+    what was recorded up to it still replays.
+
+    Example:
+        >>> with RunRecorder(calls=("aten.native_layer_norm.default", "aten.t.default"), runs=((0, 1),)):
+        ...     y = block(x)
+    """
+
+    def __init__(self, calls: Sequence[str], runs: Sequence[tuple[int, int]]):
+        super().__init__()
+        self.calls = tuple(calls)
+        self.runs = tuple(runs)
+        self.count = 0
+        self.tapes: list[RunTape] = []
+        self.mismatch: str | None = None
+        self.dropped = 0
+        self._pending: tuple[RunTape, Any] | None = None
+        self._run = 0  # index into `runs` of the current or next run
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = str(func)
+        if not counted_call(name) or self.mismatch is not None:  # (autograd's detach: while it saves)
+            return func(*args, **kwargs)
+        self.finish()
+        index = self.count
+        self.count += 1
+        while self._run < len(self.runs) and self.runs[self._run][1] <= index:
+            self._run += 1
+        if self._run == len(self.runs) or index < self.runs[self._run][0]:
+            return func(*args, **kwargs)
+        if index >= len(self.calls) or self.calls[index] != name:
+            planned = self.calls[index] if index < len(self.calls) else "none"
+            self.mismatch = f"call {index} is {name} here and {planned} in the plan"
+            return func(*args, **kwargs)
+        if index == self.runs[self._run][0]:
+            self.tapes.append(RunTape())
+        tape = self.tapes[-1]
+        if draws_random_numbers(func, args, kwargs):
+            tape.note_random(args, kwargs)
+        result = func(*args, **kwargs)
+        tape.record(func, args, kwargs, result)
+        self._pending = (tape, result)
+        return result
+
+    def finish(self) -> None:
+        """Drop the saved tensors of the last recorded call (autograd saves them after the
+        call returns, so this runs at the next call and when the forward ends)."""
+        if self._pending is not None:
+            tape, result = self._pending
+            self._pending = None
+            self.dropped += tape.drop_saved(tree_flatten(result)[0])
+
+    def __exit__(self, *exc: Any) -> Any:
+        self.finish()
+        for tape in self.tapes:
+            tape.made = {}  # keys of tensors that may be freed now: never looked up again
+        return super().__exit__(*exc)
+
+
+__all__ = ["RunRecorder", "RunTape"]

@@ -1,0 +1,40 @@
+"""The error every solver raises when no plan fits, and how sizes are written in it."""
+from __future__ import annotations
+
+
+def format_bytes(size: float) -> str:
+    """Human-readable bytes in binary units.
+
+    Example:
+        >>> format_bytes(3 * 2**29)
+        '1.50 GiB'
+    """
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(size) >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{int(size)} B"
+
+
+class InfeasibleBudget(ValueError):
+    """No plan fits the budget. Carries the smallest budget that does fit.
+
+    Example:
+        >>> raise InfeasibleBudget(budget_bytes=2**29, minimum_bytes=3 * 2**28, static_bytes=2**28)
+    """
+
+    def __init__(
+        self, budget_bytes: int, minimum_bytes: int, static_bytes: int, solver: str = "", proven: bool = True
+    ):
+        self.budget_bytes = budget_bytes
+        self.minimum_bytes = minimum_bytes
+        self.static_bytes = static_bytes
+        self.solver = solver
+        self.proven = proven  # False: minimum_bytes is the smallest peak found, not proven minimal
+        activations = minimum_bytes - static_bytes
+        dominant = "static memory dominates" if static_bytes >= activations else "activations dominate"
+        by = f" for solver {solver!r}" if solver else ""
+        super().__init__(
+            f"budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(minimum_bytes)}"
+            f"{by} (parameters+gradients and other static memory {format_bytes(static_bytes)}, "
+            f"activations at least {format_bytes(activations)}: {dominant})"
+        )

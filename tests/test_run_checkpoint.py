@@ -1,0 +1,132 @@
+"""Regions that are runs of nodes inside a submodule call, recomputed alone
+(`planner.run_checkpoint`): gradients equal to the unplanned model's, saved tensors freed as
+predicted, the planner choosing them, and their survival through save/load, other shapes and
+torch.compile. (FSDP2: tests/test_distributed.py.)"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conftest import small_gpt, train_step
+from planner import load_plan, plan
+from planner.examples import Block, TinyGPT
+from planner.run_checkpoint import RunRecorder, counted_call
+from solvers import solve
+
+
+class _Calls(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _block_step(block: Block, x: torch.Tensor, mask: torch.Tensor, recorder: RunRecorder | None
+                ) -> list[torch.Tensor]:
+    for parameter in block.parameters():
+        parameter.grad = None
+    x = x.clone().requires_grad_()
+    torch.manual_seed(3)
+    if recorder is None:
+        out = block(x, mask)
+    else:
+        with recorder:
+            out = block(x, mask)
+    out.pow(2).sum().backward()
+    return [x.grad, *(p.grad for p in block.parameters())]
+
+
+def test_recorded_runs_give_the_unplanned_gradients_bit_for_bit():
+    torch.manual_seed(0)
+    block = Block(32, 4, dropout=0.1).train()
+    mask = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
+    x = torch.randn(2, 16, 32)
+    calls = _Calls()
+    leaf = x.clone().requires_grad_()
+    with calls:
+        block(leaf, mask)
+    names = [name for name in calls.names if counted_call(name)]
+    dropouts = [i for i, name in enumerate(names) if name == "aten.empty_like.default"]  # CPU dropout's mask
+    expected = _block_step(block, x, mask, None)
+    # The whole forward; attention's dropout to the MLP's input; two runs, each from a dropout.
+    for runs in [((0, len(names)),), ((dropouts[0], names.index("aten.native_layer_norm.default", 1) + 1),),
+                 ((dropouts[0], dropouts[1]), (dropouts[2], len(names)))]:
+        recorder = RunRecorder(names, runs)
+        grads = _block_step(block, x, mask, recorder)
+        assert recorder.mismatch is None and recorder.dropped > 0
+        assert all(torch.equal(a, b) for a, b in zip(grads, expected)), runs
+
+
+def test_a_forward_with_other_calls_stops_recording_and_warns():
+    model, tokens = small_gpt()
+    p = plan(model, tokens, budget_gb=80, repeats=1, measure="run")
+    runs = p.with_regions([("blocks_0_norm2", "blocks_0_mlp_1")])
+    planned = runs.module()
+    spec = planned.blocks[0].__dict__["forward"].spec
+    planned.blocks[0].__dict__["forward"].spec = type(spec)(**{**spec.__dict__, "calls": ("aten.mul.Tensor",) * 99})
+    with pytest.warns(UserWarning, match="makes other ATen calls than planned"):
+        train_step(planned, tokens)
+
+
+@pytest.fixture(scope="module")
+def measured():
+    model, tokens = small_gpt()
+    return model, tokens, plan(model, tokens, budget_gb=80, repeats=1, measure="run")
+
+
+def test_runs_inside_blocks_train_like_the_model_and_free_what_was_predicted(measured):
+    model, tokens, p = measured
+    assert p.problem.run_spans, "the blocks' calls match the graph's: runs inside them are regions"
+    # norm2 and the MLP's first linear and GELU, in each block: not a submodule call
+    regions = [(f"blocks_{i}_norm2", f"blocks_{i}_mlp_1") for i in range(8)]
+    runs = p.with_regions(regions)
+    specs = runs.module_checkpoints
+    assert [spec.module for spec in specs] == [f"blocks.{i}" for i in range(8)] and all(len(s.runs) == 1 for s in specs)
+    record = runs.verify(steps=2)
+    assert record.outputs_match and record.gradients_match, str(record)
+    assert abs(record.peak_error) <= 0.01, str(record)
+    assert runs.predicted_peak_bytes < p.baseline_peak_bytes
+
+
+def test_the_planner_recomputes_runs_where_they_are_cheaper(measured):
+    model, tokens, p = measured
+    tight = p.replan(budget_gb=0.8 * p.baseline_peak_bytes / 2**30)
+    without = solve(replace(tight.problem, run_spans=()), tight.budget_bytes, method="dp")
+    assert tight.recompute_ms <= without.recompute_ms + 1e-9
+    record = tight.verify(steps=2)
+    assert record.within_budget and record.gradients_match and abs(record.peak_error) <= 0.01, str(record)
+
+
+def test_a_saved_plan_with_runs_applies_to_a_fresh_model_and_other_lengths(measured, tmp_path):
+    model, tokens, p = measured
+    runs = p.with_regions([("blocks_2_norm2", "blocks_2_mlp_1"), ("blocks_2_mlp_2", "blocks_2_mlp_2")])
+    loaded = load_plan(runs.save(tmp_path / "plan.json"))
+    fresh, _ = small_gpt()
+    loaded.apply(fresh)
+    assert fresh.blocks[2].__dict__["forward"].spec == runs.module_checkpoints[0]
+    for sample in (tokens, tokens[:2, :20]):
+        expected_output, expected = train_step(model, sample)
+        output, grads = train_step(fresh, sample)
+        torch.testing.assert_close(output, expected_output)
+        for key, value in expected.items():
+            torch.testing.assert_close(grads[key], value, msg=key)
+
+
+@pytest.mark.slow
+def test_torch_compile_of_a_plan_with_runs_trains_like_eager():
+    # (no dropout: compiled and eager code draw different random numbers)
+    torch.manual_seed(0)
+    model, tokens = TinyGPT(vocab=128, width=32, heads=4, blocks=4, context=32, dropout=0.0), torch.randint(0, 128, (4, 32))
+    p = plan(model, tokens, budget_gb=80, repeats=1, measure="run")
+    planned = p.with_regions([(f"blocks_{i}_norm2", f"blocks_{i}_mlp_1") for i in range(4)]).module()
+    expected_output, expected = train_step(model, tokens)
+    output, grads = train_step(torch.compile(planned), tokens)
+    torch.testing.assert_close(output, expected_output, rtol=1e-4, atol=1e-5)
+    for key, value in expected.items():
+        torch.testing.assert_close(grads[f"_orig_mod.{key}"], value, rtol=1e-4, atol=1e-5, msg=key)
