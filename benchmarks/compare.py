@@ -161,15 +161,18 @@ def every_block_prediction(spec: Spec, model, base) -> float | None:
 
 
 def without_keeps(problem):
-    """The same problem with nothing keepable: whole regions only."""
+    """The same problem with nothing keepable and no runs inside submodule calls: whole
+    submodule calls only."""
     import dataclasses
 
-    return dataclasses.replace(problem, nodes=tuple(dataclasses.replace(n, keepable=False) for n in problem.nodes))
+    return dataclasses.replace(problem, nodes=tuple(dataclasses.replace(n, keepable=False) for n in problem.nodes),
+                               run_spans=())
 
 
 def any_run(problem):
     """The same problem with regions on any run of nodes, whole regions only (with keep choices
-    too, dp takes minutes per budget on these graphs)."""
+    too, dp takes minutes per budget on these graphs), including runs that cross submodule
+    calls, which the planner cannot apply."""
     import dataclasses
 
     return dataclasses.replace(without_keeps(problem), allowed_regions=None)
@@ -250,7 +253,9 @@ def run_model(spec: Spec, args) -> ModelResult:
                 solution = planned.solution
                 config.optimal = solution.status == Status.OPTIMAL
                 gap = f" (gap {100 * solution.gap:.1f}%)" if solution.gap else ""
-                config.note = (f"{len(planned.checkpoints)} regions keeping {len(solution.kept)} nodes, "
+                runs = sum(planned.problem.run_span_of(region) is not None for region in solution.regions)
+                config.note = (f"{len(planned.checkpoints)} regions ({runs} runs inside a call) keeping "
+                               f"{len(solution.kept)} nodes, "
                                f"{solution.solver} {solution.status.value}{gap}, solved in {solution.solve_seconds:.2f} s")
             log(f"{spec.key}: {name} budget {mib(budget)}: "
                 f"{config.infeasible or config.note} ({time.perf_counter() - started:.1f} s)")

@@ -168,7 +168,8 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
             if predicted is not None and predicted > target and config.optimal:
                 line += (f" missed: the cheapest plan at this budget (proven optimal over regions of whole "
                          "submodule calls, each keeping nodes under a selective policy as `Problem.keep_choices` "
-                         "lists them: any of up to 8, or in a block its 5 costliest or all but a run) is "
+                         "lists them: any of up to 8, or in a block its 5 costliest or all but a run, and runs of "
+                         "nodes inside a submodule call, recomputed alone) is "
                          f"predicted at {predicted:.2f} of every block's: no plan the planner searches does better")
             elif predicted is not None:
                 line += f" missed: predicted {predicted:.2f}, so the clock exceeds the prediction"
@@ -194,13 +195,13 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
 
 def beyond_the_planner(result: ModelResult, config: Config) -> str:
     """What larger decision spaces give at this budget, as shares of every block's predicted
-    overhead: regions on any run of nodes (not yet applicable), and the lower bound for any plan."""
+    overhead: regions on any run of nodes (across submodule calls: not applicable), and the lower bound for any plan."""
     every = result.every_predicted_ms
     if not every or config.bound_ms is None:
         return ""
     text = "; " if config.any_run_ms is None else (
-        f"; whole regions on any run of graph nodes (not just submodule calls, which the planner cannot apply "
-        f"yet) would reach {config.any_run_ms / every:.2f}; ")
+        f"; whole regions on any run of graph nodes (across submodule calls too, which the planner cannot "
+        f"apply, and without the runs' recording cost) would reach {config.any_run_ms / every:.2f}; ")
     if config.bound_ms == float("inf"):
         return text + "no plan of whole graph nodes fits"
     return text + f"no plan of whole graph nodes can cost under {config.bound_ms / every:.2f} (a lower bound)"

@@ -4,11 +4,12 @@ every block, at every block's own predicted peak and at 40/60/80% of the unplann
 peak, over four spaces:
 - the planner's: regions that are submodule calls, each keeping nodes under a selective policy
   (`Problem.keep_choices`: any of up to 8 keepable nodes, or in a block its 5 costliest or all
-  but a run of consecutive ones);
-- whole regions only (the same problem with nothing keepable);
+  but a run of consecutive ones), and runs of nodes inside a submodule call recomputed alone
+  (`Problem.run_spans`, `planner.run_checkpoint`);
+- whole submodule calls only (the same problem with nothing keepable and no runs);
 - whole regions on any run of graph nodes (`dp` with no allowed regions and nothing keepable;
-  with keep choices too it takes minutes per budget): what the planner would gain from regions
-  inside a submodule call, which it cannot apply yet;
+  with keep choices too it takes minutes per budget), runs across submodule calls included,
+  which the planner cannot apply, and without the runs' recording cost;
 - the lower bound for every plan of whole graph nodes (`solvers.recompute_bound`): no plan,
   however its regions fall, costs less at that budget.
 
@@ -68,7 +69,8 @@ def main() -> int:
     args = parser.parse_args()
     retain_freed_memory()  # node times measured as the timing benchmarks measure steps
     torch.set_num_threads(1)
-    rows = ["| model | budget | planner (submodule regions, keeps): share (ms) | whole regions only "
+    rows = ["| model | budget | planner (submodule calls with keeps, runs inside calls): share (ms) "
+            "| whole submodule calls only "
             "| any run of nodes, whole regions | lower bound, any plan |", "|---|---|---|---|---|---|"]
     print("\n".join(rows), flush=True)
     started = time.perf_counter()
@@ -94,8 +96,8 @@ def main() -> int:
             print(row, flush=True)
     body = "\n".join(rows) + (
         f"\n\nShares of every block's predicted overhead (`Plan.with_submodules(blocks)`), predicted by the "
-        "planner on one set of measurements, solved by `dp` (status in brackets) with keep choices, with "
-        "nothing keepable, and with whole regions on any run of nodes; the lower bound is "
+        "planner on one set of measurements, solved by `dp` (status in brackets) with keep choices and runs "
+        "inside submodule calls, with whole submodule calls only, and with whole regions on any run of nodes; the lower bound is "
         "`solvers.recompute_bound.recompute_lower_bound` (an LP relaxation over every plan of whole graph nodes); budgets are every block's predicted peak and fractions of the unplanned predicted "
         f"peak. {time.perf_counter() - started:.0f} s.")
     if not args.no_save:

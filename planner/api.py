@@ -372,11 +372,11 @@ def plan(
     overhead_ms, saved_tensor_ms = checkpoint_overhead_ms(overhead_device)
     problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
                             summary.gradients, saved_tensor_ms)
-    keep_region_ms, keep_call_ms, kept_node_ms, run_call_ms = selective_overhead_for_plan(
+    keep_region_ms, keep_call_ms, kept_node_ms, run_call_ms, recorded_call_ms = selective_overhead_for_plan(
         model, problem, wrapped, overhead_device, where.local and not on_meta, lambda: model(*args, **kwargs),
         lambda region, kept: saved_calls(traced.gm, region, kept))
     problem = replace(problem, keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms, kept_node_ms=kept_node_ms,
-                      run_call_ms=run_call_ms)
+                      run_call_ms=run_call_ms, recorded_call_ms=recorded_call_ms)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()
     solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))

@@ -125,6 +125,7 @@ class CheckpointedForward:
         self.spec = spec
         self.previous = previous  # an instance-level forward that was there before, or None
         self.calls = 0  # calls since the model's last forward began (see AppliedPlan)
+        self.dropped = 0
         self.warned = False
         # torch.compile takes a context_fn that is a function or a functools.partial of one;
         # cache_hash lets AOTAutograd's cache tell policies apart.
@@ -172,6 +173,7 @@ class CheckpointedForward:
         recorder = RunRecorder(self.spec.calls, self.spec.runs)
         with recorder:
             result = self.original(*args, **kwargs)
+        self.dropped = recorder.dropped  # saved tensors the last call's runs dropped (diagnostics, tests)
         if recorder.mismatch is not None and not self.warned:
             self.warned = True
             warnings.warn(f"{self.spec.module!r} makes other ATen calls than planned ({recorder.mismatch}; another "

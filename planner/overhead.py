@@ -40,7 +40,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from planner.run_checkpoint import RunRecorder
+from planner.run_checkpoint import RunRecorder, counted_call
 from planner.apply import ModuleCheckpoint
 from planner.keep_policy import keep_contexts
 from planner.memory import preserved_state
@@ -56,6 +56,7 @@ _ROUNDS = 7
 # Where a small difference is read off larger steps (checkpoint's cost per saved tensor, the
 # policy's cost per call inside a real submodule), more rounds.
 _FINE_ROUNDS = 15
+_FORWARDS = 4  # forwards per timed step where a dispatch mode's cost is read off forwards alone
 
 
 class _Layers(nn.Module):
@@ -167,9 +168,11 @@ class _CallCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.calls = 0
+        self.names: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         self.calls += 1
+        self.names.append(str(func))
         return func(*args, **(kwargs or {}))
 
 
@@ -179,6 +182,14 @@ def _recompute_everything(ctx, func, *args, **kwargs):  # type: ignore[no-untype
 
 def _selective_contexts():  # type: ignore[no-untyped-def]
     return create_selective_checkpoint_contexts(_recompute_everything)
+
+
+def _call_names(module: nn.Module, *args: Any, **kwargs: Any) -> tuple[str, ...]:
+    """The ATen calls of one forward of `module` with grad on, as a RunRecorder counts them."""
+    counter = _CallCounter()
+    with counter:
+        module(*args, **kwargs)
+    return tuple(name for name in counter.names if counted_call(name))
 
 
 def _calls_charged(module: nn.Module, *args: Any, **kwargs: Any) -> int:
@@ -214,7 +225,9 @@ class SelectiveCost:
 
     per_call_ms: float
     per_kept_ms: float = 0.0
-    # what recording runs costs it per ATen call of its forward (`planner.run_checkpoint`)
+    # what recording runs costs it (`planner.run_checkpoint`): per ATen call of its forward
+    # (the dispatch mode), and per call recorded (its record, its saved tensors dropped)
+    per_counted_call_ms: float = 0.0
     per_recorded_call_ms: float = 0.0
 
 
@@ -261,28 +274,30 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
                 parameter.grad = None
         return run
 
-    def bare(recorded: bool) -> Callable[[], None]:  # no checkpoint: the forward, maybe under a RunRecorder
+    def bare(runs: tuple[tuple[int, int], ...] | None) -> Callable[[], None]:
+        # Forwards alone, maybe under a RunRecorder recording no run (which changes nothing in
+        # backward) or one over every call: small differences, read off the least noise.
         def run() -> None:
-            inputs = tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
-            with RunRecorder((), ()) if recorded else contextlib.nullcontext():
-                output = module(*inputs, **kwargs)
-            loss = sum(t.float().sum() for t in tensors_in(output) if t.requires_grad)
-            if isinstance(loss, torch.Tensor):
-                loss.backward()
-            for parameter in module.parameters():
-                parameter.grad = None
+            for _ in range(_FORWARDS):
+                inputs = tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
+                with RunRecorder(names, runs) if runs is not None else contextlib.nullcontext():
+                    module(*inputs, **kwargs)
         return run
 
-    steps = {"plain": step(None), "selective": step(_selective_contexts), "bare": bare(False), "recorded": bare(True)}
+    names = _call_names(module, *args, **kwargs)
+    steps = {"plain": step(None), "selective": step(_selective_contexts), "bare": bare(None), "counted": bare(()),
+             "recorded": bare(((0, len(names)),))}
     if kept is not None and kept.nodes:
         steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
     ms = _medians(device, steps, _FINE_ROUNDS)
     per_call = max(0.0, (ms["selective"] - ms["plain"] - per_region_ms) / max(1, calls_per_step))
-    per_recorded = max(0.0, (ms["recorded"] - ms["bare"]) / max(1, calls_per_step // 2))
+    forward_calls = max(1, _FORWARDS * len(names))
+    per_counted = max(0.0, (ms["counted"] - ms["bare"]) / forward_calls)
+    per_recorded = max(0.0, (ms["recorded"] - ms["counted"]) / forward_calls)
     if "keeping" not in ms or kept is None:
-        return SelectiveCost(per_call, 0.0, per_recorded)
+        return SelectiveCost(per_call, 0.0, per_counted, per_recorded)
     per_kept = (ms["keeping"] - ms["selective"] + kept.skipped_ms) / len(kept.nodes)
-    return SelectiveCost(per_call, max(0.0, per_kept), per_recorded)
+    return SelectiveCost(per_call, max(0.0, per_kept), per_counted, per_recorded)
 
 
 def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,
@@ -342,24 +357,25 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
 def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
                                 device: torch.device, runs_here: bool, run_model: Callable[[], Any],
                                 calls_of: Callable[[range, tuple[int, ...]], tuple[tuple[str, int], ...]]
-                                ) -> tuple[float, float, float, float]:
+                                ) -> tuple[float, float, float, float, float]:
     """A selective policy's cost per region, per ATen call and per kept node
     (`Problem.keep_region_ms`, `keep_call_ms`, `kept_node_ms`): from tiny modules and, where the
     model runs here, on its own submodule with the most keepable nodes, a block (its real ops
     cost the policy more), keeping all of them (`calls_of(region, kept)`: the calls to cache).
-    (0, 0, 0) where nothing is keepable. Fourth, what recording runs costs per ATen call
-    (`Problem.run_call_ms`), measured on that block; else the policy's cost per call stands in.
+    (0, 0, 0) where nothing is keepable. Fourth and fifth, what recording runs costs per ATen
+    call of the submodule and per call recorded (`Problem.run_call_ms`, `recorded_call_ms`),
+    measured on that block; else the policy's cost per call stands in for both.
 
     Example:
         >>> selective_overhead_for_plan(model, problem, wrapped, torch.device("cpu"), True, lambda: model(x),
         ...                             lambda region, kept: saved_calls(gm, region, kept))
-        (0.01, 0.012, 0.05, 0.009)
+        (0.01, 0.012, 0.05, 0.009, 0.03)
     """
     if not any(node.keepable for node in problem.nodes) and not problem.run_spans:
-        return 0.0, 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0.0
     per_region, per_call = selective_overhead_ms(device)
     per_kept = 0.0
-    per_recorded = per_call
+    per_counted = per_recorded = per_call
     # a block: the regions that may keep (at most MAX_RUN_CANDIDATES keepable nodes) of a class
     # the model calls more than once, not the whole model (which would take a step per round)
     candidates = [r for r in wrapped if problem.allows_region(r.start, r.stop)
@@ -374,11 +390,12 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
         try:
             with preserved_state(model, [device]):
                 cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept)
-            per_call, per_kept, per_recorded = cost.per_call_ms, cost.per_kept_ms, cost.per_recorded_call_ms
+            per_call, per_kept = cost.per_call_ms, cost.per_kept_ms
+            per_counted, per_recorded = cost.per_counted_call_ms, cost.per_recorded_call_ms
         except RuntimeError as error:  # a forward that cannot run alone under checkpoint
             logger.warning("the selective policy's cost per call could not be measured on %s (%s); using the "
                            "tiny modules' %.4f ms", wrapped[region].module, error, per_call)
-    return per_region, per_call, per_kept, per_recorded
+    return per_region, per_call, per_kept, per_counted, per_recorded
 
 
 __all__ = ["KeptCalls", "SelectiveCost", "checkpoint_overhead_ms", "selective_costs_in_model", "selective_costs_on",

@@ -157,6 +157,9 @@ def format_report(
            f"call + {1000 * problem.kept_node_ms:.1f} us per kept node for each region that keeps nodes "
            f"(its selective policy){estimate}"]
           if solution.kept and (problem.keep_region_ms or problem.keep_call_ms) else []),
+        *([f"                    and {1000 * problem.run_call_ms:.1f} us per ATen call of the submodule for each "
+           f"run recomputed inside one (recording it){estimate}"]
+          if any(c.wrapped and c.wrapped.runs for c in checkpoints) else []),
         f"  regions           {len(checkpoints)}",
     ]
     if checkpoints:
@@ -168,6 +171,8 @@ def format_report(
                      f"{'recompute':>12} {'freed':>11}")
         for index, (c, name, kind) in enumerate(zip(checkpoints, names, kinds)):
             keeps = f"  keeps {', '.join(c.kept)}" if c.kept else ""
+            if c.wrapped is not None and c.wrapped.runs:  # not the whole call: a run inside it
+                keeps = f"  only {c.nodes[0]}..{c.nodes[-1]}" if len(c.nodes) > 1 else f"  only {c.nodes[0]}"
             lines.append(f"    {index:>3}  {name:<{width}} {kind:<{kind_width}} {len(c.nodes):>5} "
                          f"{c.recompute_ms:>9.2f} ms {format_bytes(c.freed_bytes):>11}{keeps}")
     if verification is not None:

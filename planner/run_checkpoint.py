@@ -152,7 +152,9 @@ class RunTape:
                     last_read[arg.ref] = index
         values: dict[_Ref, torch.Tensor] = {}
         devices = [self.rng[2]] if self.rng is not None and self.rng[2] is not None else []
-        with torch.no_grad(), _no_autocast(), torch.random.fork_rng(devices=devices):
+        # (the generators are put back afterwards: backward's own draws must not see the replay)
+        forked = torch.random.fork_rng(devices=devices) if self.rng is not None else contextlib.nullcontext()
+        with torch.no_grad(), _no_autocast(), forked:
             for index, (func, args, spec) in enumerate(self.calls[:last + 1]):
                 if self.rng is not None and self.rng[0] == index:
                     torch.set_rng_state(self.rng[1])

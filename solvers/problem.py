@@ -129,10 +129,11 @@ class Problem:
     kept_node_ms: float = 0.0
     # Submodule calls (allowed regions) inside which any run of nodes may also be a region,
     # recomputed alone (`planner.run_checkpoint`): a dispatch mode over the call's forward
-    # records the run and costs `run_call_ms` per ATen call of the call. Such a region keeps
-    # nothing.
+    # records the run and costs `run_call_ms` per ATen call of the call, and `recorded_call_ms`
+    # per call of the run (recording it, dropping what it saved). Such a region keeps nothing.
     run_spans: tuple[range, ...] = ()
     run_call_ms: float = 0.0
+    recorded_call_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.run_spans and self.allowed_regions is None:
@@ -178,9 +179,13 @@ class Problem:
 
     def run_ms(self, region: range) -> float:
         """What recording `region` as a run costs (0 where it is no run, `run_span_of`): the
-        dispatch mode sees every ATen call of its submodule call's forward, `run_call_ms` each."""
+        dispatch mode sees every ATen call of its submodule call's forward, `run_call_ms` each,
+        and records the run's own, `recorded_call_ms` each."""
         span = self.run_span_of(region)
-        return 0.0 if span is None else self.run_call_ms * _span_calls(self)[span]
+        if span is None:
+            return 0.0
+        return self.run_call_ms * _span_calls(self)[span] + self.recorded_call_ms * sum(
+            self.nodes[i].aten_calls for i in region)
 
     def run_span_of(self, region: range) -> range | None:
         """The smallest submodule call (`run_spans`) inside which `region` is a run recomputed

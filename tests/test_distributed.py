@@ -149,6 +149,9 @@ def _fsdp2(name: str, rank: int, plan_path: str) -> dict[str, Any]:
         result[f"{run}_checkpointed"] = _checkpointed(model)  # still there after fully_shard
         result[f"{run}_class"] = [cls.__name__ for cls in type(model).__mro__]
         result[run] = _train(name, model, model, rank, lambda grad: grad.full_tensor())
+        if run == "planned":  # saved tensors each planned submodule's runs dropped in the last step
+            result["dropped"] = {path: module.__dict__["forward"].dropped for path, module in model.named_modules()
+                                 if isinstance(module.__dict__.get("forward"), CheckpointedForward)}
     return result
 
 
@@ -344,3 +347,48 @@ def test_fsdp2_keep_plan_matches_unplanned(saved_keep_plan, tmp_path):
     results = _spawn("fsdp2_keep", "gpt", saved_keep_plan, tmp_path / "ranks")
     _check(results)
     assert [result["missed_keeps"] for result in results] == [[]] * WORLD
+
+
+@pytest.fixture(scope="module")
+def saved_run_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """In every block of the small GPT, the second norm and the MLP's first linear and
+    activation recomputed alone (runs inside the block, `planner.run_checkpoint`); saved."""
+    model, sample = _build("gpt")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        p = planner.plan(model, sample, budget_gb=80, repeats=1, measure="run")
+    finally:
+        torch.set_num_threads(threads)
+    runs = p.with_regions([(f"blocks_{i}_norm2", f"blocks_{i}_mlp_1") for i in range(len(model.blocks))])
+    assert all(len(spec.runs) == 1 for spec in runs.module_checkpoints)
+    return Path(runs.save(tmp_path_factory.mktemp("run_plan") / "plan.json"))
+
+
+def _fsdp2_runs(name: str, rank: int, plan_path: str) -> dict[str, Any]:
+    """`_fsdp2`, noting any warning that a planned submodule made other calls than planned,
+    and how many saved tensors each block's run dropped in the last step."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = _fsdp2(name, rank, plan_path)
+    result["other_calls"] = [str(w.message) for w in caught if "other ATen calls" in str(w.message)]
+    return result
+
+
+JOBS["fsdp2_runs"] = _fsdp2_runs
+
+
+def test_fsdp2_plan_with_runs_inside_blocks_matches_unplanned(saved_run_plan, tmp_path):
+    results = _spawn("fsdp2_runs", "gpt", saved_run_plan, tmp_path / "ranks")
+    for rank, result in enumerate(results):
+        assert result["other_calls"] == [] and result["planned_checkpointed"] == result["planned_modules"]
+        planned, reference = result["planned"], result["reference"]
+        for step in range(STEPS):
+            # (the runs replay ATen calls, not submodules: nothing runs again in backward)
+            assert planned["backward_calls"][step] == reference["backward_calls"][step] == {}
+            torch.testing.assert_close(planned["loss"][step], reference["loss"][step])
+            for key, grad in reference["grads"][step].items():
+                torch.testing.assert_close(planned["grads"][step][key], grad, msg=f"rank {rank} step {step} {key}")
+        assert all(count > 0 for count in result["dropped"].values()), result["dropped"]

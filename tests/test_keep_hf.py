@@ -122,3 +122,28 @@ def test_a_selective_plan_peaks_as_predicted_within_its_budget(measured):
     assert check.outputs_match and check.gradients_match
     assert abs(check.peak_error) <= 0.03, check
     assert check.within_budget, check
+
+
+def test_runs_inside_each_block_train_like_the_model(measured):
+    # A run in the second half of each block (from about its second norm to its last node but
+    # one), recomputed alone: the block's calls in the model's forward match the graph's.
+    model, sample, p, blocks, _ = measured
+    spans = [call.nodes for call in module_calls(p.traced.gm) if call.path in blocks]
+    assert set(spans) <= set(p.problem.run_spans)
+    names = [node.name for node in p.problem.nodes]
+    regions = []
+    for span in spans:
+        start = next(s for s in range(span.start + len(span) // 2, span.stop - 1)
+                     if p.problem.allows_region(s, span.stop - 1))
+        regions.append((names[start], names[span.stop - 2]))
+    runs = p.with_regions(regions)
+    assert len(runs.module_checkpoints) == len(blocks) and all(spec.runs for spec in runs.module_checkpoints)
+    expected_loss, expected = step(model, sample)
+    planned = runs.module()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "other ATen calls than planned"
+        loss, grads = step(planned, sample)
+    assert all(planned.get_submodule(spec.module).__dict__["forward"].dropped > 0 for spec in runs.module_checkpoints)
+    torch.testing.assert_close(loss, expected_loss)
+    for key, value in expected.items():
+        torch.testing.assert_close(grads[key], value, msg=key)
