@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.keep_policy import KeepPolicy, keep_contexts
-from planner.run_checkpoint import RunRecorder
+from planner.run_checkpoint import RunRecording, calls_outside
 from planner.trace import bind_arguments, split_sample
 
 PLAN_ATTRIBUTE = "_checkpoint_plan"  # on the planned model: what apply_plan changed
@@ -53,6 +53,9 @@ class ModuleCheckpoint:
     # the names of all its calls as planned.
     runs: tuple[tuple[int, int], ...] = ()
     calls: tuple[str, ...] = ()
+    # per run: the submodules (paths relative to this one, "" for itself) whose forward pre-hook
+    # starts recording and whose forward hook stops it, with the calls where they start and stop
+    run_windows: tuple[tuple[str, int, str, int], ...] = ()
 
 
 @contextlib.contextmanager
@@ -126,11 +129,13 @@ class CheckpointedForward:
         self.previous = previous  # an instance-level forward that was there before, or None
         self.calls = 0  # calls since the model's last forward began (see AppliedPlan)
         self.dropped = 0
+        # runs recomputed alone: hooks on its submodules start and stop their recording
+        self.recording = RunRecording(module, spec.calls, spec.runs, spec.run_windows) if spec.runs else None
         self.warned = False
         # torch.compile takes a context_fn that is a function or a functools.partial of one;
         # cache_hash lets AOTAutograd's cache tell policies apart.
         # Under torch.compile, runs are a policy on the whole forward that keeps every other call.
-        compiled_calls = spec.saved_calls if not spec.runs else _calls_outside(spec.calls, spec.runs)
+        compiled_calls = spec.saved_calls if not spec.runs else calls_outside(spec.calls, spec.runs)
         self.compiled_context_fn: Any = functools.partial(keep_contexts, compiled_calls)
         self.compiled_context_fn.cache_hash = f"planner.apply.keep_contexts{compiled_calls!r}"
 
@@ -170,26 +175,15 @@ class CheckpointedForward:
         return result
 
     def _recompute_runs(self, *args: Any, **kwargs: Any) -> Any:
-        recorder = RunRecorder(self.spec.calls, self.spec.runs)
-        with recorder:
-            result = self.original(*args, **kwargs)
-        self.dropped = recorder.dropped  # saved tensors the last call's runs dropped (diagnostics, tests)
-        if recorder.mismatch is not None and not self.warned:
+        assert self.recording is not None
+        result = self.recording.run(self.original, *args, **kwargs)
+        self.dropped = self.recording.dropped  # saved tensors the last call's runs dropped (diagnostics, tests)
+        if self.recording.mismatch is not None and not self.warned:
             self.warned = True
-            warnings.warn(f"{self.spec.module!r} makes other ATen calls than planned ({recorder.mismatch}; another "
-                          "input layout?), so it recomputes less than planned and holds more memory", stacklevel=3)
+            warnings.warn(f"{self.spec.module!r} makes other ATen calls than planned ({self.recording.mismatch}; "
+                          "another input layout?), so it recomputes less than planned and holds more memory",
+                          stacklevel=3)
         return result
-
-
-def _calls_outside(calls: tuple[str, ...], runs: tuple[tuple[int, int], ...]) -> tuple[tuple[str, int], ...]:
-    """(name, occurrence) of each of `calls` outside `runs`: what a policy keeps to recompute only the runs."""
-    seen: dict[str, int] = {}
-    found = []
-    for index, name in enumerate(calls):
-        if not any(start <= index < stop for start, stop in runs):
-            found.append((name, seen.get(name, 0)))
-        seen[name] = seen.get(name, 0) + 1
-    return tuple(found)
 
 
 @dataclass
@@ -387,6 +381,8 @@ def remove_plan(model: nn.Module) -> nn.Module:
                              "not removing the plan")
     for module_path, forward in state.forwards.items():
         module = root.get_submodule(module_path)
+        if forward.recording is not None:
+            forward.recording.remove()
         if forward.previous is None:
             del module.__dict__["forward"]
         else:

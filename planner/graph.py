@@ -150,8 +150,15 @@ def run_checkpoints(gm: fx.GraphModule, problem: Problem, regions: Sequence[rang
             first_call[i] = len(calls)
             calls += [name for name in nodes[i].meta[META_KEY].aten_calls if counted_call(name)]
         first_call[span.stop] = len(calls)
+        prefix = wrapped[span].module + "."
+        windows = []
+        for region in inside:  # the submodules whose forward hooks start and stop the recording
+            entry, leave = problem.run_windows(region)  # type: ignore[misc]
+            windows.append((wrapped[entry].module.removeprefix(prefix) if entry != span else "", first_call[entry.start],
+                            wrapped[leave].module.removeprefix(prefix) if leave != span else "",
+                            first_call[leave.stop]))
         spec = replace(wrapped[span], runs=tuple((first_call[r.start], first_call[r.stop]) for r in inside),
-                       calls=tuple(calls))
+                       calls=tuple(calls), run_windows=tuple(windows))
         found.update({region: spec for region in inside})
     return found
 

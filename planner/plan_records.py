@@ -137,6 +137,7 @@ def region_record(names: list[str], spec: ModuleCheckpoint | None, kept: Collect
     if spec is not None and spec.runs:
         record["runs"] = [list(run) for run in spec.runs]
         record["calls"] = list(spec.calls)
+        record["run_windows"] = [list(window) for window in spec.run_windows]
     return record
 
 
@@ -150,7 +151,8 @@ def module_checkpoint(record: Any) -> ModuleCheckpoint | None:
                             saved_calls=tuple((str(name), int(occurrence))
                                               for name, occurrence in record.get("saved_calls", ())),
                             runs=tuple((int(start), int(stop)) for start, stop in record.get("runs", ())),
-                            calls=tuple(str(name) for name in record.get("calls", ())))
+                            calls=tuple(str(name) for name in record.get("calls", ())),
+                            run_windows=tuple((str(a), int(b), str(c), int(d)) for a, b, c, d in record.get("run_windows", ())))
 
 
 def kept_nodes(record: Any) -> list[str]:

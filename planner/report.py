@@ -157,8 +157,9 @@ def format_report(
            f"call + {1000 * problem.kept_node_ms:.1f} us per kept node for each region that keeps nodes "
            f"(its selective policy){estimate}"]
           if solution.kept and (problem.keep_region_ms or problem.keep_call_ms) else []),
-        *([f"                    and {1000 * problem.run_call_ms:.1f} us per ATen call of the submodule for each "
-           f"run recomputed inside one (recording it){estimate}"]
+        *([f"                    and {1000 * problem.run_call_ms:.1f} us per ATen call its recording sees + "
+           f"{1000 * problem.recorded_call_ms:.1f} us per call recorded, for each run recomputed inside a "
+           f"submodule{estimate}"]
           if any(c.wrapped and c.wrapped.runs for c in checkpoints) else []),
         f"  regions           {len(checkpoints)}",
     ]

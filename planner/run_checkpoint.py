@@ -22,12 +22,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from planner.memory import draws_random_numbers
@@ -193,7 +194,7 @@ def _no_autocast() -> Iterator[None]:
 class RunRecorder(TorchDispatchMode):
     """The dispatch mode over one submodule call: counts its ATen calls (`counted_call`, as
     `planner.graph.run_checkpoints` does) and records each run in
-    `runs` ((start, stop) call indices) as a `RunTape`, checking each call's name against
+    `runs` ((start, stop) call indices, counted from `start`) as a `RunTape`, checking each call's name against
     `calls`, the planned ones. A call that differs stops recording (`mismatch` says where);
     what was recorded up to it still replays.
 
@@ -202,11 +203,11 @@ class RunRecorder(TorchDispatchMode):
         ...     y = block(x)
     """
 
-    def __init__(self, calls: Sequence[str], runs: Sequence[tuple[int, int]]):
+    def __init__(self, calls: Sequence[str], runs: Sequence[tuple[int, int]], start: int = 0):
         super().__init__()
         self.calls = tuple(calls)
         self.runs = tuple(runs)
-        self.count = 0
+        self.count = start  # the index of the first call it sees (started by a submodule's hook)
         self.tapes: list[RunTape] = []
         self.mismatch: str | None = None
         self.dropped = 0
@@ -254,4 +255,97 @@ class RunRecorder(TorchDispatchMode):
         return super().__exit__(*exc)
 
 
-__all__ = ["RunRecorder", "RunTape"]
+class RunRecording:
+    """Records a submodule's planned runs (`ModuleCheckpoint.runs`) in each of its forwards: a
+    `RunRecorder` per window of calls, started by the forward pre-hook of the window's first
+    submodule (or as the forward starts) and stopped by the forward hook of its last (or as the
+    forward ends), so the dispatch mode sees few calls besides the run's; runs whose windows
+    overlap share one recorder.
+
+    Example:
+        >>> recording = RunRecording(block, calls, ((52, 58),), (("norm2", 51, "mlp.1", 58),))
+        >>> out = recording.run(block_forward, x, mask)
+        >>> recording.remove()  # its hooks
+    """
+
+    def __init__(self, module: torch.nn.Module, calls: Sequence[str], runs: Sequence[tuple[int, int]],
+                 windows: Sequence[tuple[str, int, str, int]] = ()):
+        windows = tuple(windows) or tuple(("", 0, "", len(calls)) for _ in runs)  # (plans saved without them)
+        merged: list[list[Any]] = []  # [entry, its first call, exit, its stop call, runs]
+        for run, (entry, first, leave, stop) in sorted(zip(runs, windows), key=lambda pair: pair[1][1]):
+            if merged and first < merged[-1][3]:  # overlaps the previous window
+                if stop > merged[-1][3]:
+                    merged[-1][2:4] = [leave, stop]
+                merged[-1][4].append(run)
+            else:
+                merged.append([entry, first, leave, stop, [run]])
+        self.calls = tuple(calls)
+        self.windows = [(entry, first, leave, tuple(sorted(found))) for entry, first, leave, _, found in merged]
+        self.recorders: list[RunRecorder] | None = None
+        self.state: list[int] = []  # per window: 0 not started, 1 recording, 2 stopped
+        self.mismatch: str | None = None
+        self.dropped = 0
+        self.handles = []
+        for index, (entry, _, leave, _) in enumerate(self.windows):
+            if entry:
+                start = functools.partial(self._start, index)
+                self.handles.append(module.get_submodule(entry).register_forward_pre_hook(lambda *_, f=start: f()))
+            if leave:
+                stop = functools.partial(self._stop, index)
+                self.handles.append(module.get_submodule(leave).register_forward_hook(
+                    lambda *_, f=stop: f(), always_call=True))
+
+    def _start(self, index: int) -> None:
+        if self.recorders is not None and self.state[index] == 0:
+            self.state[index] = 1
+            self.recorders[index].__enter__()
+
+    def _stop(self, index: int, ending: bool = False) -> None:
+        # Modes leave in the order they came: one that another recording started on top of
+        # (a submodule's, from a hook inside this window) stays, passing calls on, till the end.
+        if self.recorders is not None and self.state[index] == 1 and (
+                ending or _get_current_dispatch_mode() is self.recorders[index]):
+            self.state[index] = 2
+            self.recorders[index].__exit__(None, None, None)
+
+    def run(self, forward: Any, *args: Any, **kwargs: Any) -> Any:
+        """`forward(*args, **kwargs)`, recording the runs; `mismatch` and `dropped` say how it went."""
+        self.recorders = [RunRecorder(self.calls, runs, first) for _, first, _, runs in self.windows]
+        self.state = [0] * len(self.windows)
+        try:
+            for index, (entry, _, _, _) in enumerate(self.windows):
+                if not entry:
+                    self._start(index)
+            return forward(*args, **kwargs)
+        finally:
+            for index in reversed(range(len(self.windows))):
+                self._stop(index, ending=True)
+            recorders, self.recorders = self.recorders, None
+            self.mismatch = next((r.mismatch for r in recorders if r.mismatch is not None), None)
+            self.dropped = sum(r.dropped for r in recorders)
+
+    def remove(self) -> None:
+        """Remove its hooks from the submodules."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def calls_outside(calls: Sequence[str], runs: Sequence[tuple[int, int]]) -> tuple[tuple[str, int], ...]:
+    """(name, occurrence) of each of `calls` outside `runs`: what a selective policy keeps to
+    recompute only the runs (how torch.compile applies them).
+
+    Example:
+        >>> calls_outside(("aten.mm.default", "aten.gelu.default", "aten.mm.default"), ((1, 2),))
+        (('aten.mm.default', 0), ('aten.mm.default', 1))
+    """
+    seen: dict[str, int] = {}
+    found = []
+    for index, name in enumerate(calls):
+        if not any(start <= index < stop for start, stop in runs):
+            found.append((name, seen.get(name, 0)))
+        seen[name] = seen.get(name, 0) + 1
+    return tuple(found)
+
+
+__all__ = ["RunRecorder", "RunRecording", "RunTape", "calls_outside"]

@@ -8,6 +8,8 @@ from enum import Enum
 from typing import Collection
 
 from solvers.infeasible import InfeasibleBudget, format_bytes
+from solvers.problem_index import (allowed_set, allowed_stops, forbidden_starts, run_structure, span_calls,
+                                   unrecomputable)
 
 # What a region may keep (a selective-checkpoint policy), `Problem.keep_choices`: any subset of
 # its keepable nodes where it holds at most MAX_KEEP_CANDIDATES (the solvers try each); in a
@@ -181,18 +183,30 @@ class Problem:
         """What recording `region` as a run costs (0 where it is no run, `run_span_of`): the
         dispatch mode sees every ATen call of its submodule call's forward, `run_call_ms` each,
         and records the run's own, `recorded_call_ms` each."""
+        windows = self.run_windows(region)
+        if windows is None:
+            return 0.0
+        calls = run_structure(self)[1]
+        return (self.run_call_ms * (calls[windows[1].stop] - calls[windows[0].start])
+                + self.recorded_call_ms * (calls[region.stop] - calls[region.start]))
+
+    def run_windows(self, region: range) -> tuple[range, range] | None:
+        """Where the dispatch mode recording run `region` is on (None where it is no run): from
+        the forward pre-hook of the latest-starting allowed region inside its submodule call that
+        starts at or before it (the innermost of those) to the forward hook of the one holding its
+        last node that stops first (the innermost): (that first region, that last one)."""
         span = self.run_span_of(region)
         if span is None:
-            return 0.0
-        return self.run_call_ms * _span_calls(self)[span] + self.recorded_call_ms * sum(
-            self.nodes[i].aten_calls for i in region)
+            return None
+        entry, leave = run_structure(self)[0][span]
+        return entry[region.start - span.start], leave[region.stop - 1 - span.start]
 
     def run_span_of(self, region: range) -> range | None:
         """The smallest submodule call (`run_spans`) inside which `region` is a run recomputed
         alone; None for a region that is itself an allowed region (or where there are none)."""
-        if not self.run_spans or region in _allowed_set(self):
+        if not self.run_spans or region in allowed_set(self):
             return None
-        return next((span for span in _span_calls(self) if span.start <= region.start and region.stop <= span.stop),
+        return next((span for span in span_calls(self) if span.start <= region.start and region.stop <= span.stop),
                     None)
 
     def checkpoint_ms(self, region: range) -> float:
@@ -307,83 +321,24 @@ class Problem:
     def can_start_region(self, index: int) -> bool:
         """False where a region starting here would recompute from a storage that is written
         in place at or after `index` (autograd would see a mutated input)."""
-        if index in _forbidden_starts(self):
+        if index in forbidden_starts(self):
             return False
-        return self.allowed_regions is None or index in _allowed_stops(self)
+        return self.allowed_regions is None or index in allowed_stops(self)
 
     def allows_region(self, start: int, stop: int) -> bool:
         """True where [start, stop) may be a region: a startable start, only recomputable nodes
         and, where `allowed_regions` is given, one of them."""
         if not self.can_start_region(start) or stop > self.last_region_stop(start):
             return False
-        return self.allowed_regions is None or stop in _allowed_stops(self)[start]
+        return self.allowed_regions is None or stop in allowed_stops(self)[start]
 
     def last_region_stop(self, start: int) -> int:
         """The largest stop of a region that may start at `start`: n, or the largest allowed
         region's, and before the first node from `start` on that is not `recomputable`."""
-        last = len(self.nodes) if self.allowed_regions is None else max(_allowed_stops(self).get(start, (start,)))
-        fixed = _unrecomputable(self)
+        last = len(self.nodes) if self.allowed_regions is None else max(allowed_stops(self).get(start, (start,)))
+        fixed = unrecomputable(self)
         first_fixed = fixed[bisect.bisect_left(fixed, start)] if fixed and fixed[-1] >= start else last
         return min(last, first_fixed)
-
-
-def _forbidden_starts(problem: Problem) -> frozenset[int]:
-    cached = problem.__dict__.get("_forbidden_starts")
-    if cached is None:
-        forbidden: set[int] = set()
-        for mutator, node in enumerate(problem.nodes):
-            if not node.recomputable:
-                forbidden.add(mutator)
-            for owner in node.mutates:
-                # A region starting in (owner, mutator] could take the storage as an input.
-                forbidden.update(range(owner + 1, mutator + 1))
-        cached = frozenset(forbidden)
-        object.__setattr__(problem, "_forbidden_starts", cached)
-    return cached
-
-
-def _unrecomputable(problem: Problem) -> list[int]:
-    cached = problem.__dict__.get("_unrecomputable")
-    if cached is None:
-        cached = [i for i, node in enumerate(problem.nodes) if not node.recomputable]
-        object.__setattr__(problem, "_unrecomputable", cached)
-    return cached
-
-
-def _allowed_stops(problem: Problem) -> dict[int, frozenset[int]]:
-    cached = problem.__dict__.get("_allowed_stops")
-    if cached is None:
-        stops: dict[int, set[int]] = {}
-        for region in problem.allowed_regions or ():
-            stops.setdefault(region.start, set()).add(region.stop)
-        for span in problem.run_spans:
-            stop = span.stop
-            for start in reversed(span):  # runs of replayable nodes
-                if not problem.nodes[start].replayable:
-                    stop = start
-                else:
-                    stops.setdefault(start, set()).update(range(start + 1, stop + 1))
-        cached = {start: frozenset(found) for start, found in stops.items()}
-        object.__setattr__(problem, "_allowed_stops", cached)
-    return cached
-
-
-def _span_calls(problem: Problem) -> dict[range, int]:
-    cached = problem.__dict__.get("_span_calls")
-    if cached is None:
-        # smallest first: a run is recorded in the smallest submodule call that holds it
-        cached = {span: sum(problem.nodes[i].aten_calls for i in span)
-                  for span in sorted(problem.run_spans, key=lambda span: (len(span), span.start))}
-        object.__setattr__(problem, "_span_calls", cached)
-    return cached
-
-
-def _allowed_set(problem: Problem) -> frozenset[range]:
-    cached = problem.__dict__.get("_allowed_set")
-    if cached is None:
-        cached = frozenset(problem.allowed_regions or ())
-        object.__setattr__(problem, "_allowed_set", cached)
-    return cached
 
 
 class Status(str, Enum):

@@ -68,10 +68,12 @@ def test_a_forward_with_other_calls_stops_recording_and_warns():
     p = plan(model, tokens, budget_gb=80, repeats=1, measure="run")
     runs = p.with_regions([("blocks_0_norm2", "blocks_0_mlp_1")])
     planned = runs.module()
-    spec = planned.blocks[0].__dict__["forward"].spec
-    planned.blocks[0].__dict__["forward"].spec = type(spec)(**{**spec.__dict__, "calls": ("aten.mul.Tensor",) * 99})
+    recording = planned.blocks[0].__dict__["forward"].recording
+    assert recording.windows == [("norm2", recording.windows[0][1], "mlp.1", recording.windows[0][3])]
+    recording.calls = ("aten.mul.Tensor",) * 99  # as if the forward made other calls than planned
     with pytest.warns(UserWarning, match="makes other ATen calls than planned"):
         train_step(planned, tokens)
+    assert planned.blocks[0].__dict__["forward"].dropped == 0
 
 
 @pytest.fixture(scope="module")

@@ -483,7 +483,10 @@ def test_run_cost_is_the_recording_of_the_smallest_call_holding_it() -> None:
                       run_call_ms=0.5, recorded_call_ms=0.25)
     assert problem.run_span_of(range(1, 4)) is None  # a call itself: checkpointed, not recorded
     assert problem.run_span_of(range(2, 3)) == range(1, 4) and problem.run_ms(range(2, 3)) == 0.5 * 6 + 0.25 * 2
-    assert problem.run_span_of(range(0, 2)) == range(0, 6) and problem.run_ms(range(0, 2)) == 0.5 * 12 + 0.25 * 4
+    # recorded from the start of the call (0, 6) to the end of (1, 4), which holds its last node
+    assert problem.run_span_of(range(0, 2)) == range(0, 6) and problem.run_windows(range(0, 2)) == (
+        range(0, 6), range(1, 4))
+    assert problem.run_ms(range(0, 2)) == 0.5 * 8 + 0.25 * 4
     assert problem.region_cost_ms(range(2, 3)) == 1.0 + 3.5
     assert problem.allows_region(0, 4) and not problem.allows_region(3, 5) and not problem.allows_region(4, 5)
     assert problem.keepable_in(range(2, 3)) == []
