@@ -128,7 +128,6 @@ class CheckpointedForward:
         self.spec = spec
         self.previous = previous  # an instance-level forward that was there before, or None
         self.calls = 0  # calls since the model's last forward began (see AppliedPlan)
-        self.dropped = 0
         # runs recomputed alone: hooks on its submodules start and stop their recording
         self.recording = RunRecording(module, spec.calls, spec.runs, spec.run_windows) if spec.runs else None
         self.warned = False
@@ -177,7 +176,6 @@ class CheckpointedForward:
     def _recompute_runs(self, *args: Any, **kwargs: Any) -> Any:
         assert self.recording is not None
         result = self.recording.run(self.original, *args, **kwargs)
-        self.dropped = self.recording.dropped  # saved tensors the last call's runs dropped (diagnostics, tests)
         if self.recording.mismatch is not None and not self.warned:
             self.warned = True
             warnings.warn(f"{self.spec.module!r} makes other ATen calls than planned ({self.recording.mismatch}; "

@@ -163,15 +163,13 @@ def _measure(device: torch.device, depth: int) -> tuple[int, float]:
 
 
 class _CallCounter(TorchDispatchMode):
-    """Counts the ATen calls dispatched while it is active."""
+    """Names the ATen calls dispatched while it is active."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls = 0
         self.names: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.calls += 1
         self.names.append(str(func))
         return func(*args, **(kwargs or {}))
 
@@ -184,23 +182,14 @@ def _selective_contexts():  # type: ignore[no-untyped-def]
     return create_selective_checkpoint_contexts(_recompute_everything)
 
 
-def _call_names(module: nn.Module, *args: Any, **kwargs: Any) -> tuple[str, ...]:
-    """The ATen calls of one forward of `module` with grad on, as a RunRecorder counts them."""
+def _forward_calls(module: nn.Module, *args: Any, **kwargs: Any) -> list[str]:
+    """The ATen calls of one forward of `module` with grad on, as `NodeCost.aten_calls` counts
+    them (`planner.holds`: a no-grad forward may dispatch other kernels). A region's policy is
+    charged for twice as many per checkpoint call: the forward's and the recomputation's."""
     counter = _CallCounter()
     with counter:
         module(*args, **kwargs)
-    return tuple(name for name in counter.names if counted_call(name))
-
-
-def _calls_charged(module: nn.Module, *args: Any, **kwargs: Any) -> int:
-    """The ATen calls a region's policy is charged for per checkpoint call of `module`, counted
-    as `NodeCost.aten_calls` counts them (a dispatch mode over a forward with grad on,
-    `planner.holds`), twice: the forward's and the recomputation's. (A no-grad forward may
-    dispatch other kernels.)"""
-    counter = _CallCounter()
-    with counter:
-        module(*args, **kwargs)
-    return 2 * counter.calls
+    return counter.names
 
 
 @functools.lru_cache(maxsize=None)  # a property of the device and this process, not of the model
@@ -257,16 +246,20 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         >>> selective_costs_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu")).per_call_ms
         0.012
     """
-    calls_per_step = _calls_charged(module, *args, **kwargs)
+    forward_names = _forward_calls(module, *args, **kwargs)
+    calls_per_step = 2 * len(forward_names)
+    names = [name for name in forward_names if counted_call(name)]  # as a RunRecorder counts them
+
+    def fresh_inputs() -> tuple[Any, ...]:  # new non-leaf inputs: the forward may write them in place
+        return tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
 
     def step(context_fn: Callable[[], Any] | None) -> Callable[[], None]:
         options: dict[str, Any] = {"use_reentrant": False}
         if context_fn is not None:
             options["context_fn"] = context_fn
 
-        def run() -> None:  # fresh non-leaf inputs: the forward may write them in place
-            inputs = tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
-            output = checkpoint(module, *inputs, **options, **kwargs)
+        def run() -> None:
+            output = checkpoint(module, *fresh_inputs(), **options, **kwargs)
             loss = sum(t.float().sum() for t in tensors_in(output) if t.requires_grad)
             if isinstance(loss, torch.Tensor):
                 loss.backward()
@@ -279,12 +272,10 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         # backward) or one over every call: small differences, read off the least noise.
         def run() -> None:
             for _ in range(_FORWARDS):
-                inputs = tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
                 with RunRecorder(names, runs) if runs is not None else contextlib.nullcontext():
-                    module(*inputs, **kwargs)
+                    module(*fresh_inputs(), **kwargs)
         return run
 
-    names = _call_names(module, *args, **kwargs)
     steps = {"plain": step(None), "selective": step(_selective_contexts), "bare": bare(None), "counted": bare(()),
              "recorded": bare(((0, len(names)),))}
     if kept is not None and kept.nodes:
@@ -337,7 +328,7 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
     """(ATen calls seen per checkpoint call, ms the policy adds per checkpoint call)."""
     module = _Layers(depth).to(device)
     x = torch.randn(4, _WIDTH, device=device, requires_grad=True)
-    seen = _calls_charged(module, x)
+    seen = 2 * len(_forward_calls(module, x))
 
     def step(selective: bool) -> Callable[[], None]:
         def run() -> None:

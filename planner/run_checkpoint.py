@@ -71,14 +71,14 @@ class RunTape:
     """
 
     calls: list[tuple[Any, list[_Arg], Any]] = field(default_factory=list)  # (func, flat args, spec)
-    outputs: list[int] = field(default_factory=list)  # per call: how many outputs
     made: dict[tuple[Any, ...], _Ref] = field(default_factory=dict)  # tensor key -> the call that made it
     slots: dict[int, _Ref] = field(default_factory=dict)  # dropped saved tensor -> its maker
     rng: tuple[int, torch.Tensor, torch.device | None, torch.Tensor | None] | None = None
     replayed: dict[int, torch.Tensor] | None = None
     _slot_ids: Iterator[int] = field(default_factory=itertools.count)
 
-    def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+    def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> list[Any]:
+        """Note one call of the run; returns its outputs, flattened."""
         flat, spec = tree_flatten((args, kwargs))
         recorded = []
         for value in flat:
@@ -91,11 +91,11 @@ class RunTape:
                 recorded.append(_Arg(value=value))
         index = len(self.calls)
         self.calls.append((func, recorded, spec))
-        results = [value for value in tree_flatten(result)[0]]
-        self.outputs.append(len(results))
+        results = tree_flatten(result)[0]
         for position, value in enumerate(results):
             if isinstance(value, torch.Tensor):
                 self.made[_tensor_key(value)] = (index, position)
+        return results
 
     def note_random(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Save the RNG state before the run's first random call (the one replay restores)."""
@@ -211,7 +211,7 @@ class RunRecorder(TorchDispatchMode):
         self.tapes: list[RunTape] = []
         self.mismatch: str | None = None
         self.dropped = 0
-        self._pending: tuple[RunTape, Any] | None = None
+        self._pending: tuple[RunTape, list[Any]] | None = None  # the last recorded call's outputs
         self._run = 0  # index into `runs` of the current or next run
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -236,17 +236,16 @@ class RunRecorder(TorchDispatchMode):
         if draws_random_numbers(func, args, kwargs):
             tape.note_random(args, kwargs)
         result = func(*args, **kwargs)
-        tape.record(func, args, kwargs, result)
-        self._pending = (tape, result)
+        self._pending = (tape, tape.record(func, args, kwargs, result))
         return result
 
     def finish(self) -> None:
         """Drop the saved tensors of the last recorded call (autograd saves them after the
         call returns, so this runs at the next call and when the forward ends)."""
         if self._pending is not None:
-            tape, result = self._pending
+            tape, outputs = self._pending
             self._pending = None
-            self.dropped += tape.drop_saved(tree_flatten(result)[0])
+            self.dropped += tape.drop_saved(outputs)
 
     def __exit__(self, *exc: Any) -> Any:
         self.finish()

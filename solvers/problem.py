@@ -8,7 +8,7 @@ from enum import Enum
 from typing import Collection
 
 from solvers.infeasible import InfeasibleBudget, format_bytes
-from solvers.problem_index import (allowed_set, allowed_stops, forbidden_starts, run_structure, span_calls,
+from solvers.problem_index import (allowed_set, allowed_stops, forbidden_starts, run_structure, spans_by_size,
                                    unrecomputable)
 
 # What a region may keep (a selective-checkpoint policy), `Problem.keep_choices`: any subset of
@@ -206,7 +206,7 @@ class Problem:
         alone; None for a region that is itself an allowed region (or where there are none)."""
         if not self.run_spans or region in allowed_set(self):
             return None
-        return next((span for span in span_calls(self) if span.start <= region.start and region.stop <= span.stop),
+        return next((span for span in spans_by_size(self) if span.start <= region.start and region.stop <= span.stop),
                     None)
 
     def checkpoint_ms(self, region: range) -> float:

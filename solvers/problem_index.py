@@ -68,19 +68,18 @@ def allowed_stops(problem: Problem) -> dict[int, frozenset[int]]:
     return cached
 
 
-def span_calls(problem: Problem) -> dict[range, int]:
-    """Each run span's ATen calls, smallest span first.
+def spans_by_size(problem: Problem) -> tuple[range, ...]:
+    """The run spans, smallest first: a run is recorded in the smallest submodule call that
+    holds it (`Problem.run_span_of`).
 
     Example:
-        >>> span_calls(problem)[range(38, 42)]
-        13
+        >>> spans_by_size(problem)[0]
+        range(38, 42)
     """
-    cached = problem.__dict__.get("_span_calls")
+    cached = problem.__dict__.get("_spans_by_size")
     if cached is None:
-        # smallest first: a run is recorded in the smallest submodule call that holds it
-        cached = {span: sum(problem.nodes[i].aten_calls for i in span)
-                  for span in sorted(problem.run_spans, key=lambda span: (len(span), span.start))}
-        object.__setattr__(problem, "_span_calls", cached)
+        cached = tuple(sorted(problem.run_spans, key=lambda span: (len(span), span.start)))
+        object.__setattr__(problem, "_spans_by_size", cached)
     return cached
 
 

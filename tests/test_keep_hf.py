@@ -143,7 +143,7 @@ def test_runs_inside_each_block_train_like_the_model(measured):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "other ATen calls than planned"
         loss, grads = step(planned, sample)
-    assert all(planned.get_submodule(spec.module).__dict__["forward"].dropped > 0 for spec in runs.module_checkpoints)
+    assert all(planned.get_submodule(spec.module).__dict__["forward"].recording.dropped > 0 for spec in runs.module_checkpoints)
     torch.testing.assert_close(loss, expected_loss)
     for key, value in expected.items():
         torch.testing.assert_close(grads[key], value, msg=key)

@@ -73,7 +73,7 @@ def test_a_forward_with_other_calls_stops_recording_and_warns():
     recording.calls = ("aten.mul.Tensor",) * 99  # as if the forward made other calls than planned
     with pytest.warns(UserWarning, match="makes other ATen calls than planned"):
         train_step(planned, tokens)
-    assert planned.blocks[0].__dict__["forward"].dropped == 0
+    assert planned.blocks[0].__dict__["forward"].recording.dropped == 0
 
 
 @pytest.fixture(scope="module")
