@@ -8,8 +8,9 @@ it: about 11 us each on this CPU, so a block that saves a hundred tensors pays a
 The solvers add both per region (`Problem.region_overhead_ms`, `Problem.saved_tensor_ms`).
 
 They are measured as the step-time difference of tiny modules of two depths run with and
-without checkpoint (their recomputation is subtracted), in alternating rounds, median; the
-line through the two gives both figures. Both are measured once per device and process.
+without checkpoint (their recomputation is subtracted), in alternating rounds (the median of
+paired differences, `planner.clock`); the line through the two gives both figures. Both are
+measured once per device and process.
 
 A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that sees
 every ATen call of its forward and of its recomputation. `selective_overhead_ms` measures what
@@ -30,7 +31,6 @@ import contextlib
 import functools
 import logging
 import statistics
-import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -40,6 +40,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from planner.clock import paired_difference, timed_rounds
 from planner.run_checkpoint import RunRecorder, counted_call
 from planner.apply import ModuleCheckpoint
 from planner.keep_policy import keep_contexts
@@ -70,34 +71,6 @@ class _Layers(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.layers(x))
-
-
-def _timer(device: torch.device) -> Callable[[Callable[[], None]], float]:
-    def run(step: Callable[[], None]) -> float:
-        if device.type == "cuda":
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end)
-        started = time.perf_counter()
-        step()
-        return (time.perf_counter() - started) * 1000
-
-    return run
-
-
-def _medians(device: torch.device, steps: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
-    """Each step run once to warm up, then timed in `rounds` alternating rounds: its median ms."""
-    timed = _timer(device)
-    for step in steps.values():
-        step()
-    samples: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            samples[name].append(timed(step))
-    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def _line(short: tuple[int, float], long: tuple[int, float]) -> tuple[float, float]:
@@ -158,8 +131,8 @@ def _measure(device: torch.device, depth: int) -> tuple[int, float]:
             for _ in range(_CALLS):
                 h = module(h)
 
-    ms = _medians(device, {"plain": plain, "checkpointed": checkpointed, "forward": forward_only}, _FINE_ROUNDS)
-    return saved, (ms["checkpointed"] - ms["plain"] - ms["forward"]) / _CALLS
+    times = timed_rounds(device, {"plain": plain, "checkpointed": checkpointed, "forward": forward_only}, _FINE_ROUNDS)
+    return saved, (paired_difference(times, "checkpointed", "plain") - statistics.median(times["forward"])) / _CALLS
 
 
 class _CallCounter(TorchDispatchMode):
@@ -197,7 +170,7 @@ def selective_overhead_ms(device: torch.device) -> tuple[float, float]:
     """Milliseconds a selective-checkpoint policy adds to a checkpoint call on `device`: per
     region, and per ATen call it sees (forward and recomputation; both at least 0). Measured as
     the step-time difference between plain and selective checkpoint of tiny modules of two
-    lengths, in alternating rounds, median; the line through the two gives both figures.
+    lengths, in alternating rounds (paired differences); the line through the two gives both figures.
 
     Example:
         >>> per_region, per_call = selective_overhead_ms(torch.device("cpu"))
@@ -215,7 +188,8 @@ class SelectiveCost:
     per_call_ms: float
     per_kept_ms: float = 0.0
     # what recording runs costs it (`planner.run_checkpoint`): per ATen call of its forward
-    # (the dispatch mode), and per call recorded (its record, its saved tensors dropped)
+    # (the dispatch mode), and per call recorded and replayed beyond its node time (its record,
+    # its saved tensors dropped and handed back, replay's Python work)
     per_counted_call_ms: float = 0.0
     per_recorded_call_ms: float = 0.0
 
@@ -230,6 +204,15 @@ class KeptCalls:
     skipped_ms: float
 
 
+def _backward(module: nn.Module, output: Any) -> None:
+    """Backward from `output` (a sum of its tensors that need grad); `module`'s gradients reset."""
+    loss = sum(t.float().sum() for t in tensors_in(output) if t.requires_grad)
+    if isinstance(loss, torch.Tensor):
+        loss.backward()
+    for parameter in module.parameters():
+        parameter.grad = None
+
+
 def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], per_region_ms: float,
                        device: torch.device, kept: KeptCalls | None = None) -> SelectiveCost:
     """What a selective policy adds inside one of the model's own submodules (called with `args`,
@@ -239,8 +222,11 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     the tiny modules' (more arguments to inspect, colder caches). Per kept node, with `kept`:
     what keeping `kept.nodes` (caching `kept.calls`) costs beyond the policy's calls, less the
     recomputation it skips (`kept.skipped_ms`, predicted from node times): caching and handing
-    back outputs, and holding them through the step. The caller restores the module's state
-    (buffers, RNG).
+    back outputs, and holding them through the step. Recording runs: per call counted, forwards
+    alone with and without a `RunRecorder`; per call recorded, forwards recording every call,
+    each replayed at once, against forwards only counting, less the forwards' time (what node
+    times predict the replay at). Differences are medians over rounds of paired times. The caller restores the
+    module's state (buffers, RNG).
 
     Example:
         >>> selective_costs_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu")).per_call_ms
@@ -259,35 +245,48 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
             options["context_fn"] = context_fn
 
         def run() -> None:
-            output = checkpoint(module, *fresh_inputs(), **options, **kwargs)
-            loss = sum(t.float().sum() for t in tensors_in(output) if t.requires_grad)
-            if isinstance(loss, torch.Tensor):
-                loss.backward()
-            for parameter in module.parameters():
-                parameter.grad = None
+            _backward(module, checkpoint(module, *fresh_inputs(), **options, **kwargs))
         return run
 
-    def bare(runs: tuple[tuple[int, int], ...] | None) -> Callable[[], None]:
+    def bare(count: bool) -> Callable[[], None]:
         # Forwards alone, maybe under a RunRecorder recording no run (which changes nothing in
-        # backward) or one over every call: small differences, read off the least noise.
+        # backward): a small difference, read off the least noise.
         def run() -> None:
             for _ in range(_FORWARDS):
-                with RunRecorder(names, runs) if runs is not None else contextlib.nullcontext():
-                    module(*fresh_inputs(), **kwargs)
+                inputs = fresh_inputs()  # (outside the mode: it would count the copies)
+                with RunRecorder(names, ()) if count else contextlib.nullcontext():
+                    module(*inputs, **kwargs)
         return run
 
-    steps = {"plain": step(None), "selective": step(_selective_contexts), "bare": bare(None), "counted": bare(()),
-             "recorded": bare(((0, len(names)),))}
+    def recorded() -> Callable[[], None]:
+        # Forwards alone, each recording every call, then replaying them (as backward would).
+        def run() -> None:
+            for _ in range(_FORWARDS):
+                inputs = fresh_inputs()
+                recorder = RunRecorder(names, ((0, len(names)),))
+                with recorder:
+                    module(*inputs, **kwargs)
+                if recorder.mismatch is not None:
+                    raise RuntimeError(f"its forward differs from its counted calls: {recorder.mismatch}")
+                for tape in recorder.tapes:
+                    tape.replay()
+        return run
+
+    steps = {"plain": step(None), "selective": step(_selective_contexts), "bare": bare(False), "counted": bare(True),
+             "recorded": recorded()}
     if kept is not None and kept.nodes:
         steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
-    ms = _medians(device, steps, _FINE_ROUNDS)
-    per_call = max(0.0, (ms["selective"] - ms["plain"] - per_region_ms) / max(1, calls_per_step))
+    times = timed_rounds(device, steps, _FINE_ROUNDS)
+    per_call = max(0.0, (paired_difference(times, "selective", "plain") - per_region_ms) / max(1, calls_per_step))
     forward_calls = max(1, _FORWARDS * len(names))
-    per_counted = max(0.0, (ms["counted"] - ms["bare"]) / forward_calls)
-    per_recorded = max(0.0, (ms["recorded"] - ms["counted"]) / forward_calls)
-    if "keeping" not in ms or kept is None:
+    per_counted = max(0.0, paired_difference(times, "counted", "bare") / forward_calls)
+    # Beyond counting: the calls' recomputation as node times predict it (forwards with grad),
+    # and what recording and replay add per call.
+    replayed_ms = paired_difference(times, "recorded", "counted") - statistics.median(times["bare"])
+    per_recorded = max(0.0, replayed_ms / forward_calls)
+    if "keeping" not in times or kept is None:
         return SelectiveCost(per_call, 0.0, per_counted, per_recorded)
-    per_kept = (ms["keeping"] - ms["selective"] + kept.skipped_ms) / len(kept.nodes)
+    per_kept = (paired_difference(times, "keeping", "selective") + kept.skipped_ms) / len(kept.nodes)
     return SelectiveCost(per_call, max(0.0, per_kept), per_counted, per_recorded)
 
 
@@ -341,8 +340,8 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
             h.sum().backward()
         return run
 
-    ms = _medians(device, {"plain": step(False), "selective": step(True)}, _ROUNDS)
-    return seen, (ms["selective"] - ms["plain"]) / _CALLS
+    times = timed_rounds(device, {"plain": step(False), "selective": step(True)}, _ROUNDS)
+    return seen, paired_difference(times, "selective", "plain") / _CALLS
 
 
 def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],

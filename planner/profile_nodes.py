@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import logging
 import statistics
-import time
 from typing import Any, Callable
 
 import torch
@@ -33,6 +32,7 @@ from torch.utils._pytree import tree_map_only
 
 from planner.allocations import backward_temporaries, forward_scratch, memory_profile
 from planner.backward_windows import BackwardWindows
+from planner.clock import elapsed_ms
 from planner.memory import LiveBytesTracker
 from planner.profile import COMPUTE_OPS, META_KEY, NODE_LABEL, claim_autograd_nodes, tensors_in
 from planner.profile_fake import FakeProfile, kernels_of
@@ -151,21 +151,9 @@ class _NodeRunner:
             allocated = backward_temporaries(allocations, self.device.type, numbers).get(node.name, 0)
             backward_scratch = max(0, allocated - tensors) if owners else 0
             del allocations
-            times = [self._time(function, args, kwargs) for _ in range(self.warmup + self.repeats)]
+            times = [elapsed_ms(self.device, lambda: function(*args, **kwargs))
+                     for _ in range(self.warmup + self.repeats)]
         return statistics.median(times[self.warmup:]), scratch, backward_scratch
-
-    def _time(self, function: Callable[..., Any], args: Any, kwargs: Any) -> float:
-        if self.device.type == "cuda":
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            function(*args, **kwargs)
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end)
-        started = time.perf_counter()
-        function(*args, **kwargs)
-        return (time.perf_counter() - started) * 1000
-
 
 def _fill(tensor: torch.Tensor, std: float = 0.02) -> None:
     if (tensor.is_floating_point() or tensor.is_complex()) and tensor.element_size() > 1:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +10,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from planner.clock import elapsed_ms
 from planner.memory import PeakMemory, preserved_state, storage_bytes
 from planner.trace import split_sample
 from solvers import format_bytes
@@ -162,16 +162,7 @@ def step_ms(module: nn.Module, sample: Any, device: torch.device) -> float:
     Example:
         >>> step_ms(model, tokens, torch.device("cpu"))
     """
-    if device.type == "cuda":
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        start.record()
-        _step(module, sample)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-    started = time.perf_counter()
-    _step(module, sample)
-    return (time.perf_counter() - started) * 1000
+    return elapsed_ms(device, lambda: _step(module, sample))
 
 
 def verify_modules(original: nn.Module, planned: nn.Module, sample: Any, steps: int,

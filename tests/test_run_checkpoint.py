@@ -132,3 +132,29 @@ def test_torch_compile_of_a_plan_with_runs_trains_like_eager():
     torch.testing.assert_close(output, expected_output, rtol=1e-4, atol=1e-5)
     for key, value in expected.items():
         torch.testing.assert_close(grads[f"_orig_mod.{key}"], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatch):
+    # The cost per recorded call comes from forwards that record every call and replay them:
+    # a recorder that saw other calls than the block's (its inputs' copies) would record
+    # nothing, replay nothing and measure nothing.
+    from planner import overhead
+    from planner.run_checkpoint import RunTape
+
+    replayed: list[int] = []
+    original = RunTape.replay
+
+    def counting(self: RunTape) -> None:
+        replayed.append(len(self.calls))
+        original(self)
+
+    monkeypatch.setattr(RunTape, "replay", counting)
+    monkeypatch.setattr(overhead, "_FINE_ROUNDS", 2)
+    torch.manual_seed(0)
+    block = Block(32, 4, dropout=0.1).train()
+    mask = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    names = [name for name in overhead._forward_calls(block, x, mask) if counted_call(name)]
+    cost = overhead.selective_costs_on(block, (x, mask), {}, 0.0, torch.device("cpu"))
+    assert replayed == [len(names)] * (3 * overhead._FORWARDS)  # warm-up and two rounds, every call each
+    assert cost.per_counted_call_ms >= 0 and cost.per_recorded_call_ms >= 0
