@@ -57,8 +57,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+from retime import NodeRetimer  # noqa: E402
 from compare_models import SPECS, Spec, every_block, segments, sqrt_segments  # noqa: E402
 from cpu_memory import retain_freed_memory  # noqa: E402
+from decision_space import beyond_the_planner  # noqa: E402
 from compare_report import Config, ModelResult, mib, plot, table, validation, verdict  # noqa: E402
 
 STARTED = time.perf_counter()
@@ -151,48 +153,13 @@ def block_names(spec: Spec, model) -> list[str]:
     return [name for name, module in model.named_modules() if id(module) in blocks]
 
 
-def every_block_prediction(spec: Spec, model, base) -> float | None:
-    """The planner's predicted overhead of checkpointing every block, or None where a block is
-    not a submodule call it can checkpoint."""
+def every_block_plan(spec: Spec, model, base):
+    """The planner's plan checkpointing every block (its `recompute_ms`: the predicted
+    overhead), or None where a block is not a submodule call it can checkpoint."""
     try:
-        return base.with_submodules(block_names(spec, model)).recompute_ms
+        return base.with_submodules(block_names(spec, model))
     except ValueError:
         return None
-
-
-def without_keeps(problem):
-    """The same problem with nothing keepable and no runs inside submodule calls: whole
-    submodule calls only."""
-    import dataclasses
-
-    return dataclasses.replace(problem, nodes=tuple(dataclasses.replace(n, keepable=False) for n in problem.nodes),
-                               run_spans=())
-
-
-def any_run(problem):
-    """The same problem with regions on any run of nodes, whole regions only (with keep choices
-    too, dp takes minutes per budget on these graphs), including runs that cross submodule
-    calls, which the planner cannot apply."""
-    import dataclasses
-
-    return dataclasses.replace(without_keeps(problem), allowed_regions=None)
-
-
-def beyond_the_planner(problem, budget: int, with_any_run: bool) -> tuple[float, float | None]:
-    """At a budget, on the planner's measurements: the lower bound for every plan of whole graph
-    nodes and, with `with_any_run`, the cheapest plan of whole regions on any run of nodes (dp;
-    None where none fits or not asked), which the planner cannot apply yet. They say why a
-    missed target is missed."""
-    from solvers import InfeasibleBudget, recompute_lower_bound, solve
-
-    bound_ms = recompute_lower_bound(problem, budget).recompute_ms
-    any_run_ms = None
-    if with_any_run:
-        try:
-            any_run_ms = solve(any_run(problem), budget, method="dp").recompute_ms
-        except InfeasibleBudget:
-            pass
-    return bound_ms, any_run_ms
 
 
 def run_model(spec: Spec, args) -> ModelResult:
@@ -230,7 +197,8 @@ def run_model(spec: Spec, args) -> ModelResult:
     base = plan(model, sample, budget_gb=80, repeats=args.plan_repeats)
     plan_s = time.perf_counter() - started
     log(f"{spec.key}: measured and solved in {plan_s:.1f} s; {len(base.problem)} nodes via {base.frontend}")
-    every_predicted = every_block_prediction(spec, model, base)
+    every_plan = every_block_plan(spec, model, base)
+    retimer = NodeRetimer(base)
     budgets = [("every block's peak", every.peak)] + [(f"{f:.0%}", int(f * unplanned)) for f in args.fractions]
     for label, budget in budgets:
         bound_ms, any_run_ms = beyond_the_planner(base.problem, budget, args.any_run)
@@ -247,6 +215,7 @@ def run_model(spec: Spec, args) -> ModelResult:
                 config.infeasible = f"error: {type(error).__name__}: {error}"
             else:
                 config.module = planned.module()
+                config.plan = planned
                 config.regions = tuple(checkpoint.nodes for checkpoint in planned.checkpoints)
                 config.predicted_peak_bytes = planned.predicted_peak_bytes
                 config.predicted_overhead_ms = planned.recompute_ms
@@ -296,9 +265,15 @@ def run_model(spec: Spec, args) -> ModelResult:
         order = runnable[shift:] + runnable[:shift]
         for config in order:
             config.times_ms.append(timed_step(config.module, sample))
+        retimer.measure()  # node times of this round, for predictions free of the machine's drift
         log(f"{spec.key}: round {round_index + 1}/{args.rounds} done "
             f"(none {none.times_ms[-1]:.0f} ms, every block {every.times_ms[-1]:.0f} ms)")
-    return ModelResult(spec, description, configs, plan_s, notes, every_predicted)
+    for config in configs:
+        if config.plan is not None:
+            config.retimed_ms = retimer.predict(config.plan)
+    every.retimed_ms = retimer.predict(every_plan) if every_plan is not None else None
+    return ModelResult(spec, description, configs, plan_s, notes,
+                       every_plan.recompute_ms if every_plan is not None else None)
 
 
 def main() -> int:
@@ -406,8 +381,11 @@ def main() -> int:
         "measured = step time - none's (for compiled configurations it also holds the compiler's speed-up "
         "or slow-down); overhead, predicted = the plan's `recompute_ms` (the nodes it recomputes, less the "
         "nodes its regions keep, plus checkpoint's measured cost per call and, for regions that keep "
-        "nodes, their selective policy's), *(off)* where it is more than 10% and 2 ms from the measured "
-        "one; for *every block*, the planner's prediction for the same regions. Share = overhead / every "
+        "nodes, their selective policy's, and for runs their recording's), *(off)* where it is more than 10% and 2 ms from the measured "
+        "one; for *every block*, the planner's prediction for the same regions. Predicted from the rounds' "
+        "node times: the same cost model with each node's time measured once per round between the steps "
+        "(median over rounds; `benchmarks/retime.py`), so that the machine's drift between planning and "
+        "timing is not counted as the model's error. Share = overhead / every "
         "block's, measured (predicted in brackets). Batch sizes were picked for about one second per "
         "unplanned step on this machine with one thread; each model's *none* row gives what this run "
         "measured (the machine was shared).",

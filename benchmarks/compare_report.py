@@ -42,6 +42,8 @@ class Config:
     optimal: bool = False  # planner: the solver proved its plan the cheapest of its decision space
     bound_ms: float | None = None  # planner: no plan of whole graph nodes costs less at this budget
     any_run_ms: float | None = None  # planner: cheapest of whole regions on any run of nodes (dp)
+    plan: Any = None  # planner: the Plan
+    retimed_ms: float | None = None  # planner, every block: predicted from node times of the rounds
 
     @property
     def eager(self) -> bool:
@@ -77,9 +79,12 @@ def every_overhead_ms(result: ModelResult) -> float:
     return overhead_ms(result, every)
 
 
-def prediction_ok(result: ModelResult, config: Config) -> bool:
+def prediction_ok(result: ModelResult, config: Config, predicted_ms: float | None = None) -> bool:
+    """Whether `predicted_ms` (default: the plan's `recompute_ms`) is within the tolerance of
+    the configuration's measured overhead."""
     measured = overhead_ms(result, config)
-    error = abs(config.predicted_overhead_ms - measured)
+    predicted_ms = config.predicted_overhead_ms if predicted_ms is None else predicted_ms
+    error = abs(predicted_ms - measured)
     return error <= max(PREDICTION_TOLERANCE * abs(measured), PREDICTION_SLACK_MS)
 
 
@@ -87,12 +92,13 @@ def table(result: ModelResult) -> str:
     none = result.configs[0]
     every = every_overhead_ms(result)
     rows = ["| configuration | budget | peak | under budget | step: median [min-max] | overhead, measured "
-            "| overhead, predicted | share of every block's, measured (predicted) | notes |",
-            "|" + "---|" * 9]
+            "| overhead, predicted | predicted from the rounds' node times "
+            "| share of every block's, measured (predicted) | notes |",
+            "|" + "---|" * 10]
     for c in result.configs:
         budget = f"{mib(c.budget_bytes)} ({c.budget_label})" if c.budget_bytes is not None else "-"
         if c.module is None:
-            rows.append(f"| {c.name} | {budget} | - | {c.infeasible} | - | - | - | - | |")
+            rows.append(f"| {c.name} | {budget} | - | {c.infeasible} | - | - | - | - | - | |")
             continue
         measured = overhead_ms(result, c)
         share = f"{measured / every:.2f}" if every > 0 and c is not none else "-"
@@ -103,6 +109,8 @@ def table(result: ModelResult) -> str:
                 share += f" ({c.predicted_overhead_ms / result.every_predicted_ms:.2f})"
         elif c.name == "every block" and result.every_predicted_ms is not None:
             predicted = f"{result.every_predicted_ms:.0f} ms"
+        retimed = "-" if c.retimed_ms is None else (
+            f"{c.retimed_ms:.0f} ms" + ("" if prediction_ok(result, c, c.retimed_ms) else " (off)"))
         under = "-" if c.budget_bytes is None else ("yes" if c.peak <= c.budget_bytes else "NO")
         notes = c.note
         if c.kind == "planner":
@@ -111,7 +119,7 @@ def table(result: ModelResult) -> str:
             notes = f"compile + first step {c.compile_s:.1f} s; {notes}"
         rows.append(f"| {c.name} | {budget} | {mib(c.peak)} | {under} | {c.step_ms:.0f} ms "
                     f"[{min(c.times_ms):.0f}-{max(c.times_ms):.0f}] | {measured:+.0f} ms | {predicted} "
-                    f"| {share} | {notes} |")
+                    f"| {retimed} | {share} | {notes} |")
     return "\n".join(rows)
 
 
@@ -189,6 +197,18 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
             for c in off))
         + (f"; every block: predicted {result.every_predicted_ms:.0f} ms, measured {every:+.0f} ms"
            if result.every_predicted_ms is not None else "") + ".")
+    retimed = [c for c in predicted if c.retimed_ms is not None]
+    if retimed:
+        off = [c for c in retimed if not prediction_ok(result, c, c.retimed_ms)]
+        flags["predicted from the rounds' node times within 10% or 2 ms"] = not off
+        every_config = next(c for c in result.configs if c.name == "every block")
+        lines.append(
+            f"- Predicted from node times measured in the rounds (`benchmarks/retime.py`), within "
+            f"{100 * PREDICTION_TOLERANCE:.0f}% or {PREDICTION_SLACK_MS:g} ms of measured: {len(retimed) - len(off)}/"
+            f"{len(retimed)}" + ("" if not off else "; off: " + ", ".join(
+                f"{c.name} predicted {c.retimed_ms:.0f} ms, measured {overhead_ms(result, c):+.0f} ms" for c in off))
+            + (f"; every block: predicted {every_config.retimed_ms:.0f} ms, measured {every:+.0f} ms"
+               if every_config.retimed_ms is not None else "") + ".")
     lines.append(noise_line)
     return lines, flags
 

@@ -79,7 +79,7 @@ class RunTape:
 
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> list[Any]:
         """Note one call of the run; returns its outputs, flattened."""
-        flat, spec = tree_flatten((args, kwargs))
+        flat, spec = _flatten(args, kwargs)
         recorded = []
         for value in flat:
             ref = self.made.get(_tensor_key(value)) if isinstance(value, torch.Tensor) else None
@@ -91,7 +91,7 @@ class RunTape:
                 recorded.append(_Arg(value=value))
         index = len(self.calls)
         self.calls.append((func, recorded, spec))
-        results = tree_flatten(result)[0]
+        results = [result] if isinstance(result, torch.Tensor) else tree_flatten(result)[0]
         for position, value in enumerate(results):
             if isinstance(value, torch.Tensor):
                 self.made[_tensor_key(value)] = (index, position)
@@ -162,8 +162,9 @@ class RunTape:
                     if self.rng[2] is not None:
                         torch.cuda.set_rng_state(self.rng[3], self.rng[2])
                 flat = [values[arg.ref] if arg.ref is not None else _checked_input(arg, func) for arg in args]
-                call_args, call_kwargs = tree_unflatten(flat, spec)
-                results = tree_flatten(func(*call_args, **call_kwargs))[0]
+                call_args, call_kwargs = (flat, {}) if spec is None else tree_unflatten(flat, spec)
+                result = func(*call_args, **call_kwargs)
+                results = [result] if isinstance(result, torch.Tensor) else tree_flatten(result)[0]
                 for position, value in enumerate(results):
                     ref = (index, position)
                     if ref in wanted or last_read.get(ref, -1) > index:
@@ -172,6 +173,16 @@ class RunTape:
                     if arg.ref is not None and last_read.get(arg.ref) == index and arg.ref not in wanted:
                         values.pop(arg.ref, None)
         self.replayed = {slot: values[ref] for slot, ref in self.slots.items()}
+
+
+def _flatten(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
+    """A call's arguments as a flat list, and what rebuilds them: None for positional ones with
+    no tensor inside a list (most ATen calls: pytree's walk costs the recording more than the
+    rest of its work), else pytree's spec of (args, kwargs)."""
+    if not kwargs and not any(isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a)
+                              for a in args):
+        return list(args), None
+    return tree_flatten((args, kwargs))
 
 
 def _checked_input(arg: _Arg, func: Any) -> Any:

@@ -1,0 +1,48 @@
+"""Decision spaces beyond the planner's, on its own measurements: what a missed target of
+`benchmarks/compare.py` would take (`benchmarks/keep_gain.py` tabulates them too).
+
+- `without_keeps`: regions of whole submodule calls only (no kept nodes, no runs inside calls);
+- `any_run`: whole regions on any run of graph nodes, across submodule calls too (the planner
+  cannot apply those);
+- `beyond_the_planner`: at a budget, the lower bound for every plan of whole graph nodes and the
+  cheapest plan of `any_run`.
+
+Example:
+    >>> bound_ms, any_run_ms = beyond_the_planner(p.problem, budget_bytes, with_any_run=True)
+"""
+from __future__ import annotations
+
+
+def without_keeps(problem):
+    """The same problem with nothing keepable and no runs inside submodule calls: whole
+    submodule calls only."""
+    import dataclasses
+
+    return dataclasses.replace(problem, nodes=tuple(dataclasses.replace(n, keepable=False) for n in problem.nodes),
+                               run_spans=())
+
+
+def any_run(problem):
+    """The same problem with regions on any run of nodes, whole regions only (with keep choices
+    too, dp takes minutes per budget on these graphs), including runs that cross submodule
+    calls, which the planner cannot apply."""
+    import dataclasses
+
+    return dataclasses.replace(without_keeps(problem), allowed_regions=None)
+
+
+def beyond_the_planner(problem, budget: int, with_any_run: bool) -> tuple[float, float | None]:
+    """At a budget, on the planner's measurements: the lower bound for every plan of whole graph
+    nodes and, with `with_any_run`, the cheapest plan of whole regions on any run of nodes (dp;
+    None where none fits or not asked), which the planner cannot apply yet. They say why a
+    missed target is missed."""
+    from solvers import InfeasibleBudget, recompute_lower_bound, solve
+
+    bound_ms = recompute_lower_bound(problem, budget).recompute_ms
+    any_run_ms = None
+    if with_any_run:
+        try:
+            any_run_ms = solve(any_run(problem), budget, method="dp").recompute_ms
+        except InfeasibleBudget:
+            pass
+    return bound_ms, any_run_ms
