@@ -5,7 +5,7 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -18,7 +18,8 @@ from planner.graph import (build_problem, compute_nodes, kept_indices, module_ca
 from planner.measure import check_measure, measure_model, plan_device
 from planner.plan_setup import Setup, check_gb
 from planner.memory import preserved_state
-from planner.overhead import checkpoint_overhead_ms, selective_overhead_for_plan
+from planner.block_costs import selective_overhead_for_plan
+from planner.overhead import checkpoint_overhead_ms
 from planner.profile import GraphProfile
 from planner.report import PlanFigures, describe_checkpoints, format_report
 from planner.static import check_optimizer, check_world_size, static_breakdown
@@ -372,11 +373,10 @@ def plan(
     overhead_ms, saved_tensor_ms = checkpoint_overhead_ms(overhead_device)
     problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
                             summary.gradients, saved_tensor_ms)
-    keep_region_ms, keep_call_ms, kept_node_ms, run_call_ms, recorded_call_ms = selective_overhead_for_plan(
+    costs = selective_overhead_for_plan(
         model, problem, wrapped, overhead_device, where.local and not on_meta, lambda: model(*args, **kwargs),
         lambda region, kept: saved_calls(traced.gm, region, kept))
-    problem = replace(problem, keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms, kept_node_ms=kept_node_ms,
-                      run_call_ms=run_call_ms, recorded_call_ms=recorded_call_ms)
+    problem = replace(problem, **asdict(costs))
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()
     solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))

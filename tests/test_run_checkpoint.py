@@ -138,7 +138,7 @@ def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatc
     # The cost per recorded call comes from forwards that record every call and replay them:
     # a recorder that saw other calls than the block's (its inputs' copies) would record
     # nothing, replay nothing and measure nothing.
-    from planner import overhead
+    from planner import block_costs, overhead
     from planner.run_checkpoint import RunTape
 
     replayed: list[int] = []
@@ -149,12 +149,12 @@ def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatc
         original(self)
 
     monkeypatch.setattr(RunTape, "replay", counting)
-    monkeypatch.setattr(overhead, "_FINE_ROUNDS", 2)
+    monkeypatch.setattr(block_costs, "FINE_ROUNDS", 2)
     torch.manual_seed(0)
     block = Block(32, 4, dropout=0.1).train()
     mask = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
     x = torch.randn(2, 16, 32, requires_grad=True)
-    names = [name for name in overhead._forward_calls(block, x, mask) if counted_call(name)]
-    cost = overhead.selective_costs_on(block, (x, mask), {}, 0.0, torch.device("cpu"))
-    assert replayed == [len(names)] * (3 * overhead._FORWARDS)  # warm-up and two rounds, every call each
+    names = [name for name in overhead.forward_calls(block, x, mask) if counted_call(name)]
+    cost = block_costs.selective_costs_on(block, (x, mask), {}, 0.0, torch.device("cpu"))
+    assert replayed == [len(names)] * (3 * block_costs._FORWARDS)  # warm-up and two rounds, every call each
     assert cost.per_counted_call_ms >= 0 and cost.per_recorded_call_ms >= 0

@@ -1,0 +1,264 @@
+"""What checkpoint, a selective policy and run recording cost inside one of the model's own
+blocks, measured where the model runs (`planner.overhead` measures them on tiny modules).
+
+A block's real ops cost more than a tiny module's: a selective policy about twice as much per
+ATen call on this CPU, checkpoint about twice as much per saved tensor. `selective_costs_on`
+times a block's steps and forwards in alternating rounds (plain, checkpointed, under a policy,
+under a `RunRecorder` counting or recording and replaying every call);
+`selective_overhead_for_plan` picks the block and turns the results into the problem's cost
+terms (`MeasuredCosts`).
+
+Example:
+    >>> costs = selective_overhead_for_plan(model, problem, wrapped, torch.device("cpu"), True,
+    ...                                     lambda: model(x), lambda region, kept: saved_calls(gm, region, kept))
+    >>> problem = dataclasses.replace(problem, **dataclasses.asdict(costs))
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from planner.apply import ModuleCheckpoint
+from planner.clock import paired_difference, timed_rounds
+from planner.keep_policy import keep_contexts
+from planner.memory import preserved_state
+from planner.overhead import FINE_ROUNDS, forward_calls, selective_contexts, selective_overhead_ms
+from planner.profile import tensors_in
+from planner.run_checkpoint import RunRecorder, counted_call
+from solvers import Problem
+from solvers.problem import MAX_RUN_CANDIDATES
+
+logger = logging.getLogger(__name__)
+
+_FORWARDS = 4  # forwards per timed step where a dispatch mode's cost is read off forwards alone
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """The problem's cost terms measured on the model's block (`Problem` fields of the same names)."""
+
+    keep_region_ms: float
+    keep_call_ms: float
+    kept_node_ms: float
+    run_call_ms: float
+    recorded_call_ms: float
+    saved_tensor_ms: float
+
+
+@dataclass(frozen=True)
+class SelectiveCost:
+    """What a selective policy costs inside one of the model's own submodules: per ATen call it
+    sees (forward and recomputation) and per node it keeps, both at least 0."""
+
+    per_call_ms: float
+    per_kept_ms: float = 0.0
+    # what recording runs costs it (`planner.run_checkpoint`): per ATen call of its forward
+    # (the dispatch mode), and per call recorded and replayed beyond its node time (its record,
+    # its saved tensors dropped and handed back, replay's Python work)
+    per_counted_call_ms: float = 0.0
+    per_recorded_call_ms: float = 0.0
+    # checkpoint's own cost for one call of the submodule (no policy), beyond its forward
+    checkpoint_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class KeptCalls:
+    """Nodes a region keeps (indices), the calls its policy caches for them, and the
+    recomputation time that skips (predicted)."""
+
+    nodes: tuple[int, ...]
+    calls: tuple[tuple[str, int], ...]
+    skipped_ms: float
+
+
+def _backward(module: nn.Module, output: Any) -> None:
+    """Backward from `output` (a sum of its tensors that need grad); `module`'s gradients reset."""
+    loss = sum(t.float().sum() for t in tensors_in(output) if t.requires_grad)
+    if isinstance(loss, torch.Tensor):
+        loss.backward()
+    for parameter in module.parameters():
+        parameter.grad = None
+
+
+def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], per_region_ms: float,
+                       device: torch.device, kept: KeptCalls | None = None) -> SelectiveCost:
+    """What a selective policy adds inside one of the model's own submodules (called with `args`,
+    `kwargs` as captured from a forward). Per call: the step-time difference between plain and
+    selective checkpoint of it (recomputing everything), less `per_region_ms`, over the calls
+    the policy sees (its forward's and its recomputation's). Real ops cost the policy more than
+    the tiny modules' (more arguments to inspect, colder caches). Per kept node, with `kept`:
+    what keeping `kept.nodes` (caching `kept.calls`) costs beyond the policy's calls, less the
+    recomputation it skips (`kept.skipped_ms`, predicted from node times): caching and handing
+    back outputs, and holding them through the step. Recording runs: per call counted, forwards
+    alone with and without a `RunRecorder`; per call recorded, forwards recording every call,
+    each replayed at once, against forwards only counting, less the forwards' time (what node
+    times predict the replay at). Checkpoint's own cost per call: a checkpointed step against an
+    unchecked one, less a forward. Differences are medians over rounds of paired times. The caller restores the
+    module's state (buffers, RNG).
+
+    Example:
+        >>> selective_costs_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu")).per_call_ms
+        0.012
+    """
+    forward_names = forward_calls(module, *args, **kwargs)
+    calls_per_step = 2 * len(forward_names)
+    names = [name for name in forward_names if counted_call(name)]  # as a RunRecorder counts them
+
+    def fresh_inputs() -> tuple[Any, ...]:  # new non-leaf inputs: the forward may write them in place
+        return tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
+
+    def step(context_fn: Callable[[], Any] | None) -> Callable[[], None]:
+        options: dict[str, Any] = {"use_reentrant": False}
+        if context_fn is not None:
+            options["context_fn"] = context_fn
+
+        def run() -> None:
+            _backward(module, checkpoint(module, *fresh_inputs(), **options, **kwargs))
+        return run
+
+    def bare(count: bool) -> Callable[[], None]:
+        # Forwards alone, maybe under a RunRecorder recording no run (which changes nothing in
+        # backward): a small difference, read off the least noise.
+        def run() -> None:
+            for _ in range(_FORWARDS):
+                inputs = fresh_inputs()  # (outside the mode: it would count the copies)
+                with RunRecorder(names, ()) if count else contextlib.nullcontext():
+                    module(*inputs, **kwargs)
+        return run
+
+    def recorded() -> Callable[[], None]:
+        # Forwards alone, each recording every call, then replaying them (as backward would).
+        def run() -> None:
+            for _ in range(_FORWARDS):
+                inputs = fresh_inputs()
+                recorder = RunRecorder(names, ((0, len(names)),))
+                with recorder:
+                    module(*inputs, **kwargs)
+                if recorder.mismatch is not None:
+                    raise RuntimeError(f"its forward differs from its counted calls: {recorder.mismatch}")
+                for tape in recorder.tapes:
+                    tape.replay()
+        return run
+
+    def unchecked() -> None:
+        _backward(module, module(*fresh_inputs(), **kwargs))
+
+    steps = {"unchecked": unchecked, "plain": step(None), "selective": step(selective_contexts), "bare": bare(False),
+             "counted": bare(True), "recorded": recorded()}
+    if kept is not None and kept.nodes:
+        steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
+    times = timed_rounds(device, steps, FINE_ROUNDS)
+    per_call = max(0.0, (paired_difference(times, "selective", "plain") - per_region_ms) / max(1, calls_per_step))
+    # checkpoint itself: a checkpointed step against an unchecked one, less the recomputation
+    # (a forward with grad, as node times predict it)
+    checkpoint_ms = paired_difference(times, "plain", "unchecked") - statistics.median(times["bare"]) / _FORWARDS
+    counted_calls = max(1, _FORWARDS * len(names))
+    per_counted = max(0.0, paired_difference(times, "counted", "bare") / counted_calls)
+    # Beyond counting: the calls' recomputation as node times predict it (forwards with grad),
+    # and what recording and replay add per call.
+    replayed_ms = paired_difference(times, "recorded", "counted") - statistics.median(times["bare"])
+    per_recorded = max(0.0, replayed_ms / counted_calls)
+    if "keeping" not in times or kept is None:
+        return SelectiveCost(per_call, 0.0, per_counted, per_recorded, checkpoint_ms)
+    per_kept = (paired_difference(times, "keeping", "selective") + kept.skipped_ms) / len(kept.nodes)
+    return SelectiveCost(per_call, max(0.0, per_kept), per_counted, per_recorded, checkpoint_ms)
+
+
+def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,
+                             device: torch.device, kept: KeptCalls | None = None) -> SelectiveCost:
+    """`selective_costs_on` for the submodule `path` of `model`, called as one forward
+    (`run_model()`) calls it. The caller restores the model's state (buffers, RNG).
+
+    Example:
+        >>> selective_costs_in_model(model, "blocks.0", lambda: model(x), 0.07, torch.device("cpu"))
+    """
+    module = model.get_submodule(path)
+    captured: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def capture(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not captured:
+            captured.append((args, dict(kwargs)))
+
+    handle = module.register_forward_pre_hook(capture, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            run_model()
+    finally:
+        handle.remove()
+    if not captured:
+        raise RuntimeError(f"{path!r} was not called by the model's forward")
+
+    def activation(value: Any) -> Any:  # like an intermediate activation: a leaf that needs grad
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.detach().requires_grad_(True)
+        return value
+
+    args, kwargs = captured[0]
+    return selective_costs_on(module, tuple(activation(a) for a in args), kwargs, per_region_ms, device, kept)
+
+
+def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
+                                device: torch.device, runs_here: bool, run_model: Callable[[], Any],
+                                calls_of: Callable[[range, tuple[int, ...]], tuple[tuple[str, int], ...]]
+                                ) -> MeasuredCosts:
+    """A selective policy's cost per region, per ATen call and per kept node
+    (`Problem.keep_region_ms`, `keep_call_ms`, `kept_node_ms`): from tiny modules and, where the
+    model runs here, on its own submodule with the most keepable nodes, a block (its real ops
+    cost the policy more), keeping all of them (`calls_of(region, kept)`: the calls to cache).
+    (0, 0, 0) where nothing is keepable. What recording runs costs per ATen call of the submodule
+    and per call recorded (`Problem.run_call_ms`, `recorded_call_ms`), measured on that block;
+    else the policy's cost per call stands in for both. And checkpoint's cost per saved tensor
+    (`Problem.saved_tensor_ms`): the tiny modules' unless checkpoint of that block costs more
+    than the tiny modules' figures predict for it (on this CPU, about twice as much).
+
+    Example:
+        >>> selective_overhead_for_plan(model, problem, wrapped, torch.device("cpu"), True, lambda: model(x),
+        ...                             lambda region, kept: saved_calls(gm, region, kept))
+        MeasuredCosts(keep_region_ms=0.01, keep_call_ms=0.012, kept_node_ms=0.05, ...)
+    """
+    if not any(node.keepable for node in problem.nodes) and not problem.run_spans:
+        return MeasuredCosts(0.0, 0.0, 0.0, 0.0, 0.0, problem.saved_tensor_ms)
+    per_region, per_call = selective_overhead_ms(device)
+    per_kept = 0.0
+    per_counted = per_recorded = per_call
+    per_saved_tensor = problem.saved_tensor_ms
+    # a block: the regions that may keep (at most MAX_RUN_CANDIDATES keepable nodes) of a class
+    # the model calls more than once, not the whole model (which would take a step per round)
+    candidates = [r for r in wrapped if problem.allows_region(r.start, r.stop)
+                  and (0 < len(problem.keepable_in(r)) <= MAX_RUN_CANDIDATES or r in problem.run_spans)]
+    classes = Counter(spec.module_class for spec in wrapped.values())
+    candidates = [r for r in candidates if classes[wrapped[r].module_class] > 1] or candidates
+    if runs_here and candidates:
+        region = max(candidates, key=lambda r: (len(problem.keepable_in(r)), len(r)))
+        nodes = tuple(problem.keepable_in(region))
+        kept = KeptCalls(nodes, calls_of(region, nodes),
+                         problem.region_recompute_ms(region) - problem.region_recompute_ms(region, nodes))
+        try:
+            with preserved_state(model, [device]):
+                cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept)
+            per_call, per_kept = cost.per_call_ms, cost.per_kept_ms
+            per_counted, per_recorded = cost.per_counted_call_ms, cost.per_recorded_call_ms
+            saved = sum(problem.nodes[i].saved_tensors for i in region)
+            if cost.checkpoint_ms is not None and saved:
+                calibrated = (cost.checkpoint_ms - problem.region_overhead_ms) / saved
+                logger.info("checkpoint of %s measured %.3f ms beyond its forward (%d saved tensors): %.4f ms per "
+                            "saved tensor, tiny modules %.4f ms", wrapped[region].module, cost.checkpoint_ms, saved,
+                            calibrated, problem.saved_tensor_ms)
+                per_saved_tensor = max(per_saved_tensor, calibrated)
+        except RuntimeError as error:  # a forward that cannot run alone under checkpoint
+            logger.warning("the selective policy's cost per call could not be measured on %s (%s); using the "
+                           "tiny modules' %.4f ms", wrapped[region].module, error, per_call)
+    return MeasuredCosts(per_region, per_call, per_kept, per_counted, per_recorded, per_saved_tensor)
+
+
+__all__ = ["KeptCalls", "MeasuredCosts", "SelectiveCost", "selective_costs_in_model", "selective_costs_on",
+           "selective_overhead_for_plan"]
