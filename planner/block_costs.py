@@ -99,9 +99,9 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     what keeping `kept.nodes` (caching `kept.calls`) costs beyond the policy's calls, less the
     recomputation it skips (`kept.skipped_ms`, predicted from node times): caching and handing
     back outputs, and holding them through the step. Recording runs: per call counted, forwards
-    alone with and without a `RunRecorder`; per call recorded, forwards recording every call,
-    each replayed at once, against forwards only counting, less the forwards' time (what node
-    times predict the replay at). Checkpoint's own cost per call: a checkpointed step against an
+    alone with and without a `RunRecorder`; per call recorded, a step recording every call (its
+    backward replays them) against one only counting, less a forward's time (what node times
+    predict the replay at). Checkpoint's own cost per call: a checkpointed step against an
     unchecked one, less a forward. Differences are medians over rounds of paired times. The caller restores the
     module's state (buffers, RNG).
 
@@ -135,25 +135,24 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
                     module(*inputs, **kwargs)
         return run
 
-    def recorded() -> Callable[[], None]:
-        # Forwards alone, each recording every call, then replaying them (as backward would).
+    def recording(runs: tuple[tuple[int, int], ...]) -> Callable[[], None]:
+        # A step whose forward counts calls and records `runs`; its backward replays them (with
+        # the run's inputs long out of cache, as in a training step).
         def run() -> None:
-            for _ in range(_FORWARDS):
-                inputs = fresh_inputs()
-                recorder = RunRecorder(names, ((0, len(names)),))
-                with recorder:
-                    module(*inputs, **kwargs)
-                if recorder.mismatch is not None:
-                    raise RuntimeError(f"its forward differs from its counted calls: {recorder.mismatch}")
-                for tape in recorder.tapes:
-                    tape.replay()
+            inputs = fresh_inputs()
+            recorder = RunRecorder(names, runs)
+            with recorder:
+                output = module(*inputs, **kwargs)
+            if recorder.mismatch is not None:
+                raise RuntimeError(f"its forward differs from its counted calls: {recorder.mismatch}")
+            _backward(module, output)
         return run
 
     def unchecked() -> None:
         _backward(module, module(*fresh_inputs(), **kwargs))
 
     steps = {"unchecked": unchecked, "plain": step(None), "selective": step(selective_contexts), "bare": bare(False),
-             "counted": bare(True), "recorded": recorded()}
+             "counted": bare(True), "counted step": recording(()), "recorded step": recording(((0, len(names)),))}
     if kept is not None and kept.nodes:
         steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
     times = timed_rounds(device, steps, FINE_ROUNDS)
@@ -165,8 +164,9 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     per_counted = max(0.0, paired_difference(times, "counted", "bare") / counted_calls)
     # Beyond counting: the calls' recomputation as node times predict it (forwards with grad),
     # and what recording and replay add per call.
-    replayed_ms = paired_difference(times, "recorded", "counted") - statistics.median(times["bare"])
-    per_recorded = max(0.0, replayed_ms / counted_calls)
+    replayed_ms = (paired_difference(times, "recorded step", "counted step")
+                   - statistics.median(times["bare"]) / _FORWARDS)
+    per_recorded = max(0.0, replayed_ms / max(1, len(names)))
     if "keeping" not in times or kept is None:
         return SelectiveCost(per_call, 0.0, per_counted, per_recorded, checkpoint_ms)
     per_kept = (paired_difference(times, "keeping", "selective") + kept.skipped_ms) / len(kept.nodes)

@@ -135,7 +135,7 @@ def test_torch_compile_of_a_plan_with_runs_trains_like_eager():
 
 
 def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatch):
-    # The cost per recorded call comes from forwards that record every call and replay them:
+    # The cost per recorded call comes from steps that record every call and replay them:
     # a recorder that saw other calls than the block's (its inputs' copies) would record
     # nothing, replay nothing and measure nothing.
     from planner import block_costs, overhead
@@ -156,5 +156,5 @@ def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatc
     x = torch.randn(2, 16, 32, requires_grad=True)
     names = [name for name in overhead.forward_calls(block, x, mask) if counted_call(name)]
     cost = block_costs.selective_costs_on(block, (x, mask), {}, 0.0, torch.device("cpu"))
-    assert replayed == [len(names)] * (3 * block_costs._FORWARDS)  # warm-up and two rounds, every call each
+    assert replayed == [len(names)] * 3  # warm-up and two rounds, every call each
     assert cost.per_counted_call_ms >= 0 and cost.per_recorded_call_ms >= 0
