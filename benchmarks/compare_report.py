@@ -88,6 +88,23 @@ def prediction_ok(result: ModelResult, config: Config, predicted_ms: float | Non
     return error <= max(PREDICTION_TOLERANCE * abs(measured), PREDICTION_SLACK_MS)
 
 
+def overhead_interval_ms(result: ModelResult, config: Config) -> tuple[float, float] | None:
+    """A 95% interval for the configuration's overhead from its rounds: the order statistics
+    around the median of its per-round differences with none's step (a distribution-free
+    interval for a median; rounds are paired, so the machine's drift between rounds cancels).
+    None with fewer than 6 rounds, where no such interval reaches 95%."""
+    from math import comb
+
+    differences = sorted(a - b for a, b in zip(config.times_ms, result.configs[0].times_ms))
+    n = len(differences)
+    below = 0  # the largest k with P(Binomial(n, 1/2) < k) <= 2.5%
+    while sum(comb(n, i) for i in range(below + 1)) / 2 ** n <= 0.025:
+        below += 1
+    if below == 0:
+        return None
+    return differences[below - 1], differences[n - below]
+
+
 def table(result: ModelResult) -> str:
     none = result.configs[0]
     every = every_overhead_ms(result)
@@ -194,7 +211,7 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
         f"{len(predicted) - len(off)}/{len(predicted)}"
         + ("" if not off else "; off: " + ", ".join(
             f"{c.name} predicted {c.predicted_overhead_ms:.0f} ms, measured {overhead_ms(result, c):+.0f} ms"
-            for c in off))
+            + within_noise(result, c, c.predicted_overhead_ms) for c in off))
         + (f"; every block: predicted {result.every_predicted_ms:.0f} ms, measured {every:+.0f} ms"
            if result.every_predicted_ms is not None else "") + ".")
     retimed = [c for c in predicted if c.retimed_ms is not None]
@@ -206,11 +223,21 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
             f"- Predicted from node times measured in the rounds (`benchmarks/retime.py`), within "
             f"{100 * PREDICTION_TOLERANCE:.0f}% or {PREDICTION_SLACK_MS:g} ms of measured: {len(retimed) - len(off)}/"
             f"{len(retimed)}" + ("" if not off else "; off: " + ", ".join(
-                f"{c.name} predicted {c.retimed_ms:.0f} ms, measured {overhead_ms(result, c):+.0f} ms" for c in off))
+                f"{c.name} predicted {c.retimed_ms:.0f} ms, measured {overhead_ms(result, c):+.0f} ms"
+                + within_noise(result, c, c.retimed_ms) for c in off))
             + (f"; every block: predicted {every_config.retimed_ms:.0f} ms, measured {every:+.0f} ms"
                if every_config.retimed_ms is not None else "") + ".")
     lines.append(noise_line)
     return lines, flags
+
+
+def within_noise(result: ModelResult, config: Config, predicted_ms: float) -> str:
+    """' (inside ...)' where the prediction lies inside the 95% interval of the measured
+    overhead (`overhead_interval_ms`): the rounds cannot tell it from the measurement."""
+    interval = overhead_interval_ms(result, config)
+    if interval is None or not interval[0] <= predicted_ms <= interval[1]:
+        return ""
+    return f" (inside the measured overhead's 95% interval, {interval[0]:+.0f} to {interval[1]:+.0f} ms)"
 
 
 def beyond_the_planner(result: ModelResult, config: Config) -> str:
