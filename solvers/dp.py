@@ -20,10 +20,9 @@ outputs and the DP is exact and fast. On wide DAGs the number of frontier sets c
 past `max_states` sets at a boundary, the DP keeps the cheapest ones and merges the rest into
 their common subset, counting the dropped members as always kept. That over-estimates memory
 (plans stay within budget, and the simulator re-checks them) and the result is reported as
-FEASIBLE instead of OPTIMAL. `DpSettings.for_problem` picks exact settings for narrow graphs
-and bounded ones (fewer sets, thinned Pareto fronts, region boundaries on a grid) for wide
-DAGs, where dp is a fast heuristic and `ilp` is the exact solver, and for chains of over 1000
-nodes (regions of at most 128 nodes, bounded at nodes that hold memory, thinned fronts).
+FEASIBLE instead of OPTIMAL. `DpSettings.for_problem` picks exact settings for narrow graphs,
+bounded ones (fewer sets, thinned fronts, boundaries on a grid) for wide DAGs, where `ilp` is
+the exact solver, and for chains of over 1000 nodes (regions of at most 128 nodes).
 
 A region [t, b) may also keep nodes (a selective-checkpoint policy; `_Search.region_keeps`). A
 kept node's output enters the frontier set like a region input (it is alive from its forward
@@ -32,8 +31,8 @@ its first recomputation step (solvers/region_scan.py), and its time leaves the r
 (the selective policy's own cost joins it).
 
 Regions never start at memoryless nodes (views, shape queries) when the next node could start
-them instead (it recomputes and keeps less). A run inside a submodule call (`Problem.run_spans`)
-also pays its recording (`Problem.run_ms`), outside the bounds that stop the scan of longer regions.
+them instead. A run inside a submodule call (`Problem.run_spans`) also pays its recording
+(`Problem.run_ms`), outside the bounds that stop the scan of longer regions.
 """
 from __future__ import annotations
 
@@ -301,10 +300,11 @@ def _search(problem: Problem, settings: DpSettings) -> _Search:
 def minimum_peak_dp(problem: Problem, above: int | None = None, **options: object) -> tuple[int, bool]:
     """Smallest peak (static included) that dp can reach, and whether that is proven minimal.
 
-    A binary search on the budget with dp's feasibility check. When dp's search is exact (few
-    frontier sets, saves read by their savers) this is the true minimum over all plans; else
-    the peak of a plan that exists (an upper bound), found to within 2%. `above` is a live budget
-    (static excluded) already known not to fit; `options` as for `solve_dp`.
+    A search on the budget with dp's feasibility check (galloping up, bisection, and a probe a
+    byte under each plan found: often the minimum). When dp's search is exact (few frontier sets,
+    saves read by their savers) this is the true minimum over all plans; else the peak of a plan
+    that exists (an upper bound), to within 2%. `above`: a live budget (static excluded) known
+    not to fit; `options` as for `solve_dp`.
 
     Example:
         >>> minimum_peak_dp(problem)[0] <= peak_bytes(problem)
@@ -337,14 +337,16 @@ def minimum_peak_plan_dp(problem: Problem, above: int | None = None, **options: 
         low = max(low, min(above, high - 1))
     exact = settings.complete and structure.saves_only_what_it_reads
     step = max(1, high // 50)
-    galloping = True  # probe just above `low` first: feasibility checks at small budgets are cheap
+    # probe just above `low` first (checks at small budgets are cheap); then a byte under each plan found
+    galloping, just_below = True, False
     while high - low > 1:
         if not exact and high - low <= high // 50:
             break
-        middle = min(low + step, high - 1) if galloping else (low + high) // 2
+        middle = high - 1 if just_below else min(low + step, high - 1) if galloping else (low + high) // 2
         step *= 2
         found, middle_exact = search.run(middle, feasibility_only=True)
         exact = exact and middle_exact
+        just_below = found is not None and middle != high - 1
         if found is not None:
             best, best_kept = found.regions(), found.kept()
             high = peak_bytes(problem, best, best_kept) - problem.static_bytes  # may land below middle
