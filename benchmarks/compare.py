@@ -61,7 +61,7 @@ from retime import NodeRetimer  # noqa: E402
 from compare_models import SPECS, Spec, every_block, segments, sqrt_segments  # noqa: E402
 from cpu_memory import retain_freed_memory  # noqa: E402
 from decision_space import beyond_the_planner  # noqa: E402
-from compare_report import Config, ModelResult, mib, plot, table, validation, verdict  # noqa: E402
+from compare_report import Config, ModelResult, method_text, mib, plot, table, validation, verdict  # noqa: E402
 
 STARTED = time.perf_counter()
 
@@ -368,27 +368,7 @@ def main() -> int:
         for key, values in all_flags.items())
     wall = time.perf_counter() - STARTED
     body = "\n\n".join([
-        "Peak: static storages (parameters, gradients, buffers, inputs) + the highest point of what one "
-        "forward+backward step allocates, gradients already allocated, as `p.verify()` measures it: "
-        "`planner.memory.PeakMemory`, the allocator's events from the profiler, kernel scratch included, for "
-        "eager and compiled code alike; *under budget* uses it. Step time: median over "
-        f"{args.rounds} rounds, configurations alternating, {args.threads} intra-op thread(s), the garbage "
-        "collector off during each step, "
-        + ("freed memory kept in the process as CUDA's caching allocator keeps it (`benchmarks/cpu_memory.py`: "
-           "otherwise each step page-faults its activations in again, which makes the unplanned step slower)"
-           if args.retained else "glibc's malloc as it is (freed memory goes back to the OS)")
-        + ". Overhead, "
-        "measured = step time - none's (for compiled configurations it also holds the compiler's speed-up "
-        "or slow-down); overhead, predicted = the plan's `recompute_ms` (the nodes it recomputes, less the "
-        "nodes its regions keep, plus checkpoint's measured cost per call and, for regions that keep "
-        "nodes, their selective policy's, and for runs their recording's), *(off)* where it is more than 10% and 2 ms from the measured "
-        "one; for *every block*, the planner's prediction for the same regions. Predicted from the rounds' "
-        "node times: the same cost model with each node's time measured once per round between the steps "
-        "(median over rounds; `benchmarks/retime.py`), so that the machine's drift between planning and "
-        "timing is not counted as the model's error. Share = overhead / every "
-        "block's, measured (predicted in brackets). Batch sizes were picked for about one second per "
-        "unplanned step on this machine with one thread; each model's *none* row gives what this run "
-        "measured (the machine was shared).",
+        method_text(args.rounds, args.threads, args.retained),
         *sections,
         "### Allocator vs tensor tracker on eager configurations",
         "Same configurations, separate steps. Differences left after removing kernel scratch are storages "

@@ -69,6 +69,33 @@ class ModelResult:
     every_predicted_ms: float | None = None  # the planner's prediction of every block's overhead
 
 
+def method_text(rounds: int, threads: int, retained: bool) -> str:
+    """How the run measured: the paragraph that opens its section in RESULTS.md."""
+    return (
+        "Peak: static storages (parameters, gradients, buffers, inputs) + the highest point of what one "
+        "forward+backward step allocates, gradients already allocated, as `p.verify()` measures it: "
+        "`planner.memory.PeakMemory`, the allocator's events from the profiler, kernel scratch included, for "
+        "eager and compiled code alike; *under budget* uses it. Step time: median over "
+        f"{rounds} rounds, configurations alternating, {threads} intra-op thread(s), the garbage "
+        "collector off during each step, "
+        + ("freed memory kept in the process as CUDA's caching allocator keeps it (`benchmarks/cpu_memory.py`: "
+           "otherwise each step page-faults its activations in again, which makes the unplanned step slower)"
+           if retained else "glibc's malloc as it is (freed memory goes back to the OS)")
+        + ". Overhead, "
+        "measured = step time - none's (for compiled configurations it also holds the compiler's speed-up "
+        "or slow-down); overhead, predicted = the plan's `recompute_ms` (the nodes it recomputes, less the "
+        "nodes its regions keep, plus checkpoint's measured cost per call and, for regions that keep "
+        "nodes, their selective policy's, and for runs their recording's), *(off)* where it is more than "
+        "10% and 2 ms from the measured one; for *every block*, the planner's prediction for the same "
+        "regions. Predicted from the rounds' node times: the same cost model with each node's time measured once per round between the steps "
+        "(median over rounds; `benchmarks/retime.py`), so that the machine's drift between planning and "
+        "timing is not counted as the model's error. Share = overhead / every "
+        "block's, measured (predicted in brackets). Batch sizes were picked for about one second per "
+        "unplanned step on this machine with one thread; each model's *none* row gives what this run "
+        "measured (the machine was shared)."
+    )
+
+
 def overhead_ms(result: ModelResult, config: Config) -> float:
     """Measured overhead: the configuration's median step time minus the unplanned one's."""
     return config.step_ms - result.configs[0].step_ms
