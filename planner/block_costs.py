@@ -102,8 +102,8 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     alone with and without a `RunRecorder`; per call recorded, a step recording every call (its
     backward replays them) against one only counting, less a forward's time (what node times
     predict the replay at). Checkpoint's own cost per call: a checkpointed step against an
-    unchecked one, less a forward. Differences are medians over rounds of paired times. The caller restores the
-    module's state (buffers, RNG).
+    unchecked one, less a forward. Differences are medians over rounds of paired times. The
+    caller restores the module's state (buffers, RNG).
 
     Example:
         >>> selective_costs_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu")).per_call_ms
