@@ -1,300 +1,23 @@
-"""Dynamic programming over region boundaries in the fixed topological order.
+"""`dp`: the cheapest plan under a budget, and the smallest peak any plan reaches, by dynamic
+programming over region boundaries (`solvers.dp_search` holds the search and how it works).
 
-The DP walks the boundaries t = 0..n between nodes. Moving from t either leaves node t outside
-every region (to t + 1) or runs a region [t, b) (to b). The simulator's peak splits into checks
-that each transition can make on its own (see solvers/structure.py for the derivation):
-
-* the forward step of node t, and the backward of a node outside any region, only see what
-  nodes before them keep, plus plan-independent bytes;
-* a region's recomputation and backward see what the nodes before the region keep, the
-  region's inputs, the gradients in flight and the region's own recomputed tensors.
-
-So the state at boundary t is the memory that the prefix keeps alive into backward. It is a sum
-of per-buffer contributions, except that an output can be kept by several later nodes (a
-saver outside a region, or a later region that reads it) and must be counted once. The state
-therefore carries, as a bit set, which still-referenced outputs ("the frontier": outputs of
-nodes before t that a node at or after t reads or saves) are already kept, plus the bytes of
-everything else kept (an int). For each frontier set the DP keeps the Pareto front of
-(kept bytes, recompute ms). On chains and transformer-like graphs the frontier is a handful of
-outputs and the DP is exact and fast. On wide DAGs the number of frontier sets can explode:
-past `max_states` sets at a boundary, the DP keeps the cheapest ones and merges the rest into
-their common subset, counting the dropped members as always kept. That over-estimates memory
-(plans stay within budget, and the simulator re-checks them) and the result is reported as
-FEASIBLE instead of OPTIMAL. `DpSettings.for_problem` picks exact settings for narrow graphs,
-bounded ones (fewer sets, thinned fronts, boundaries on a grid) for wide DAGs, where `ilp` is
-the exact solver, and for chains of over 1000 nodes (regions of at most 128 nodes).
-
-A region [t, b) may also keep nodes (a selective-checkpoint policy; `_Search.region_keeps`). A
-kept node's output enters the frontier set like a region input (it is alive from its forward
-on), its saved tensors join the bytes the region keeps, the region's own scan counts both from
-its first recomputation step (solvers/region_scan.py), and its time leaves the region's cost
-(the selective policy's own cost joins it).
-
-Regions never start at memoryless nodes (views, shape queries) when the next node could start
-them instead. A run inside a submodule call (`Problem.run_spans`) also pays its recording
-(`Problem.run_ms`), outside the bounds that stop the scan of longer regions.
+Example:
+    >>> solve_dp(problem, budget_bytes=int(0.6 * peak_bytes(problem))).status
+    <Status.OPTIMAL: 'optimal'>
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from dataclasses import replace
-from itertools import accumulate, combinations
 
-from solvers.problem import MAX_KEEP_CANDIDATES, InfeasibleBudget, Problem, Solution, Status
+from solvers.dp_search import dp_search
+from solvers.dp_settings import dp_settings
+from solvers.problem import InfeasibleBudget, Problem, Solution, Status
 from solvers.simulate import make_solution, peak_bytes
-from solvers.dp_settings import DpSettings, dp_settings, region_boundaries
-from solvers.pareto import Entry, Front, Stair, merge_fronts, weaken_states
-from solvers.region_scan import RegionScan
 from solvers.structure import Structure
 
 logger = logging.getLogger(__name__)
-
-class _Search:
-    """The DP over boundaries for one problem; `run` solves it for one budget."""
-
-    def __init__(self, problem: Problem, max_states: int, max_front: int | None = None, stride: int = 1,
-                 max_region_nodes: int | None = None, boundary_fraction: float = 0.0):
-        self.problem = problem
-        self.stride = stride
-        self.max_region_nodes = max_region_nodes
-        # Allowed regions (submodule calls) bound the search themselves; any boundary may do.
-        self.boundary = (region_boundaries(problem, stride, boundary_fraction) if problem.allowed_regions is None
-                         else [True] * (len(problem) + 1))
-        self.structure = structure = Structure.of(problem)
-        self.max_states = max_states
-        self.max_front = max_front
-        n = structure.n
-        self.frontier = [0] * (n + 1)  # bit j set: j < t and last_ref[j] >= t
-        mask = 0
-        for t in range(n + 1):
-            if t > 0:
-                mask |= 1 << (t - 1)
-                for j in structure.graduates[t - 1]:
-                    mask &= ~(1 << j)
-            self.frontier[t] = mask
-        self.cumulative_ms = [0.0, *accumulate(structure.compute_ms)]
-        self.random = [node.random for node in problem.nodes]
-        # (without allowed regions; nodes with a keep span are kept only in allowed regions)
-        self.keepable = [k for k, node in enumerate(problem.nodes) if node.keepable and node.keep_span is None]
-        self.stops_before = [node.stops_before_output for node in problem.nodes]
-        self.cumulative_calls = [0, *accumulate(node.aten_calls for node in problem.nodes)]
-        self.cumulative_pack_ms = [0.0, *accumulate(problem.saved_tensor_ms * node.saved_tensors
-                                                    for node in problem.nodes)]
-        floor = list(structure.gradient_recompute)
-        for b in range(n - 1, -1, -1):
-            floor[b] = min(floor[b], floor[b + 1])
-        self.min_recompute_gradients = floor
-        self._mask_bytes: dict[int, int] = {}
-        self._region_keeps: dict[tuple[int, int], list[tuple[tuple[int, ...], int, bool]]] = {}
-
-    def mask_bytes(self, mask: int) -> int:
-        cached = self._mask_bytes.get(mask)
-        if cached is None:
-            out = self.structure.output_bytes
-            cached = 0
-            rest = mask
-            while rest:
-                low = rest & -rest
-                cached += out[low.bit_length() - 1]
-                rest ^= low
-            self._mask_bytes[mask] = cached
-        return cached
-
-    def region_keeps(self, t: int, last: int) -> list[tuple[tuple[int, ...], int, bool]]:
-        """What regions [t, b), b <= last, keep: (kept nodes, last b, whether only that b). With
-        allowed regions, nothing for all at once, then each allowed one's `Problem.keep_choices`;
-        without, each subset of the first `MAX_KEEP_CANDIDATES` keepable nodes from t, for the
-        regions holding no more keepable nodes than that (`Problem.keep_candidates`)."""
-        cached = self._region_keeps.get((t, last))
-        if cached is not None:
-            return cached
-        found = [((), last, False)]
-        if self.problem.allowed_regions is not None:
-            for b in range(t + 1, last + 1):
-                if self.problem.allows_region(t, b):
-                    found += [(keep, b, True) for keep in self.problem.keep_choices(range(t, b))[1:]]
-        else:
-            first = bisect.bisect_left(self.keepable, t)
-            keepable = self.keepable[first:bisect.bisect_left(self.keepable, last, first)]
-            stop = keepable[MAX_KEEP_CANDIDATES] if len(keepable) > MAX_KEEP_CANDIDATES else last
-            found += [(keep, stop, False) for size in range(1, MAX_KEEP_CANDIDATES + 1)
-                      for keep in combinations(keepable[:MAX_KEEP_CANDIDATES], size)]
-        self._region_keeps[(t, last)] = found
-        return found
-
-    def _regions_from(self, t: int, keep: tuple[int, ...], last: int, fronts: dict[int, Front],
-                      pending: list[dict[int, list[Stair]] | None], live_budget: int, bound: float, slack: float,
-                      feasibility_only: bool, only_last: bool = False) -> float:
-        """Add the transitions of the regions [t, b), b <= last (`only_last`: b = last), that
-        keep `keep` to `pending`; return the cost bound, lowered where a region reaches the end
-        of the graph."""
-        structure = self.structure
-        n = structure.n
-        out = structure.output_bytes
-        saved = structure.saved_bytes
-        compute_ms = structure.compute_ms
-        frontier = self.frontier
-        cumulative_ms = self.cumulative_ms
-        mask_bytes = self._mask_bytes
-        overhead_ms = self.problem.region_overhead_ms
-        if keep:  # the selective policy's fixed costs (its per-call cost grows with b, below)
-            overhead_ms += self.problem.keep_region_ms + self.problem.kept_node_ms * len(keep)
-        keep_call_ms = self.problem.keep_call_ms if keep else 0.0
-        calls = self.cumulative_calls
-        pack_ms = self.cumulative_pack_ms  # checkpoint's cost per saved tensor, summed
-        rng_state_bytes = self.problem.rng_state_bytes
-        random = self.random
-        kept_nodes = frozenset(keep)
-        last_kept = keep[-1] if keep else -1
-        stops_before = self.stops_before
-        scan = RegionScan(structure, self.problem, t, self.min_recompute_gradients, keep)
-        for key, front in fronts.items():
-            inputs = key
-            inputs_bytes = mask_bytes[key]
-            released = 0  # kept bytes of inputs (and kept nodes) whose last reference has passed
-            kept_out = kept_saved = 0  # what the kept nodes so far hold from their forward on
-            kept_ms = 0.0  # what recomputation skips on them
-            forward_max = 0
-            rng = 0  # the RNG state the region keeps once it holds a random node
-            for k in range(t, last):
-                if random[k]:
-                    rng = rng_state_bytes
-                for j in structure.uses_before[k]:
-                    if j < t and not inputs >> j & 1:
-                        inputs |= 1 << j
-                        inputs_bytes += out[j]
-                forward = structure.forward_fixed[k] + released + kept_saved
-                if forward > forward_max:
-                    forward_max = forward
-                if k in kept_nodes:  # its output is kept like an input: one frontier bit
-                    inputs |= 1 << k
-                    inputs_bytes += out[k]
-                    kept_out += out[k]
-                    kept_saved += saved[k]
-                    kept_ms += compute_ms[k]
-                for g in structure.graduates[k]:
-                    if inputs >> g & 1:
-                        released += out[g]
-                b = k + 1
-                scan.ensure(b)
-                index = b - t - 1
-                stop = scan.recomputed_stop[index]
-                region_ms = (cumulative_ms[stop] - cumulative_ms[t] - kept_ms + overhead_ms + pack_ms[b] - pack_ms[t]
-                             - (0.0 if stop - 1 in kept_nodes else scan.stop_saving[index]))
-                if keep_call_ms:
-                    region_ms += keep_call_ms * (calls[b] + calls[stop] - 2 * calls[t])
-                # Entries cheap enough for this region (and so for any longer one) ...
-                lo = bisect.bisect_left(front.negative_costs, region_ms - bound)
-                # ... and light enough for any region [t, b') with b' >= b.
-                floor = max(forward_max, inputs_bytes - kept_out + scan.lower[index]) + rng
-                if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
-                    break
-                # (The kept nodes must be keep candidates: `Problem.keep_candidates`, inline.)
-                if (not self.boundary[b] or (only_last and b != last) or not self.problem.allows_region(t, b)
-                        or scan.last_saver < 0 or last_kept >= stop
-                        or (last_kept == stop - 1 and stops_before[last_kept])):
-                    continue  # (a region that saves nothing recomputes and frees nothing)
-                limit = live_budget - max(forward_max, inputs_bytes - kept_out + scan.peak[index]) - rng
-                hi = bisect.bisect_right(front.helds, limit)
-                run_ms = self.problem.run_ms(range(t, b)) if self.problem.run_spans else 0.0
-                if run_ms:  # (not in the bounds above: the longer submodule call pays none)
-                    lo = max(lo, bisect.bisect_left(front.negative_costs, region_ms + run_ms - bound))
-                if lo >= hi:
-                    continue
-                new_key = inputs & frontier[b]
-                mask_bytes[new_key] = inputs_bytes - released
-                # The RNG state and the kept saved tensors stay until the region's backward.
-                pending[b].setdefault(new_key, []).append(
-                    (front, lo, hi, released + rng + kept_saved, region_ms + run_ms, (t, b, keep)))
-                if b == n and not feasibility_only:
-                    bound = min(bound, front.entries[hi - 1].cost + region_ms + run_ms + slack)
-        return bound
-
-    def run(
-        self, live_budget: int, cost_bound: float = float("inf"), feasibility_only: bool = False
-    ) -> tuple[Entry | None, bool]:
-        """Cheapest plan whose live bytes (static excluded) stay <= live_budget; the flag says
-        whether the search was exact (no frontier sets merged)."""
-        structure = self.structure
-        n = structure.n
-        out = structure.output_bytes
-        saved = structure.saved_bytes
-        frontier = self.frontier
-        bisect_right = bisect.bisect_right
-        slack = 1e-9 * max(1.0, abs(cost_bound)) if cost_bound != float("inf") else 0.0
-        bound = cost_bound + slack
-        exact = True
-        bucket_bytes = 0 if self.max_front is None else max(1, live_budget // self.max_front)
-        pending: list[dict[int, list[Stair]] | None] = [{} for _ in range(n + 1)]
-        pending[0][0] = [(Front([Entry(0, 0.0, None, None)]), 0, 1, 0, 0.0, None)]
-        self._mask_bytes[0] = 0
-        for t in range(n):
-            states = pending[t]
-            pending[t] = None
-            if not states:
-                continue
-            if len(states) > self.max_states:
-                states = weaken_states(states, self.max_states, self.mask_bytes)
-                exact = False
-            fronts = {}
-            for key in sorted(states):
-                front = merge_fronts(states[key], bound, feasibility_only, bucket_bytes)
-                if front.entries:
-                    fronts[key] = front
-            next_states = pending[t + 1]
-            # Node t outside every region.
-            forward_need = structure.forward_fixed[t]
-            backward_fixed = saved[t] + structure.gradient_backward[t]
-            mask_bytes = self._mask_bytes
-            for key, front in fronts.items():
-                kept = key
-                kept_bytes = mask_bytes[key]
-                for j in structure.saves_of[t]:
-                    if not kept >> j & 1:
-                        kept |= 1 << j
-                        kept_bytes += out[j]
-                limit = live_budget - max(forward_need, kept_bytes + backward_fixed)
-                hi = bisect_right(front.helds, limit)
-                if hi == 0:
-                    continue
-                resolved = 0
-                for g in structure.graduates[t]:
-                    if kept >> g & 1:
-                        resolved += out[g]
-                new_key = kept & frontier[t + 1]
-                mask_bytes[new_key] = kept_bytes - resolved
-                next_states.setdefault(new_key, []).append((front, 0, hi, resolved + saved[t], 0.0, None))
-                if t + 1 == n and not feasibility_only:
-                    bound = min(bound, front.entries[hi - 1].cost + slack)
-            # A region [t, b), keeping what it may.
-            if not structure.useful_start[t] or not self.boundary[t]:
-                continue
-            last = self.problem.last_region_stop(t)
-            if self.max_region_nodes is not None:
-                last = min(last, t + self.max_region_nodes)
-            for keep, stop, only_last in self.region_keeps(t, last):
-                bound = self._regions_from(t, keep, stop, fronts, pending, live_budget, bound, slack,
-                                           feasibility_only, only_last)
-        best: Entry | None = None
-        best_rank: tuple[float, int, int] | None = None
-        finals = pending[n] or {}
-        for key in sorted(finals):
-            for front, lo, hi, held, cost, region in finals[key]:
-                if lo >= hi:
-                    continue
-                entry = front.entries[hi - 1]
-                rank = (entry.cost + cost, entry.held + held, key)
-                if best_rank is None or rank < best_rank:
-                    best_rank = rank
-                    best = Entry(entry.held + held, entry.cost + cost, entry, region)
-        return best, exact
-
-
-def _search(problem: Problem, settings: DpSettings) -> _Search:
-    return _Search(problem, settings.max_states, settings.max_front, settings.stride, settings.max_region_nodes,
-                   settings.boundary_fraction)
 
 
 def minimum_peak_dp(problem: Problem, above: int | None = None, **options: object) -> tuple[int, bool]:
@@ -327,7 +50,7 @@ def minimum_peak_plan_dp(problem: Problem, above: int | None = None, **options: 
     cache = problem.__dict__.setdefault("_minimum_peak_dp", {})
     if settings in cache:
         return cache[settings]
-    search = _search(problem, settings)
+    search = dp_search(problem, settings)
     structure = search.structure
     high = peak_bytes(problem) - problem.static_bytes  # the empty plan fits this
     best: tuple[range, ...] = ()
@@ -385,7 +108,7 @@ def solve_dp(problem: Problem, budget_bytes: int, cost_bound_ms: float | None = 
         return make_solution(problem, (), budget_bytes, Status.OPTIMAL, "dp", started)
     live_budget = budget_bytes - problem.static_bytes
     structure = Structure.of(problem)
-    search = _search(problem, settings)
+    search = dp_search(problem, settings)
     found, exact = None, True
     if live_budget >= 0:
         found, exact = search.run(live_budget, float("inf") if cost_bound_ms is None else cost_bound_ms)

@@ -8,23 +8,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import small_gpt, train_step
 from planner import load_plan, plan
 from planner.examples import Block, TinyGPT
+from planner.overhead import forward_calls
 from planner.run_checkpoint import RunRecorder, counted_call
 from solvers import solve
-
-
-class _Calls(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def _block_step(block: Block, x: torch.Tensor, mask: torch.Tensor, recorder: RunRecorder | None
@@ -47,11 +37,7 @@ def test_recorded_runs_give_the_unplanned_gradients_bit_for_bit():
     block = Block(32, 4, dropout=0.1).train()
     mask = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
     x = torch.randn(2, 16, 32)
-    calls = _Calls()
-    leaf = x.clone().requires_grad_()
-    with calls:
-        block(leaf, mask)
-    names = [name for name in calls.names if counted_call(name)]
+    names = [name for name in forward_calls(block, x.clone().requires_grad_(), mask) if counted_call(name)]
     dropouts = [i for i, name in enumerate(names) if name == "aten.empty_like.default"]  # CPU dropout's mask
     expected = _block_step(block, x, mask, None)
     # The whole forward; attention's dropout to the MLP's input; two runs, each from a dropout.
@@ -138,7 +124,7 @@ def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatc
     # The cost per recorded call comes from steps that record every call and replay them:
     # a recorder that saw other calls than the block's (its inputs' copies) would record
     # nothing, replay nothing and measure nothing.
-    from planner import block_costs, overhead
+    from planner import block_costs
     from planner.run_checkpoint import RunTape
 
     replayed: list[int] = []
@@ -154,7 +140,7 @@ def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatc
     block = Block(32, 4, dropout=0.1).train()
     mask = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
     x = torch.randn(2, 16, 32, requires_grad=True)
-    names = [name for name in overhead.forward_calls(block, x, mask) if counted_call(name)]
+    names = [name for name in forward_calls(block, x, mask) if counted_call(name)]
     cost = block_costs.selective_costs_on(block, (x, mask), {}, 0.0, torch.device("cpu"))
     assert replayed == [len(names)] * 3  # warm-up and two rounds, every call each
     assert cost.per_counted_call_ms >= 0 and cost.per_recorded_call_ms >= 0
