@@ -61,7 +61,8 @@ from retime import NodeRetimer  # noqa: E402
 from compare_models import SPECS, Spec, every_block, segments, sqrt_segments  # noqa: E402
 from cpu_memory import retain_freed_memory  # noqa: E402
 from decision_space import beyond_the_planner  # noqa: E402
-from compare_report import Config, ModelResult, method_text, mib, plot, table, validation, verdict  # noqa: E402
+from compare_report import (Config, ModelResult, method_text, mib, plot, summary_lines, table,  # noqa: E402
+                            validation, verdict)
 
 STARTED = time.perf_counter()
 
@@ -361,11 +362,7 @@ def main() -> int:
         sections.append(section)
         print(section.replace(f"results/{image.name}", str(image)), flush=True)
         print(flush=True)
-    summary = "\n".join(
-        f"- {key}: met on {sum(1 for value in values if value)} of {sum(1 for value in values if value is not None)} "
-        f"models where it applies"
-        + (f" (not applicable on {sum(1 for value in values if value is None)})" if None in values else "")
-        for key, values in all_flags.items())
+    summary = summary_lines(all_flags)
     wall = time.perf_counter() - STARTED
     body = "\n\n".join([
         method_text(args.rounds, args.threads, args.retained),

@@ -11,6 +11,8 @@ from typing import Any
 
 # Most a plan's overhead may be, as a share of checkpointing every block, at each budget.
 SHARE_TARGETS = {"every block's peak": 0.6, "60%": 0.4, "80%": 0.2}
+# a share target's flag for models where the lower bound for any plan lies above the target
+OUT_OF_REACH = ": out of reach of any plan of whole graph nodes (lower bound above the target)"
 PREDICTION_TOLERANCE = 0.10  # predicted overhead within 10% of the measured one,
 PREDICTION_SLACK_MS = 2.0  # or within 2 ms
 
@@ -213,6 +215,8 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
             continue
         share = overhead_ms(result, config) / every
         flags[key] = share <= target
+        if config.bound_ms is not None and result.every_predicted_ms:
+            flags[key + OUT_OF_REACH] = config.bound_ms / result.every_predicted_ms > target
         line = f"- Share at {label} (target {target}): {share:.2f}"
         if share > target:
             predicted = (config.predicted_overhead_ms / result.every_predicted_ms
@@ -225,7 +229,7 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
                          f"predicted at {predicted:.2f} of every block's: no plan the planner searches does better")
             elif predicted is not None:
                 line += f" missed: predicted {predicted:.2f}, so the clock exceeds the prediction"
-            line += beyond_the_planner(result, config)
+            line += beyond_the_planner(result, config, target)
             beyond = overhead_ms(result, config) - target * every > noise_ms
             line += "" if beyond else " (within the timing noise)"
         lines.append(line + ".")
@@ -267,9 +271,11 @@ def within_noise(result: ModelResult, config: Config, predicted_ms: float) -> st
     return f" (inside the measured overhead's 95% interval, {interval[0]:+.0f} to {interval[1]:+.0f} ms)"
 
 
-def beyond_the_planner(result: ModelResult, config: Config) -> str:
+def beyond_the_planner(result: ModelResult, config: Config, target: float) -> str:
     """What larger decision spaces give at this budget, as shares of every block's predicted
-    overhead: regions on any run of nodes (across submodule calls: not applicable), and the lower bound for any plan."""
+    overhead: regions on any run of nodes (across submodule calls: not applicable), and the
+    lower bound for any plan, which where it lies above `target` proves the target out of reach
+    on these node times."""
     every = result.every_predicted_ms
     if not every or config.bound_ms is None:
         return ""
@@ -278,7 +284,11 @@ def beyond_the_planner(result: ModelResult, config: Config) -> str:
         f"apply, and without the runs' recording cost) would reach {config.any_run_ms / every:.2f}; ")
     if config.bound_ms == float("inf"):
         return text + "no plan of whole graph nodes fits"
-    return text + f"no plan of whole graph nodes can cost under {config.bound_ms / every:.2f} (a lower bound)"
+    bound = config.bound_ms / every
+    if bound > target:
+        return text + (f"no plan of whole graph nodes can meet the target on these node times: none costs under "
+                       f"{bound:.2f} (a lower bound, `solvers.recompute_lower_bound`)")
+    return text + f"no plan of whole graph nodes can cost under {bound:.2f} (a lower bound)"
 
 
 def noise(result: ModelResult) -> tuple[float, str]:
@@ -386,4 +396,16 @@ def validation(results: list[ModelResult]) -> str:
             f"- {result.spec.key}: {len(eager)} eager configurations, {len(exact)} identical to the byte; largest "
             f"difference {difference:+d} B ({100 * difference / deviation.tensor_peak:+.3f}%, {deviation.name}); "
             f"kernel scratch adds {100 * min(scratch):+.1f}% to {100 * max(scratch):+.1f}% to the peak")
+    return "\n".join(lines)
+
+
+def summary_lines(all_flags: dict[str, list[bool | None]]) -> str:
+    """The Targets section: per target, on how many models it was met (or, for the lower
+    bound's flags, shown out of reach), of those where it applies."""
+    lines = []
+    for key, values in all_flags.items():
+        applies = sum(1 for value in values if value is not None)
+        verb = "shown" if key.endswith(OUT_OF_REACH) else "met"
+        line = f"- {key}: {verb} on {sum(1 for value in values if value)} of {applies} models where it applies"
+        lines.append(line + (f" (not applicable on {values.count(None)})" if None in values else ""))
     return "\n".join(lines)

@@ -47,3 +47,19 @@ def test_the_bound_is_the_cheapest_drop_on_a_chain():
     assert recompute_lower_bound(problem, budget).recompute_ms == 1.0 * (1 - 1e-6)
     assert peak_bytes(problem, (range(1, 2),)) <= budget
     assert recompute_lower_bound(problem, -1).recompute_ms == math.inf
+
+
+def test_recomputing_a_node_needs_its_input_back():
+    # A matmul's output (freed once the softmax has read it) feeds a softmax that saves its
+    # own output. Freeing the softmax's output needs the matmul's output again at recompute
+    # time: kept from forward (as large: no gain) or recomputed, so the bound is both nodes'
+    # cost, not the softmax's alone. (The budget bites when forward ends, at the head.)
+    nodes = (NodeCost("matmul", compute_ms=3.0, output_bytes=10),
+             NodeCost("softmax", compute_ms=1.0, output_bytes=10, uses=(0,), saves=(1,)),
+             NodeCost("sum", compute_ms=0.1, output_bytes=1, uses=(1,), is_output=True),
+             NodeCost("head", compute_ms=0.1, output_bytes=25, uses=(2,), is_output=True))
+    problem = Problem(nodes)
+    budget = peak_bytes(problem, ()) - 10
+    assert peak_bytes(problem, (range(0, 2),)) <= budget
+    assert problem.recompute_ms((range(0, 2),)) == 4.0
+    assert recompute_lower_bound(problem, budget).recompute_ms == 4.0 * (1 - 1e-6)
