@@ -63,9 +63,10 @@ class SelectiveCost:
     per_kept_ms: float = 0.0
     # what recording runs costs it (`planner.run_checkpoint`): per ATen call of its forward
     # (the dispatch mode), and per call recorded and replayed beyond its node time (its record,
-    # its saved tensors dropped and handed back, replay's Python work)
+    # its saved tensors dropped and handed back, replay's Python work; None where its forward
+    # could not be recorded whole)
     per_counted_call_ms: float = 0.0
-    per_recorded_call_ms: float = 0.0
+    per_recorded_call_ms: float | None = 0.0
     # checkpoint's own cost for one call of the submodule (no policy), beyond its forward
     checkpoint_ms: float | None = None
 
@@ -152,7 +153,14 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         _backward(module, module(*fresh_inputs(), **kwargs))
 
     steps = {"unchecked": unchecked, "plain": step(None), "selective": step(selective_contexts), "bare": bare(False),
-             "counted": bare(True), "counted step": recording(()), "recorded step": recording(((0, len(names)),))}
+             "counted": bare(True)}
+    try:  # one try first: a forward that writes in place what it read cannot be recorded whole
+        recording(((0, len(names)),))()
+        steps.update({"counted step": recording(()), "recorded step": recording(((0, len(names)),))})
+    except RuntimeError as error:
+        for parameter in module.parameters():
+            parameter.grad = None
+        logger.info("recording runs could not be measured on the whole %s (%s)", type(module).__name__, error)
     if kept is not None and kept.nodes:
         steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
     times = timed_rounds(device, steps, FINE_ROUNDS)
@@ -164,9 +172,11 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     per_counted = max(0.0, paired_difference(times, "counted", "bare") / counted_calls)
     # Beyond counting: the calls' recomputation as node times predict it (forwards with grad),
     # and what recording and replay add per call.
-    replayed_ms = (paired_difference(times, "recorded step", "counted step")
-                   - statistics.median(times["bare"]) / _FORWARDS)
-    per_recorded = max(0.0, replayed_ms / max(1, len(names)))
+    per_recorded = None
+    if "recorded step" in times:
+        replayed_ms = (paired_difference(times, "recorded step", "counted step")
+                       - statistics.median(times["bare"]) / _FORWARDS)
+        per_recorded = max(0.0, replayed_ms / max(1, len(names)))
     if "keeping" not in times or kept is None:
         return SelectiveCost(per_call, 0.0, per_counted, per_recorded, checkpoint_ms)
     per_kept = (paired_difference(times, "keeping", "selective") + kept.skipped_ms) / len(kept.nodes)
@@ -246,7 +256,8 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
             with preserved_state(model, [device]):
                 cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept)
             per_call, per_kept = cost.per_call_ms, cost.per_kept_ms
-            per_counted, per_recorded = cost.per_counted_call_ms, cost.per_recorded_call_ms
+            per_counted = cost.per_counted_call_ms
+            per_recorded = per_call if cost.per_recorded_call_ms is None else cost.per_recorded_call_ms
             saved = sum(problem.nodes[i].saved_tensors for i in region)
             if cost.checkpoint_ms is not None and saved:
                 calibrated = (cost.checkpoint_ms - problem.region_overhead_ms) / saved
