@@ -61,8 +61,9 @@ from retime import NodeRetimer  # noqa: E402
 from compare_models import SPECS, Spec, every_block, segments, sqrt_segments  # noqa: E402
 from cpu_memory import retain_freed_memory  # noqa: E402
 from decision_space import beyond_the_planner  # noqa: E402
-from compare_report import (Config, ModelResult, method_text, mib, plot, summary_lines, table,  # noqa: E402
-                            validation, verdict)
+from compare_plot import plot  # noqa: E402
+from compare_report import (Config, ModelResult, method_text, mib, summary_lines, table, validation,  # noqa: E402
+                            verdict)
 
 STARTED = time.perf_counter()
 
@@ -383,7 +384,8 @@ def main() -> int:
     if save:
         command = "python benchmarks/compare.py" + (f" --models {args.models}" if args.models != ",".join(SPECS) else "") \
             + (f" --rounds {args.rounds}" if args.rounds != 7 else "") \
-            + (f" --solvers {','.join(args.solvers)}" if args.solvers != ["auto"] else "")
+            + (f" --solvers {','.join(args.solvers)}" if args.solvers != ["auto"] else "") \
+            + (" --any-run" if args.any_run else "")
         if args.compile_budgets:
             command += " --compile-budgets " + ",".join(f"{budget:g}" for budget in args.compile_budgets)
         from results import append_results
