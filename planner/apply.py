@@ -127,6 +127,10 @@ class CheckpointedForward:
         self.module = module
         self.spec = spec
         self.previous = previous  # an instance-level forward that was there before, or None
+        try:  # what inspect sees of the forward (the Trainer drops dataset columns it does not name)
+            self.__signature__ = inspect.signature(previous or type(module).forward.__get__(module))
+        except (TypeError, ValueError):
+            pass
         self.calls = 0  # calls since the model's last forward began (see AppliedPlan)
         # runs recomputed alone: hooks on its submodules start and stop their recording
         self.recording = RunRecording(module, spec.calls, spec.runs, spec.run_windows) if spec.runs else None

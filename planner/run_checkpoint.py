@@ -59,6 +59,9 @@ class _Arg:
     ref: _Ref | None = None
     value: Any = None
     version: int | None = None  # of an input tensor when recorded: replay refuses a changed one
+    # an input the call writes in place that the run did not make (BatchNorm's running
+    # statistics): replay writes a copy, so the forward's update is not made twice
+    scratch: bool = False
 
 
 @dataclass
@@ -80,11 +83,14 @@ class RunTape:
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> list[Any]:
         """Note one call of the run; returns its outputs, flattened."""
         flat, spec = _flatten(args, kwargs)
+        written = _written_inputs(func, args, kwargs)
         recorded = []
         for value in flat:
             ref = self.made.get(_tensor_key(value)) if isinstance(value, torch.Tensor) else None
             if ref is not None:
                 recorded.append(_Arg(ref=ref))
+            elif isinstance(value, torch.Tensor) and id(value) in written and not value.requires_grad:
+                recorded.append(_Arg(value=value, scratch=True))
             elif isinstance(value, torch.Tensor):
                 recorded.append(_Arg(value=value, version=value._version))
             else:
@@ -92,8 +98,11 @@ class RunTape:
         index = len(self.calls)
         self.calls.append((func, recorded, spec))
         results = [result] if isinstance(result, torch.Tensor) else tree_flatten(result)[0]
+        # what the call returns of an input it wrote on a copy is no value of the run: later
+        # calls read the input itself (as the forward left it)
+        scratch = {_tensor_key(arg.value) for arg in recorded if arg.scratch}
         for position, value in enumerate(results):
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and _tensor_key(value) not in scratch:
                 self.made[_tensor_key(value)] = (index, position)
         return results
 
@@ -185,7 +194,27 @@ def _flatten(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], 
     return tree_flatten((args, kwargs))
 
 
+# Calls that write inputs their schema does not mark: BatchNorm's, in training, its running
+# mean and variance (arguments 3 and 4).
+_UNMARKED_WRITES = {"aten.native_batch_norm.default": (3, 4)}
+
+
+def _written_inputs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
+    """ids of the tensors `func` writes in place, as its schema marks them (`Tensor(a!)`), or
+    as `_UNMARKED_WRITES` lists them."""
+    written = {id(args[i]) for i in _UNMARKED_WRITES.get(str(func), ()) if i < len(args)}
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[position] if position < len(args) else kwargs.get(argument.name)
+        if isinstance(value, torch.Tensor):
+            written.add(id(value))
+    return written
+
+
 def _checked_input(arg: _Arg, func: Any) -> Any:
+    if arg.scratch:
+        return arg.value.clone()
     if arg.version is not None and arg.value._version != arg.version:
         raise RuntimeError(f"an input of {func} in a recomputed run was modified in place after the forward, so "
                            "it cannot be recomputed (the plan should not have put this run in a region)")

@@ -71,8 +71,11 @@ def _solve_auto(problem: Problem, budget_bytes: int, time_limit_s: float = AUTO_
     candidates = [dp]
     if len(problem) <= AUTO_ILP_MAX_NODES and _ortools_available():
         logger.info("auto: dp is not proven optimal here; ilp for up to %.0f s", time_limit_s)
-        candidates.append(solve_ilp(problem, budget_bytes, time_limit_s=time_limit_s, hint=dp.regions,
-                                    hint_kept=dp.kept))
+        try:
+            candidates.append(solve_ilp(problem, budget_bytes, time_limit_s=time_limit_s, hint=dp.regions,
+                                        hint_kept=dp.kept))
+        except InfeasibleBudget:  # ilp searches no runs inside submodule calls: dp's plan may need them
+            logger.info("auto: ilp found no plan without dp's runs; dp's plan stands")
     if candidates[-1].status != Status.OPTIMAL:
         try:
             candidates.append(solve_sqrt(problem, budget_bytes))

@@ -48,8 +48,8 @@ def minimum_peak_plan_dp(problem: Problem, above: int | None = None, **options: 
     if settings.stride > 1:  # big graphs: probe on a coarser grid, it only needs to be quick
         settings = replace(settings, stride=2 * settings.stride)
     cache = problem.__dict__.setdefault("_minimum_peak_dp", {})
-    if settings in cache:
-        return cache[settings]
+    if (settings, above) in cache:  # (a bounded search's result depends on where it starts)
+        return cache[settings, above]
     search = dp_search(problem, settings)
     structure = search.structure
     high = peak_bytes(problem) - problem.static_bytes  # the empty plan fits this
@@ -76,7 +76,7 @@ def minimum_peak_plan_dp(problem: Problem, above: int | None = None, **options: 
             galloping = False
         else:
             low = middle
-    cache[settings] = result = (high + problem.static_bytes, exact, best, best_kept)
+    cache[settings, above] = result = (high + problem.static_bytes, exact, best, best_kept)
     return result
 
 
@@ -116,6 +116,9 @@ def solve_dp(problem: Problem, budget_bytes: int, cost_bound_ms: float | None = 
             found, exact = search.run(live_budget)
     if found is None:
         minimum, proven, plan, kept = minimum_peak_plan_dp(problem, above=max(live_budget, -1), **options)
+        if minimum > budget_bytes and not proven:  # a bounded search: from the bottom it may reach lower
+            minimum, proven, plan, kept = min((minimum, proven, plan, kept),
+                                              minimum_peak_plan_dp(problem, **options), key=lambda found: found[0])
         if minimum <= budget_bytes:  # the bounded search for the minimum found what the other missed
             return make_solution(problem, plan, budget_bytes, Status.FEASIBLE, "dp", started, kept)
         raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "dp", proven=proven)
