@@ -116,9 +116,6 @@ def solve_dp(problem: Problem, budget_bytes: int, cost_bound_ms: float | None = 
             found, exact = search.run(live_budget)
     if found is None:
         minimum, proven, plan, kept = minimum_peak_plan_dp(problem, above=max(live_budget, -1), **options)
-        if minimum > budget_bytes and not proven:  # a bounded search: from the bottom it may reach lower
-            minimum, proven, plan, kept = min((minimum, proven, plan, kept),
-                                              minimum_peak_plan_dp(problem, **options), key=lambda found: found[0])
         if minimum <= budget_bytes:  # the bounded search for the minimum found what the other missed
             return make_solution(problem, plan, budget_bytes, Status.FEASIBLE, "dp", started, kept)
         raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "dp", proven=proven)
