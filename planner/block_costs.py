@@ -86,6 +86,10 @@ def _backward(module: nn.Module, output: Any) -> None:
     loss = sum(t.float().sum() for t in tensors_in(output) if t.requires_grad)
     if isinstance(loss, torch.Tensor):
         loss.backward()
+    _clear_grads(module)
+
+
+def _clear_grads(module: nn.Module) -> None:
     for parameter in module.parameters():
         parameter.grad = None
 
@@ -158,24 +162,22 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         recording(((0, len(names)),))()
         steps.update({"counted step": recording(()), "recorded step": recording(((0, len(names)),))})
     except RuntimeError as error:
-        for parameter in module.parameters():
-            parameter.grad = None
+        _clear_grads(module)
         logger.info("recording runs could not be measured on the whole %s (%s)", type(module).__name__, error)
     if kept is not None and kept.nodes:
         steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
     times = timed_rounds(device, steps, FINE_ROUNDS)
     per_call = max(0.0, (paired_difference(times, "selective", "plain") - per_region_ms) / max(1, calls_per_step))
+    forward_ms = statistics.median(times["bare"]) / _FORWARDS  # what node times predict a recomputation at
     # checkpoint itself: a checkpointed step against an unchecked one, less the recomputation
-    # (a forward with grad, as node times predict it)
-    checkpoint_ms = paired_difference(times, "plain", "unchecked") - statistics.median(times["bare"]) / _FORWARDS
+    checkpoint_ms = paired_difference(times, "plain", "unchecked") - forward_ms
     counted_calls = max(1, _FORWARDS * len(names))
     per_counted = max(0.0, paired_difference(times, "counted", "bare") / counted_calls)
     # Beyond counting: the calls' recomputation as node times predict it (forwards with grad),
     # and what recording and replay add per call.
     per_recorded = None
     if "recorded step" in times:
-        replayed_ms = (paired_difference(times, "recorded step", "counted step")
-                       - statistics.median(times["bare"]) / _FORWARDS)
+        replayed_ms = paired_difference(times, "recorded step", "counted step") - forward_ms
         per_recorded = max(0.0, replayed_ms / max(1, len(names)))
     if "keeping" not in times or kept is None:
         return SelectiveCost(per_call, 0.0, per_counted, per_recorded, checkpoint_ms)

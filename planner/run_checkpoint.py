@@ -83,7 +83,7 @@ class RunTape:
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> list[Any]:
         """Note one call of the run; returns its outputs, flattened."""
         flat, spec = _flatten(args, kwargs)
-        written = _written_inputs(func, args, kwargs)
+        written = _written_inputs(func, args, kwargs) if _written_arguments(func) else ()
         recorded = []
         for value in flat:
             ref = self.made.get(_tensor_key(value)) if isinstance(value, torch.Tensor) else None
@@ -100,7 +100,7 @@ class RunTape:
         results = [result] if isinstance(result, torch.Tensor) else tree_flatten(result)[0]
         # what the call returns of an input it wrote on a copy is no value of the run: later
         # calls read the input itself (as the forward left it)
-        scratch = {_tensor_key(arg.value) for arg in recorded if arg.scratch}
+        scratch = {_tensor_key(arg.value) for arg in recorded if arg.scratch} if written else ()
         for position, value in enumerate(results):
             if isinstance(value, torch.Tensor) and _tensor_key(value) not in scratch:
                 self.made[_tensor_key(value)] = (index, position)
@@ -199,17 +199,21 @@ def _flatten(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], 
 _UNMARKED_WRITES = {"aten.native_batch_norm.default": (3, 4)}
 
 
+@functools.lru_cache(maxsize=None)
+def _written_arguments(func: Any) -> tuple[tuple[int, str], ...]:
+    """(position, name) of the arguments `func` writes in place, as its schema marks them
+    (`Tensor(a!)`) or `_UNMARKED_WRITES` lists them; read once per func (recording is per call)."""
+    arguments = func._schema.arguments
+    unmarked = _UNMARKED_WRITES.get(str(func), ())
+    return tuple((position, argument.name) for position, argument in enumerate(arguments)
+                 if position in unmarked or (argument.alias_info is not None and argument.alias_info.is_write))
+
+
 def _written_inputs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
-    """ids of the tensors `func` writes in place, as its schema marks them (`Tensor(a!)`), or
-    as `_UNMARKED_WRITES` lists them."""
-    written = {id(args[i]) for i in _UNMARKED_WRITES.get(str(func), ()) if i < len(args)}
-    for position, argument in enumerate(func._schema.arguments):
-        if argument.alias_info is None or not argument.alias_info.is_write:
-            continue
-        value = args[position] if position < len(args) else kwargs.get(argument.name)
-        if isinstance(value, torch.Tensor):
-            written.add(id(value))
-    return written
+    """ids of the tensors `func` writes in place (`_written_arguments`)."""
+    values = (args[position] if position < len(args) else kwargs.get(name)
+              for position, name in _written_arguments(func))
+    return {id(value) for value in values if isinstance(value, torch.Tensor)}
 
 
 def _checked_input(arg: _Arg, func: Any) -> Any:

@@ -80,13 +80,14 @@ def recompute_lower_bound(problem: Problem, budget_bytes: int) -> RecomputeBound
 
     buffers = plan_buffers(problem, ())
     fixed, droppable = _split_buffers(problem, buffers)
+    dropped_at_most = [sum(bytes_by_key.values()) for bytes_by_key in droppable]
     allowance = budget_bytes - problem.static_bytes
-    if all(sum(droppable[step].values()) + fixed[step] <= allowance for step in range(len(fixed))):
+    if all(most + bytes_fixed <= allowance for most, bytes_fixed in zip(dropped_at_most, fixed)):
         return RecomputeBound(0.0)
     kept_inputs = _kept_inputs(problem, buffers)
     end_of_forward = len(problem) - 1
-    rows = _memory_rows(fixed, droppable, kept_inputs, allowance, end_of_forward)
-    if any(sum(droppable[step].values()) < need for step, need in rows):
+    rows = _memory_rows(fixed, dropped_at_most, kept_inputs, allowance, end_of_forward)
+    if any(dropped_at_most[step] < need for step, need in rows):
         return RecomputeBound(math.inf)
 
     solver = pywraplp.Solver.CreateSolver("GLOP")
@@ -164,7 +165,7 @@ def _kept_inputs(problem: Problem, buffers: Buffers) -> dict[int, tuple[int, int
     return freed
 
 
-def _memory_rows(fixed: list[int], droppable: list[dict[Droppable, int]], kept_inputs: dict[int, tuple[int, int]],
+def _memory_rows(fixed: list[int], dropped_at_most: list[int], kept_inputs: dict[int, tuple[int, int]],
                  allowance: int, end_of_forward: int) -> list[tuple[int, int]]:
     """(step, bytes over the allowance in the unplanned step) for each step that could go over
     it: over already, or a forward step where keeping every freed output would take it over."""
@@ -176,7 +177,7 @@ def _memory_rows(fixed: list[int], droppable: list[dict[Droppable, int]], kept_i
         kept_after[step] += kept_after[step - 1]
     rows = []
     for step, bytes_fixed in enumerate(fixed):
-        need = sum(droppable[step].values()) + bytes_fixed - allowance
+        need = dropped_at_most[step] + bytes_fixed - allowance
         if need > 0 or (step <= end_of_forward and need + kept_after[step] > 0):
             rows.append((step, need))
     return rows
