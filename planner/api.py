@@ -366,7 +366,7 @@ def plan(
     breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes,
                                  where.device, optimizer, world_size, reserved_bytes, summary.loss_bytes)
     wrapped = {call.nodes: spec for call in module_calls(traced.gm)
-               if (spec := module_checkpoint(traced.gm, call)) is not None}
+               if (spec := module_checkpoint(traced.gm, call, type(model).__name__)) is not None}
     # Measured where the plan runs; for a GPU elsewhere, this CPU's (checkpoint's own work is
     # mostly on the host), an estimate like the target's node times.
     overhead_device = where.device if where.local else torch.device("cpu")

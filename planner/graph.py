@@ -64,7 +64,11 @@ class ModuleCall:
 def module_calls(gm: fx.GraphModule) -> list[ModuleCall]:
     """The submodule calls a plan can checkpoint by wrapping the submodule's forward: modules
     called once, whose compute nodes are consecutive. Where nested modules hold the very same
-    nodes, the outermost stands for them (the block, not its only child).
+    nodes, the outermost stands for them (the block, not its only child). And the model's own
+    forward (path "", its class left "" for the caller to name), where it computes nodes outside
+    every submodule call and holds at most `MAX_RUN_SPAN_NODES`: runs of nodes inside it, across
+    its submodule calls (a residual stage's last convolution, the add and ReLU the model's loop
+    makes, the next stage's first), may then be recomputed alone.
 
     Example:
         >>> [call.path for call in module_calls(gm)][:2]
@@ -79,6 +83,10 @@ def module_calls(gm: fx.GraphModule) -> list[ModuleCall]:
             keys.setdefault(path, set()).add(key)
             classes.setdefault(path, name)
     calls: dict[range, ModuleCall] = {}
+    everything = range(len(compute_nodes(gm)))
+    own = any(not _module_stack(node) for node in compute_nodes(gm))
+    if own and 2 <= len(everything) <= MAX_RUN_SPAN_NODES:
+        calls[everything] = ModuleCall("", "", everything)
     for path, found in positions.items():
         nodes = range(found[0], found[-1] + 1)
         if len(keys[path]) != 1 or len(found) != len(nodes) or nodes in calls:
@@ -87,17 +95,18 @@ def module_calls(gm: fx.GraphModule) -> list[ModuleCall]:
     return sorted(calls.values(), key=lambda call: (call.nodes.start, -len(call.nodes)))
 
 
-def module_checkpoint(gm: fx.GraphModule, call: ModuleCall) -> ModuleCheckpoint | None:
+def module_checkpoint(gm: fx.GraphModule, call: ModuleCall, model_class: str) -> ModuleCheckpoint | None:
     """How to checkpoint `call` (random draws, buffers to restore after recomputing), or None
-    where it writes a buffer outside its own module, which recomputation could not restore."""
+    where it writes a buffer outside its own module, which recomputation could not restore.
+    `model_class` names the model's own forward's class (path "")."""
     nodes = compute_nodes(gm)
     records = [nodes[i].meta[META_KEY] for i in call.nodes if META_KEY in nodes[i].meta]
-    prefix = call.path + "."
+    prefix = call.path + "." if call.path else ""
     written = sorted({name for record in records for name in record.mutated_buffers})
     if any(not name.startswith(prefix) for name in written):
         return None
     return ModuleCheckpoint(
-        module=call.path, module_class=call.module_class,
+        module=call.path, module_class=call.module_class or model_class,
         random=any(record.random for record in records) or len(records) < len(call.nodes),
         written_buffers=tuple(name[len(prefix):] for name in written),
     )

@@ -224,7 +224,7 @@ class _ModuleSpans:
 
     @staticmethod
     def _names(root: torch.nn.Module) -> dict[str, torch.nn.Module]:
-        return {name: module for name, module in root.named_modules(remove_duplicate=False) if name}
+        return dict(root.named_modules(remove_duplicate=False))  # "": the model itself
 
 
 def _keepable(names: Sequence[str]) -> list[str]:

@@ -32,7 +32,10 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from planner.memory import draws_random_numbers
+from planner.sharded_units import UnitParameters, freed, gathered, sharded_units
 
+_SCOPE_ENTER = "profiler._record_function_enter_new.default"  # torch.profiler.record_function
+_SCOPE_EXIT = "profiler._record_function_exit._RecordFunction"
 _Ref = tuple[int, int]  # (call within the run, output of that call)
 _SAVED_PREFIX = "_raw_saved_"
 _saved_names: dict[type, tuple[str, ...]] = {}  # autograd node class -> its saved-tensor attributes
@@ -62,6 +65,7 @@ class _Arg:
     # an input the call writes in place that the run did not make (BatchNorm's running
     # statistics): replay writes a copy, so the forward's update is not made twice
     scratch: bool = False
+    owner: torch.nn.Module | None = None  # the FSDP2 unit that gathered it (a parameter it frees)
 
 
 @dataclass
@@ -78,6 +82,7 @@ class RunTape:
     slots: dict[int, _Ref] = field(default_factory=dict)  # dropped saved tensor -> its maker
     rng: tuple[int, torch.Tensor, torch.device | None, torch.Tensor | None] | None = None
     replayed: dict[int, torch.Tensor] | None = None
+    units: UnitParameters | None = None
     _slot_ids: Iterator[int] = field(default_factory=itertools.count)
 
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> list[Any]:
@@ -92,7 +97,8 @@ class RunTape:
             elif isinstance(value, torch.Tensor) and id(value) in written and not value.requires_grad:
                 recorded.append(_Arg(value=value, scratch=True))
             elif isinstance(value, torch.Tensor):
-                recorded.append(_Arg(value=value, version=value._version))
+                owner = self.units.owner(value) if self.units is not None else None
+                recorded.append(_Arg(value=value, version=value._version, owner=owner))
             else:
                 recorded.append(_Arg(value=value))
         index = len(self.calls)
@@ -161,10 +167,12 @@ class RunTape:
                 if arg.ref is not None:
                     last_read[arg.ref] = index
         values: dict[_Ref, torch.Tensor] = {}
+        freed_units = {id(arg.owner): arg.owner for _, args, _ in self.calls[:last + 1] for arg in args
+                       if arg.owner is not None and freed(arg.value)}
         devices = [self.rng[2]] if self.rng is not None and self.rng[2] is not None else []
         # (the generators are put back afterwards: backward's own draws must not see the replay)
         forked = torch.random.fork_rng(devices=devices) if self.rng is not None else contextlib.nullcontext()
-        with torch.no_grad(), _no_autocast(), forked:
+        with gathered(freed_units.values()), torch.no_grad(), _no_autocast(), forked:
             for index, (func, args, spec) in enumerate(self.calls[:last + 1]):
                 if self.rng is not None and self.rng[0] == index:
                     torch.set_rng_state(self.rng[1])
@@ -219,6 +227,9 @@ def _written_inputs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 def _checked_input(arg: _Arg, func: Any) -> Any:
     if arg.scratch:
         return arg.value.clone()
+    if isinstance(arg.value, torch.Tensor) and freed(arg.value):
+        raise RuntimeError(f"an input of {func} in a recomputed run was freed after the forward (a parameter "
+                           "sharded by something other than FSDP2?), so the run cannot be recomputed")
     if arg.version is not None and arg.value._version != arg.version:
         raise RuntimeError(f"an input of {func} in a recomputed run was modified in place after the forward, so "
                            "it cannot be recomputed (the plan should not have put this run in a region)")
@@ -237,7 +248,8 @@ def _no_autocast() -> Iterator[None]:
 
 class RunRecorder(TorchDispatchMode):
     """The dispatch mode over one submodule call: counts its ATen calls (`counted_call`, as
-    `planner.graph.run_checkpoints` does) and records each run in
+    `planner.graph.run_checkpoints` does; not those inside a profiler scope that the plan does
+    not open, such as FSDP2's hooks on submodules called inside it) and records each run in
     `runs` ((start, stop) call indices, counted from `start`) as a `RunTape`, checking each call's name against
     `calls`, the planned ones. A call that differs stops recording (`mismatch` says where);
     what was recorded up to it still replays.
@@ -247,8 +259,10 @@ class RunRecorder(TorchDispatchMode):
         ...     y = block(x)
     """
 
-    def __init__(self, calls: Sequence[str], runs: Sequence[tuple[int, int]], start: int = 0):
+    def __init__(self, calls: Sequence[str], runs: Sequence[tuple[int, int]], start: int = 0,
+                 units: UnitParameters | None = None):
         super().__init__()
+        self.units = units
         self.calls = tuple(calls)
         self.runs = tuple(runs)
         self.count = start  # the index of the first call it sees (started by a submodule's hook)
@@ -257,11 +271,20 @@ class RunRecorder(TorchDispatchMode):
         self.dropped = 0
         self._pending: tuple[RunTape, list[Any]] | None = None  # the last recorded call's outputs
         self._run = 0  # index into `runs` of the current or next run
+        self._foreign_scopes = 0  # profiler scopes open that are not the plan's calls
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = str(func)
         if not counted_call(name) or self.mismatch is not None:  # (autograd's detach: while it saves)
+            return func(*args, **kwargs)
+        if name in (_SCOPE_ENTER, _SCOPE_EXIT) and self._planned(self.count) != name:
+            # a profiler scope the model's graph does not open: FSDP2's hooks on the submodules
+            # called inside a window (all-gather before a block, reshard after); not counted,
+            # nor is the work inside it
+            self._foreign_scopes = max(0, self._foreign_scopes + (1 if name == _SCOPE_ENTER else -1))
+            return func(*args, **kwargs)
+        if self._foreign_scopes:
             return func(*args, **kwargs)
         self.finish()
         index = self.count
@@ -270,18 +293,20 @@ class RunRecorder(TorchDispatchMode):
             self._run += 1
         if self._run == len(self.runs) or index < self.runs[self._run][0]:
             return func(*args, **kwargs)
-        if index >= len(self.calls) or self.calls[index] != name:
-            planned = self.calls[index] if index < len(self.calls) else "none"
-            self.mismatch = f"call {index} is {name} here and {planned} in the plan"
+        if self._planned(index) != name:
+            self.mismatch = f"call {index} is {name} here and {self._planned(index)} in the plan"
             return func(*args, **kwargs)
         if index == self.runs[self._run][0]:
-            self.tapes.append(RunTape())
+            self.tapes.append(RunTape(units=self.units))
         tape = self.tapes[-1]
         if draws_random_numbers(func, args, kwargs):
             tape.note_random(args, kwargs)
         result = func(*args, **kwargs)
         self._pending = (tape, tape.record(func, args, kwargs, result))
         return result
+
+    def _planned(self, index: int) -> str:
+        return self.calls[index] if index < len(self.calls) else "none"
 
     def finish(self) -> None:
         """Drop the saved tensors of the last recorded call (autograd saves them after the
@@ -322,6 +347,7 @@ class RunRecording:
                 merged[-1][4].append(run)
             else:
                 merged.append([entry, first, leave, stop, [run]])
+        self.module = module
         self.calls = tuple(calls)
         self.windows = [(entry, first, leave, tuple(sorted(found))) for entry, first, leave, _, found in merged]
         self.recorders: list[RunRecorder] | None = None
@@ -353,7 +379,8 @@ class RunRecording:
 
     def run(self, forward: Any, *args: Any, **kwargs: Any) -> Any:
         """`forward(*args, **kwargs)`, recording the runs; `mismatch` and `dropped` say how it went."""
-        self.recorders = [RunRecorder(self.calls, runs, first) for _, first, _, runs in self.windows]
+        units = UnitParameters(sharded_units(self.module))
+        self.recorders = [RunRecorder(self.calls, runs, first, units) for _, first, _, runs in self.windows]
         self.state = [0] * len(self.windows)
         try:
             for index, (entry, _, _, _) in enumerate(self.windows):

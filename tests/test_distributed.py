@@ -44,6 +44,11 @@ def _build(name: str) -> tuple[nn.Module, Any]:
         from conftest import small_gpt
 
         model, sample = small_gpt()  # seeds itself
+    elif name == "cnn":
+        from planner.examples import SmallCNN
+
+        torch.manual_seed(0)
+        model, sample = SmallCNN(channels=8, stages=3), torch.randn(2, 3, 16, 16)
     else:
         from models_hf import gpt2
 
@@ -56,6 +61,8 @@ def _build(name: str) -> tuple[nn.Module, Any]:
 def _batch(name: str, step: int, rank: int) -> Any:
     """This rank's half of the global batch of `step`: different data on every rank and step."""
     generator = torch.Generator().manual_seed(1000 + step)
+    if name == "cnn":
+        return torch.randn(2 * WORLD, 3, 16, 16, generator=generator).chunk(WORLD)[rank]
     if name == "gpt":
         tokens = torch.randint(0, 128, (2 * WORLD, 32), generator=generator)
     else:
@@ -67,6 +74,8 @@ def _batch(name: str, step: int, rank: int) -> Any:
 
 
 def _loss(name: str, model: nn.Module, batch: Any) -> torch.Tensor:
+    if name == "cnn":
+        return model(batch).pow(2).mean()
     if name == "gpt":
         logits = model(batch)
         return F.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
@@ -142,7 +151,7 @@ def _fsdp2(name: str, rank: int, plan_path: str) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for run in ("planned", "reference"):
         model = _built(name, run, plan_path, result)
-        blocks = model.blocks if name == "gpt" else model.transformer.h
+        blocks = {"gpt": lambda: model.blocks, "cnn": lambda: model.stages}.get(name, lambda: model.transformer.h)()
         for block in blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -384,3 +393,28 @@ def test_fsdp2_plan_with_runs_inside_blocks_matches_unplanned(saved_run_plan, tm
             for key, grad in reference["grads"][step].items():
                 torch.testing.assert_close(planned["grads"][step][key], grad, msg=f"rank {rank} step {step} {key}")
         assert all(count > 0 for count in result["dropped"].values()), result["dropped"]
+
+
+@pytest.fixture(scope="module")
+def saved_cross_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """In the CNN, runs from each stage's last BatchNorm through the model's residual add and
+    ReLU to the next stage's first convolution: runs in the model's own forward, across the
+    stages that FSDP2 shards (its all-gather and reshard hooks run inside the recording)."""
+    model, sample = _build("cnn")
+    p = planner.plan(model, sample, budget_gb=80, repeats=1)
+    runs = p.with_regions([("stages_0_4", "stages_1_0"), ("stages_1_4", "stages_2_0")])
+    assert [(spec.module, len(spec.runs)) for spec in runs.module_checkpoints] == [("", 2)]
+    return Path(runs.save(tmp_path_factory.mktemp("cross_plan") / "plan.json"))
+
+
+def test_fsdp2_plan_with_runs_across_sharded_stages_matches_unplanned(saved_cross_plan, tmp_path):
+    results = _spawn("fsdp2_warned", "cnn", saved_cross_plan, tmp_path / "ranks")
+    assert _warned(results, "other ATen calls") == [[]] * WORLD
+    for rank, result in enumerate(results):
+        assert result["planned_checkpointed"] == list(dict.fromkeys(result["planned_modules"])) == [""]
+        planned, reference = result["planned"], result["reference"]
+        for step in range(STEPS):
+            torch.testing.assert_close(planned["loss"][step], reference["loss"][step])
+            for key, grad in reference["grads"][step].items():
+                torch.testing.assert_close(planned["grads"][step][key], grad, msg=f"rank {rank} step {step} {key}")
+        assert result["dropped"][""] > 0, result["dropped"]
