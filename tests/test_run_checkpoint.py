@@ -230,3 +230,15 @@ def test_runs_in_the_models_own_forward_cross_its_stages_and_update_batchnorm_on
     assert planned.__dict__["forward"].recording.dropped > 0
     record = runs.verify(steps=2)
     assert record.gradients_match and abs(record.peak_error) <= 0.01, str(record)
+
+
+@pytest.mark.slow
+def test_torch_compile_of_runs_in_the_models_own_forward_trains_like_eager():
+    # Under torch.compile the runs across stages are a selective policy over the model's own
+    # forward: its gradients and BatchNorm statistics are the compiled unplanned step's, bit for
+    # bit (compiled and eager steps differ in rounding).
+    model, images, p = _small_cnn_plan()
+    planned = p.with_regions([("stages_0_4", "stages_1_0"), ("stages_1_4", "stages_2_0")]).module()
+    grads, buffers = _cnn_step(torch.compile(copy.deepcopy(model)), images)
+    compiled_grads, compiled_buffers = _cnn_step(torch.compile(planned), images)
+    assert all(torch.equal(got, want) for got, want in zip(compiled_grads + compiled_buffers, grads + buffers))
