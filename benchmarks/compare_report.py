@@ -272,15 +272,16 @@ def within_noise(result: ModelResult, config: Config, predicted_ms: float) -> st
 
 def beyond_the_planner(result: ModelResult, config: Config, target: float) -> str:
     """What larger decision spaces give at this budget, as shares of every block's predicted
-    overhead: regions on any run of nodes (across submodule calls: not applicable), and the
+    overhead: regions on any run of nodes (across submodule calls, which the planner applies only
+    in a model's own forward of at most 200 nodes), and the
     lower bound for any plan, which where it lies above `target` proves the target out of reach
     on these node times."""
     every = result.every_predicted_ms
     if not every or config.bound_ms is None:
         return ""
     text = "; " if config.any_run_ms is None else (
-        f"; whole regions on any run of graph nodes (across submodule calls too, which the planner cannot "
-        f"apply, and without the runs' recording cost) would reach {config.any_run_ms / every:.2f}; ")
+        f"; whole regions on any run of graph nodes (across submodule calls too, which the planner applies "
+        f"only in a model's own forward of at most 200 nodes, and without the runs' recording cost) would reach {config.any_run_ms / every:.2f}; ")
     if config.bound_ms == float("inf"):
         return text + "no plan of whole graph nodes fits"
     bound = config.bound_ms / every

@@ -3,7 +3,7 @@
 
 - `without_keeps`: regions of whole submodule calls only (no kept nodes, no runs inside calls);
 - `any_run`: whole regions on any run of graph nodes, across submodule calls too (the planner
-  cannot apply those);
+  applies those only in a model's own forward of at most 200 nodes);
 - `beyond_the_planner`: at a budget, the lower bound for every plan of whole graph nodes and the
   cheapest plan of `any_run`.
 
@@ -25,7 +25,7 @@ def without_keeps(problem):
 def any_run(problem):
     """The same problem with regions on any run of nodes, whole regions only (with keep choices
     too, dp takes minutes per budget on these graphs), including runs that cross submodule
-    calls, which the planner cannot apply."""
+    calls, which the planner applies only in a model's own forward of at most 200 nodes."""
     import dataclasses
 
     return dataclasses.replace(without_keeps(problem), allowed_regions=None)
@@ -34,7 +34,7 @@ def any_run(problem):
 def beyond_the_planner(problem, budget: int, with_any_run: bool) -> tuple[float, float | None]:
     """At a budget, on the planner's measurements: the lower bound for every plan of whole graph
     nodes and, with `with_any_run`, the cheapest plan of whole regions on any run of nodes (dp;
-    None where none fits or not asked), which the planner cannot apply yet. They say why a
+    None where none fits or not asked), which the planner cannot apply in general. They say why a
     missed target is missed."""
     from solvers import InfeasibleBudget, recompute_lower_bound, solve
 

@@ -9,7 +9,8 @@ peak, over four spaces:
 - whole submodule calls only (the same problem with nothing keepable and no runs);
 - whole regions on any run of graph nodes (`dp` with no allowed regions and nothing keepable;
   with keep choices too it takes minutes per budget), runs across submodule calls included,
-  which the planner cannot apply, and without the runs' recording cost;
+  which the planner applies only in a model's own forward of at most 200 nodes, and without the
+  runs' recording cost;
 - the lower bound for every plan of whole graph nodes (`solvers.recompute_bound`): no plan,
   however its regions fall, costs less at that budget.
 
