@@ -375,7 +375,8 @@ def plan(
                             summary.gradients, saved_tensor_ms)
     costs = selective_overhead_for_plan(
         model, problem, wrapped, overhead_device, where.local and not on_meta, lambda: model(*args, **kwargs),
-        lambda region, kept: saved_calls(traced.gm, region, kept))
+        lambda region, kept: saved_calls(traced.gm, region, kept),
+        lambda regions: run_checkpoints(traced.gm, problem, regions, wrapped)[regions[0]])
     problem = replace(problem, **asdict(costs))
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()

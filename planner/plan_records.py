@@ -221,6 +221,7 @@ def problem_record(problem: Problem, names: list[str]) -> dict[str, Any]:
         "run_spans": [[span.start, span.stop] for span in problem.run_spans],
         "run_call_ms": problem.run_call_ms,
         "recorded_call_ms": problem.recorded_call_ms,
+        "run_region_ms": problem.run_region_ms,
     }
 
 
@@ -247,6 +248,7 @@ def problem_from_record(data: dict[str, Any], index: dict[str, int]) -> Problem:
         run_spans=tuple(range(start, stop) for start, stop in data.get("run_spans", ())),
         run_call_ms=data.get("run_call_ms", 0.0),
         recorded_call_ms=data.get("recorded_call_ms", 0.0),
+        run_region_ms=data.get("run_region_ms", 0.0),
         measured_gradients=(None if data.get("measured_gradients") is None
                             else tuple((index[first], index[last], size)
                                        for first, last, size in data["measured_gradients"])),

@@ -132,10 +132,13 @@ class Problem:
     # Submodule calls (allowed regions) inside which any run of nodes may also be a region,
     # recomputed alone (`planner.run_checkpoint`): a dispatch mode over the call's forward
     # records the run and costs `run_call_ms` per ATen call of the call, and `recorded_call_ms`
-    # per call of the run (recording it, dropping what it saved). Such a region keeps nothing.
+    # per call of the run (recording it, dropping what it saved), and `run_region_ms` per run
+    # beyond those (hooks starting and stopping its recording, its replay's set-up and the
+    # replayed calls' dispatch, inputs out of cache). Such a region keeps nothing.
     run_spans: tuple[range, ...] = ()
     run_call_ms: float = 0.0
     recorded_call_ms: float = 0.0
+    run_region_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.run_spans and self.allowed_regions is None:
@@ -182,12 +185,12 @@ class Problem:
     def run_ms(self, region: range) -> float:
         """What recording `region` as a run costs (0 where it is no run, `run_span_of`): the
         dispatch mode sees every ATen call of its submodule call's forward, `run_call_ms` each,
-        and records the run's own, `recorded_call_ms` each."""
+        and records the run's own, `recorded_call_ms` each; and `run_region_ms` per run."""
         windows = self.run_windows(region)
         if windows is None:
             return 0.0
         calls = run_structure(self)[1]
-        return (self.run_call_ms * (calls[windows[1].stop] - calls[windows[0].start])
+        return (self.run_region_ms + self.run_call_ms * (calls[windows[1].stop] - calls[windows[0].start])
                 + self.recorded_call_ms * (calls[region.stop] - calls[region.start]))
 
     def run_windows(self, region: range) -> tuple[range, range] | None:

@@ -124,11 +124,8 @@ def test_torch_compile_of_a_plan_with_runs_trains_like_eager():
         torch.testing.assert_close(grads[f"_orig_mod.{key}"], value, rtol=1e-4, atol=1e-5, msg=key)
 
 
-def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatch):
-    # The cost per recorded call comes from steps that record every call and replay them:
-    # a recorder that saw other calls than the block's (its inputs' copies) would record
-    # nothing, replay nothing and measure nothing.
-    from planner import block_costs
+def _count_replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of calls each replayed run recorded, as runs replay from now on."""
     from planner.run_checkpoint import RunTape
 
     replayed: list[int] = []
@@ -139,6 +136,16 @@ def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatc
         original(self)
 
     monkeypatch.setattr(RunTape, "replay", counting)
+    return replayed
+
+
+def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatch):
+    # The cost per recorded call comes from steps that record every call and replay them:
+    # a recorder that saw other calls than the block's (its inputs' copies) would record
+    # nothing, replay nothing and measure nothing.
+    from planner import block_costs
+
+    replayed = _count_replays(monkeypatch)
     monkeypatch.setattr(block_costs, "FINE_ROUNDS", 2)
     torch.manual_seed(0)
     block = Block(32, 4, dropout=0.1).train()
@@ -148,6 +155,30 @@ def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatc
     cost = block_costs.selective_costs_on(block, (x, mask), {}, 0.0, torch.device("cpu"))
     assert replayed == [len(names)] * 4  # a first try, warm-up and two rounds, every call each
     assert cost.per_counted_call_ms >= 0 and cost.per_recorded_call_ms >= 0
+
+
+def test_what_a_run_costs_is_measured_on_short_runs_of_a_block_as_a_plan_applies_them(monkeypatch):
+    # Short runs of one block (two nodes each, one after another) recomputed through a
+    # RunRecording with its windows' hooks, in timed steps: every run records and replays.
+    from planner import block_costs
+    from planner.graph import run_checkpoints
+
+    model, tokens = small_gpt()
+    p = plan(model, tokens, budget_gb=80, repeats=1)
+    span = next(region for region, spec in p.wrapped.items() if spec.module == "blocks.0")
+    runs = block_costs.short_runs(p.problem, span)
+    assert len(runs) >= 2 and all(len(run) == 2 and p.problem.run_span_of(run) == span for run in runs)
+    assert all(first.stop <= second.start for first, second in zip(runs, runs[1:]))
+    spec = run_checkpoints(p.traced.gm, p.problem, runs, p.wrapped)[runs[0]]
+    replayed = _count_replays(monkeypatch)
+    monkeypatch.setattr(block_costs, "FINE_ROUNDS", 2)
+    whole = len(spec.calls)
+    cost = block_costs.selective_costs_in_model(model, "blocks.0", lambda: model(tokens), 0.0, torch.device("cpu"),
+                                                short_runs=spec)
+    short = [count for count in replayed if count < whole]
+    # each run replays in a first try, the warm-up and two rounds, recording its own calls
+    assert sorted(short) == sorted([stop - start for start, stop in spec.runs] * 4)
+    assert cost.short_runs_ms is not None
 
 
 def test_a_block_that_cannot_be_recorded_whole_still_has_its_checkpoint_cost_measured(monkeypatch):
@@ -235,10 +266,11 @@ def test_runs_in_the_models_own_forward_cross_its_stages_and_update_batchnorm_on
 @pytest.mark.slow
 def test_torch_compile_of_runs_in_the_models_own_forward_trains_like_eager():
     # Under torch.compile the runs across stages are a selective policy over the model's own
-    # forward: its gradients and BatchNorm statistics are the compiled unplanned step's, bit for
-    # bit (compiled and eager steps differ in rounding).
+    # forward: its gradients and BatchNorm statistics are the unplanned eager step's, up to the
+    # rounding that compiled kernels change (an update applied twice would be far off).
     model, images, p = _small_cnn_plan()
     planned = p.with_regions([("stages_0_4", "stages_1_0"), ("stages_1_4", "stages_2_0")]).module()
-    grads, buffers = _cnn_step(torch.compile(copy.deepcopy(model)), images)
+    grads, buffers = _cnn_step(copy.deepcopy(model), images)
     compiled_grads, compiled_buffers = _cnn_step(torch.compile(planned), images)
-    assert all(torch.equal(got, want) for got, want in zip(compiled_grads + compiled_buffers, grads + buffers))
+    for got, want in zip(compiled_grads + compiled_buffers, grads + buffers):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -117,17 +117,18 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
         nodes = tuple(replace(node, keep_span=(draw(st.integers(0, i)), draw(st.integers(i + 1, n))))
                       if node.keepable and draw(st.integers(0, 3)) == 0 else node for i, node in enumerate(nodes))
     run_spans: tuple[range, ...] = ()
-    run_call_ms = recorded_call_ms = 0.0
+    run_call_ms = recorded_call_ms = run_region_ms = 0.0
     if options.get("run_spans"):  # any run inside some calls is a region too, not through buffer writers
         run_spans = tuple(r for r in allowed if len(r) > 1 and draw(st.booleans()))
         run_call_ms = draw(st.sampled_from([0.0, 0.125]))
         recorded_call_ms = draw(st.sampled_from([0.0, 0.25]))
+        run_region_ms = draw(st.sampled_from([0.0, 0.5]))
         nodes = tuple(replace(node, replayable=draw(st.integers(0, 4)) > 0) for node in nodes)
     return Problem(nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,
                    rng_state_bytes=problem.rng_state_bytes, measured_gradients=problem.measured_gradients,
                    keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms, saved_tensor_ms=saved_tensor_ms,
                    kept_node_ms=kept_node_ms, run_spans=run_spans, run_call_ms=run_call_ms,
-                   recorded_call_ms=recorded_call_ms)
+                   recorded_call_ms=recorded_call_ms, run_region_ms=run_region_ms)
 
 
 @dataclass
@@ -480,14 +481,15 @@ def test_run_cost_is_the_recording_of_the_smallest_call_holding_it() -> None:
     nodes = tuple(NodeCost(f"n{i}", compute_ms=1.0, output_bytes=8, uses=(i - 1,) if i else (), saves=(i,),
                            aten_calls=2, replayable=i != 4) for i in range(6))
     problem = Problem(nodes, allowed_regions=(range(0, 6), range(1, 4)), run_spans=(range(0, 6), range(1, 4)),
-                      run_call_ms=0.5, recorded_call_ms=0.25)
+                      run_call_ms=0.5, recorded_call_ms=0.25, run_region_ms=0.125)
     assert problem.run_span_of(range(1, 4)) is None  # a call itself: checkpointed, not recorded
-    assert problem.run_span_of(range(2, 3)) == range(1, 4) and problem.run_ms(range(2, 3)) == 0.5 * 6 + 0.25 * 2
+    assert problem.run_span_of(range(2, 3)) == range(1, 4) and problem.run_ms(range(2, 3)) == 0.125 + 0.5 * 6 + 0.25 * 2
     # recorded from the start of the call (0, 6) to the end of (1, 4), which holds its last node
     assert problem.run_span_of(range(0, 2)) == range(0, 6) and problem.run_windows(range(0, 2)) == (
         range(0, 6), range(1, 4))
-    assert problem.run_ms(range(0, 2)) == 0.5 * 8 + 0.25 * 4
-    assert problem.region_cost_ms(range(2, 3)) == 1.0 + 3.5
+    assert problem.run_ms(range(0, 2)) == 0.125 + 0.5 * 8 + 0.25 * 4
+    assert problem.region_cost_ms(range(2, 3)) == 1.0 + 3.625
+    assert problem.run_ms(range(1, 4)) == 0.0  # (no run: the call itself)
     assert problem.allows_region(0, 4) and not problem.allows_region(3, 5) and not problem.allows_region(4, 5)
     assert problem.keepable_in(range(2, 3)) == []
 
