@@ -41,7 +41,6 @@ from solvers.problem import MAX_RUN_CANDIDATES
 logger = logging.getLogger(__name__)
 
 _FORWARDS = 4  # forwards per timed step where a dispatch mode's cost is read off forwards alone
-_EVICT_BYTES = 64 * 2**20  # more than this CPU's last-level cache (32 MiB)
 
 
 @dataclass(frozen=True)
@@ -87,26 +86,12 @@ class KeptCalls:
     skipped_ms: float
 
 
-def _backward(module: nn.Module, output: Any, first: Callable[[], object] | None = None) -> None:
-    """Backward from `output` (a sum of its tensors that need grad), after `first()` if given;
-    `module`'s gradients reset."""
+def _backward(module: nn.Module, output: Any) -> None:
+    """Backward from `output` (a sum of its tensors that need grad); `module`'s gradients reset."""
     loss = sum(t.float().sum() for t in tensors_in(output) if t.requires_grad)
-    if first is not None:
-        first()
     if isinstance(loss, torch.Tensor):
         loss.backward()
     _clear_grads(module)
-
-
-def _cache_evictor(device: torch.device) -> Callable[[], object]:
-    """What pushes a block's activations out of the caches, as the rest of a training step does
-    between the block's forward and its backward: writing a buffer larger than the last-level
-    cache (64 MiB on the CPU, twice the L2 cache on a GPU)."""
-    size = _EVICT_BYTES
-    if device.type == "cuda":
-        size = max(size, 2 * torch.cuda.get_device_properties(device).L2_cache_size)
-    buffer = torch.empty(size // 4, device=device)
-    return lambda: buffer.fill_(1.0)
 
 
 def _clear_grads(module: nn.Module) -> None:
@@ -129,8 +114,7 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     backward replays them) against one only counting, less a forward's time (what node times
     predict the replay at). Checkpoint's own cost per call: a checkpointed step against an
     unchecked one, less a forward. With `short_runs` (its runs inside `module`): a step
-    recomputing them as a plan does against an unchecked one, both with the caches emptied
-    between forward and backward (`_cache_evictor`). Differences are medians over
+    recomputing them as a plan does, against an unchecked one. Differences are medians over
     rounds of paired times. The caller restores the module's state (buffers, RNG).
 
     Example:
@@ -179,19 +163,12 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     def unchecked() -> None:
         _backward(module, module(*fresh_inputs(), **kwargs))
 
-    # A run replays small, memory-bound calls (a norm, an activation) from inputs that the rest
-    # of a training step has long pushed out of the caches: these two steps evict them too.
-    evict = _cache_evictor(device) if short_runs is not None and short_runs.runs else None
-
-    def cold_unchecked() -> None:
-        _backward(module, module(*fresh_inputs(), **kwargs), evict)
-
     def short(recording: RunRecording) -> Callable[[], None]:
         def run() -> None:
             output = recording.run(module, *fresh_inputs(), **kwargs)
             if recording.mismatch is not None:
                 raise RuntimeError(f"its forward differs from its counted calls: {recording.mismatch}")
-            _backward(module, output, evict)
+            _backward(module, output)
         return run
 
     steps = {"unchecked": unchecked, "plain": step(None), "selective": step(selective_contexts), "bare": bare(False),
@@ -209,7 +186,7 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         recording = RunRecording(module, short_runs.calls, short_runs.runs, short_runs.run_windows)
         try:
             short(recording)()
-            steps.update({"short runs": short(recording), "unchecked, cold": cold_unchecked})
+            steps["short runs"] = short(recording)
         except RuntimeError as error:
             _clear_grads(module)
             logger.info("short runs could not be measured on %s (%s)", type(module).__name__, error)
@@ -218,7 +195,7 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     finally:
         if recording is not None:
             recording.remove()
-    short_runs_ms = paired_difference(times, "short runs", "unchecked, cold") if "short runs" in times else None
+    short_runs_ms = paired_difference(times, "short runs", "unchecked") if "short runs" in times else None
     per_call = max(0.0, (paired_difference(times, "selective", "plain") - per_region_ms) / max(1, calls_per_step))
     forward_ms = statistics.median(times["bare"]) / _FORWARDS  # what node times predict a recomputation at
     # checkpoint itself: a checkpointed step against an unchecked one, less the recomputation
