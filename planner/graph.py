@@ -12,9 +12,10 @@ from planner.run_checkpoint import counted_call
 from solvers import NodeCost, Problem
 
 
-# A run inside a submodule call of more nodes than this (a whole stack of blocks) is left out:
-# its dispatch mode would see every call of the stack, and the solvers' search grows with n².
-MAX_RUN_SPAN_NODES = 200
+# A run holds at most this many nodes: the solvers search every run from every node, and a
+# longer one costs about what checkpointing its block does (runs that matter free a norm's or an
+# activation's output, or cross a block's end: its residual add and the next block's norm).
+MAX_RUN_NODES = 32
 
 
 def compute_nodes(gm: fx.GraphModule) -> list[fx.Node]:
@@ -66,9 +67,9 @@ def module_calls(gm: fx.GraphModule) -> list[ModuleCall]:
     called once, whose compute nodes are consecutive. Where nested modules hold the very same
     nodes, the outermost stands for them (the block, not its only child). And the model's own
     forward (path "", its class left "" for the caller to name), where it computes nodes outside
-    every submodule call and holds at most `MAX_RUN_SPAN_NODES`: runs of nodes inside it, across
-    its submodule calls (a residual stage's last convolution, the add and ReLU the model's loop
-    makes, the next stage's first), may then be recomputed alone.
+    every submodule call: runs of nodes inside it, across its submodule calls (a residual stage's
+    last convolution, the add and ReLU the model's loop makes, the next stage's first), may then
+    be recomputed alone.
 
     Example:
         >>> [call.path for call in module_calls(gm)][:2]
@@ -85,7 +86,7 @@ def module_calls(gm: fx.GraphModule) -> list[ModuleCall]:
     calls: dict[range, ModuleCall] = {}
     everything = range(len(compute_nodes(gm)))
     own = any(not _module_stack(node) for node in compute_nodes(gm))
-    if own and 2 <= len(everything) <= MAX_RUN_SPAN_NODES:
+    if own and len(everything) >= 2:
         calls[everything] = ModuleCall("", "", everything)
     for path, found in positions.items():
         nodes = range(found[0], found[-1] + 1)
@@ -278,17 +279,17 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
                    region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes,
                    measured_gradients=spans, saved_tensor_ms=saved_tensor_ms,
-                   run_spans=run_spans(nodes, allowed_regions))
+                   run_spans=run_spans(nodes, allowed_regions), max_run_nodes=MAX_RUN_NODES)
 
 
 def run_spans(nodes: list[fx.Node], allowed_regions: tuple[range, ...] | None) -> tuple[range, ...]:
     """The allowed regions (submodule calls) inside which any run of nodes may be a region
-    (`Problem.run_spans`): those of 2 to `MAX_RUN_SPAN_NODES` nodes within some node's
+    (`Problem.run_spans`): those of 2 nodes or more within some node's
     `NodeProfile.call_span` (the largest call holding it whose ATen calls the model's forward
     makes as the graph does; so do the calls inside it)."""
     matched = {range(*span) for node in nodes if (span := node.meta[META_KEY].call_span) is not None}
     return tuple(region for region in allowed_regions or ()
-                 if 2 <= len(region) <= MAX_RUN_SPAN_NODES
+                 if len(region) >= 2
                  and any(span.start <= region.start and region.stop <= span.stop for span in matched))
 
 

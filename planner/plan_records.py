@@ -222,6 +222,7 @@ def problem_record(problem: Problem, names: list[str]) -> dict[str, Any]:
         "run_call_ms": problem.run_call_ms,
         "recorded_call_ms": problem.recorded_call_ms,
         "run_region_ms": problem.run_region_ms,
+        "max_run_nodes": problem.max_run_nodes,
     }
 
 
@@ -249,6 +250,7 @@ def problem_from_record(data: dict[str, Any], index: dict[str, int]) -> Problem:
         run_call_ms=data.get("run_call_ms", 0.0),
         recorded_call_ms=data.get("recorded_call_ms", 0.0),
         run_region_ms=data.get("run_region_ms", 0.0),
+        max_run_nodes=data.get("max_run_nodes"),
         measured_gradients=(None if data.get("measured_gradients") is None
                             else tuple((index[first], index[last], size)
                                        for first, last, size in data["measured_gradients"])),

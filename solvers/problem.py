@@ -139,10 +139,13 @@ class Problem:
     run_call_ms: float = 0.0
     recorded_call_ms: float = 0.0
     run_region_ms: float = 0.0
+    max_run_nodes: int | None = None  # the most nodes such a run holds (None: any run of the call)
 
     def __post_init__(self) -> None:
         if self.run_spans and self.allowed_regions is None:
             raise ValueError("run_spans need allowed_regions: they are allowed regions")
+        if self.max_run_nodes is not None and self.max_run_nodes < 1:
+            raise ValueError(f"max_run_nodes is {self.max_run_nodes}: a run holds a node at least")
         for region in self.run_spans:
             if region not in self.allowed_regions:  # type: ignore[operator]
                 raise ValueError(f"run span {region} is not one of the allowed regions")

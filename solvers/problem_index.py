@@ -45,7 +45,7 @@ def unrecomputable(problem: Problem) -> list[int]:
 
 def allowed_stops(problem: Problem) -> dict[int, frozenset[int]]:
     """Start -> the stops of the regions allowed from it: the allowed regions, and the runs of
-    replayable nodes inside `Problem.run_spans`.
+    replayable nodes inside `Problem.run_spans` (of at most `Problem.max_run_nodes`).
 
     Example:
         >>> sorted(allowed_stops(problem)[8])[:3]
@@ -56,13 +56,14 @@ def allowed_stops(problem: Problem) -> dict[int, frozenset[int]]:
         stops: dict[int, set[int]] = {}
         for region in problem.allowed_regions or ():
             stops.setdefault(region.start, set()).add(region.stop)
+        longest = problem.max_run_nodes or len(problem.nodes)
         for span in problem.run_spans:
             stop = span.stop
             for start in reversed(span):  # runs of replayable nodes
                 if not problem.nodes[start].replayable:
                     stop = start
                 else:
-                    stops.setdefault(start, set()).update(range(start + 1, stop + 1))
+                    stops.setdefault(start, set()).update(range(start + 1, min(stop, start + longest) + 1))
         cached = {start: frozenset(found) for start, found in stops.items()}
         object.__setattr__(problem, "_allowed_stops", cached)
     return cached

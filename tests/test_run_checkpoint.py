@@ -18,7 +18,7 @@ from planner import load_plan, plan
 from planner.examples import Block, SmallCNN, TinyGPT
 from planner.overhead import forward_calls
 from planner.run_checkpoint import RunRecorder, counted_call
-from solvers import solve
+from solvers import NodeCost, Problem, solve
 
 
 def _block_step(block: Block, x: torch.Tensor, mask: torch.Tensor, recorder: RunRecorder | None
@@ -84,6 +84,32 @@ def test_runs_inside_blocks_train_like_the_model_and_free_what_was_predicted(mea
     assert record.outputs_match and record.gradients_match, str(record)
     assert abs(record.peak_error) <= 0.01, str(record)
     assert runs.predicted_peak_bytes < p.baseline_peak_bytes
+
+
+def test_a_run_across_two_blocks_is_recorded_in_the_models_own_forward(measured):
+    # The first block's last node (its residual add) to the second block's first (its norm):
+    # a run in TinyGPT's own forward, whatever its length, since runs hold at most 32 nodes.
+    model, tokens, p = measured
+    assert len(p.problem.nodes) > 200 and p.problem.max_run_nodes == 32
+    calls = {spec.module: region for region, spec in p.wrapped.items()}
+    first, second, nodes = calls["blocks.0"], calls["blocks.1"], p.problem.nodes
+    runs = p.with_regions([(nodes[first.stop - 1].name, nodes[second.start].name)])
+    assert [(spec.module, len(spec.runs)) for spec in runs.module_checkpoints] == [("", 1)]
+    planned = runs.module()
+    train_step(planned, tokens)
+    assert planned.__dict__["forward"].recording.dropped > 0
+    record = runs.verify(steps=2)
+    assert record.outputs_match and record.gradients_match and abs(record.peak_error) <= 0.01, str(record)
+
+
+def test_runs_hold_at_most_max_run_nodes() -> None:
+    nodes = tuple(NodeCost(f"n{i}", compute_ms=1.0, output_bytes=8, uses=(i - 1,) if i else (), saves=(i,))
+                  for i in range(6))
+    problem = Problem(nodes, allowed_regions=(range(0, 6),), run_spans=(range(0, 6),), max_run_nodes=2)
+    assert problem.allows_region(1, 3) and not problem.allows_region(1, 4)
+    assert problem.allows_region(0, 6)  # the call itself
+    with pytest.raises(ValueError, match="max_run_nodes"):
+        replace(problem, max_run_nodes=0)
 
 
 def test_the_planner_recomputes_runs_where_they_are_cheaper(measured):

@@ -118,17 +118,19 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
                       if node.keepable and draw(st.integers(0, 3)) == 0 else node for i, node in enumerate(nodes))
     run_spans: tuple[range, ...] = ()
     run_call_ms = recorded_call_ms = run_region_ms = 0.0
+    max_run_nodes = None
     if options.get("run_spans"):  # any run inside some calls is a region too, not through buffer writers
         run_spans = tuple(r for r in allowed if len(r) > 1 and draw(st.booleans()))
         run_call_ms = draw(st.sampled_from([0.0, 0.125]))
         recorded_call_ms = draw(st.sampled_from([0.0, 0.25]))
         run_region_ms = draw(st.sampled_from([0.0, 0.5]))
+        max_run_nodes = draw(st.sampled_from([None, 1, 2]))
         nodes = tuple(replace(node, replayable=draw(st.integers(0, 4)) > 0) for node in nodes)
     return Problem(nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,
                    rng_state_bytes=problem.rng_state_bytes, measured_gradients=problem.measured_gradients,
                    keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms, saved_tensor_ms=saved_tensor_ms,
                    kept_node_ms=kept_node_ms, run_spans=run_spans, run_call_ms=run_call_ms,
-                   recorded_call_ms=recorded_call_ms, run_region_ms=run_region_ms)
+                   recorded_call_ms=recorded_call_ms, run_region_ms=run_region_ms, max_run_nodes=max_run_nodes)
 
 
 @dataclass
