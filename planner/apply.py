@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.keep_policy import KeepPolicy, keep_contexts
-from planner.run_checkpoint import RunRecording, calls_outside
+from planner.run_recording import RunRecording, calls_outside
 from planner.trace import bind_arguments, split_sample
 
 PLAN_ATTRIBUTE = "_checkpoint_plan"  # on the planned model: what apply_plan changed

@@ -34,7 +34,8 @@ from planner.keep_policy import keep_contexts
 from planner.memory import preserved_state
 from planner.overhead import FINE_ROUNDS, forward_calls, selective_contexts, selective_overhead_ms
 from planner.profile import tensors_in
-from planner.run_checkpoint import RunRecorder, RunRecording, counted_call
+from planner.run_checkpoint import counted_call
+from planner.run_recording import RunRecorder, RunRecording
 from solvers import Problem
 from solvers.problem import MAX_RUN_CANDIDATES
 
@@ -71,7 +72,7 @@ class SelectiveCost:
     per_recorded_call_ms: float | None = 0.0
     # checkpoint's own cost for one call of the submodule (no policy), beyond its forward
     checkpoint_ms: float | None = None
-    # what a step recomputing given short runs of it adds (`planner.run_checkpoint.RunRecording`,
+    # what a step recomputing given short runs of it adds (`planner.run_recording.RunRecording`,
     # hooks and all, as a plan applies them), or None where they were not given or not recorded
     short_runs_ms: float | None = None
 

@@ -238,6 +238,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     # A kept output must not be written in place later: the cached copy would be stale.
     written = {index[name] for node in nodes for name in node.meta[META_KEY].mutates}
     fixed = _touching_written_inputs(nodes)
+    spans = run_spans(nodes, allowed_regions)
     costs = []
     for i, node in enumerate(nodes):
         record = node.meta[META_KEY]
@@ -268,18 +269,19 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 aten_calls=len(record.aten_calls),
                 saved_tensors=record.saved_tensors,
                 recomputable=i not in fixed,
-                replayable=True,  # a run's replay writes buffers on copies (`planner.run_checkpoint`)
+                # (a run's replay writes buffers on copies, `planner.run_checkpoint`)
+                replayable=_replayable(record.call_span, i, spans),
             )
         )
-    spans = None
+    measured = None
     if gradients is not None:
         # A storage lives from the backward that made it (the later node) to the one that freed it.
-        spans = tuple(sorted((min(index[made], index[freed]), max(index[made], index[freed]), size)
-                             for made, freed, size in gradients))
+        measured = tuple(sorted((min(index[made], index[freed]), max(index[made], index[freed]), size)
+                                for made, freed, size in gradients))
     return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
                    region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes,
-                   measured_gradients=spans, saved_tensor_ms=saved_tensor_ms,
-                   run_spans=run_spans(nodes, allowed_regions), max_run_nodes=MAX_RUN_NODES)
+                   measured_gradients=measured, saved_tensor_ms=saved_tensor_ms,
+                   run_spans=spans, max_run_nodes=MAX_RUN_NODES)
 
 
 def run_spans(nodes: list[fx.Node], allowed_regions: tuple[range, ...] | None) -> tuple[range, ...]:
@@ -291,6 +293,14 @@ def run_spans(nodes: list[fx.Node], allowed_regions: tuple[range, ...] | None) -
     return tuple(region for region in allowed_regions or ()
                  if len(region) >= 2
                  and any(span.start <= region.start and region.stop <= span.stop for span in matched))
+
+
+def _replayable(call_span: tuple[int, int] | None, index: int, spans: tuple[range, ...]) -> bool:
+    """Whether a run in any of `spans` may hold node `index`: its calls are the graph's in each
+    that holds it (its `NodeProfile.call_span` holds them all; a stack whose forward makes other
+    calls before its blocks matches from its first block only)."""
+    return all(call_span is not None and call_span[0] <= span.start and span.stop <= call_span[1]
+               for span in spans if index in span)
 
 
 def _touching_written_inputs(nodes: list[fx.Node]) -> set[int]:

@@ -33,29 +33,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection
 
 import torch
 import torch.fx as fx
 
-from planner.graph import ModuleCall, compute_nodes, module_calls
+from planner.call_matching import KEEPABLE_OPS, matched_span, unmatched_regions
+from planner.graph import compute_nodes, module_calls
 from planner.memory import LiveBytesTracker, draws_random_numbers, written_arguments
 from planner.profile import COMPUTE_OPS, tensors_in
 
 logger = logging.getLogger(__name__)
 
-# The compute-intensive ATen ops whose outputs a region may keep (a selective-checkpoint policy
-# caches them): matrix products, convolution and fused attention, as this PyTorch dispatches
-# nn.Linear (addmm; mm on inputs it must copy or without bias), matmul in attention (bmm),
-# F.scaled_dot_product_attention and nn.Conv2d. Everything else is cheaper to recompute.
-KEEPABLE_OPS = frozenset({
-    "aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
-    "aten.convolution.default",
-    "aten._scaled_dot_product_flash_attention_for_cpu.default",
-    "aten._scaled_dot_product_flash_attention.default",
-    "aten._scaled_dot_product_efficient_attention.default",
-    "aten._scaled_dot_product_cudnn_attention.default",
-})
 
 
 @dataclass(frozen=True)
@@ -79,6 +68,10 @@ class NodeCalls:
     # every smaller one holding it, are all the same, in order, in the model's forward: in
     # those, any of its calls (not just `KEEPABLE_OPS` ones) is found at its occurrence
     span: tuple[int, int] | None = None
+    # the same, where a call holding it also counts whose calls match from a submodule call at
+    # or before it to its end (`planner.call_matching.matched_from`): where a run may hold it (a run counts calls
+    # from its window's first hook)
+    run_span: tuple[int, int] | None = None
 
     @property
     def keepable(self) -> bool:
@@ -227,77 +220,6 @@ class _ModuleSpans:
         return dict(root.named_modules(remove_duplicate=False))  # "": the model itself
 
 
-def _keepable(names: Sequence[str]) -> list[str]:
-    return [name for name in names if name in KEEPABLE_OPS]
-
-
-def _checked(names: Sequence[str]) -> list[str]:
-    """The calls a policy's occurrences depend on: all but torch.export's metadata asserts
-    (`aten._assert_tensor_metadata`), which the model's forward does not make; a policy counts
-    each func's calls on its own, so leaving out other funcs changes no occurrence."""
-    return [name for name in names if not name.startswith("aten._assert")]
-
-
-def _first_difference(what: str, model: list[str], graph: list[str]) -> str:
-    """Where two call lists first differ: "call 3 is aten.mul.Tensor in the model, none in the graph"."""
-    at = next((i for i, (a, b) in enumerate(zip(model, graph)) if a != b), min(len(model), len(graph)))
-    return (f"{what} {at} is {model[at] if at < len(model) else 'none'} in the model, "
-            f"{graph[at] if at < len(graph) else 'none'} in the graph")
-
-
-def _unmatched_regions(gm: fx.GraphModule, calls_of: dict[str, NodeCalls], eager_calls: list[str],
-                       spans: _ModuleSpans) -> tuple[list[range], list[range]]:
-    """The node ranges of the regions (submodule calls, `planner.graph.module_calls`) whose
-    `KEEPABLE_OPS` calls, and those whose calls of any op, are not the same, in order, in the
-    graph run and in the module's one call in the model's forward; logs the first kind and why."""
-    nodes = compute_nodes(gm)
-    regions = module_calls(gm)
-    by_path = spans.by_path([call.path for call in regions])
-    unmatched: list[range] = []
-    differing: list[range] = []
-    why: list[str] = []
-    differ: list[str] = []
-    for call in regions:
-        graph_calls = _checked([name for i in call.nodes for name in calls_of[nodes[i].name].names])
-        graph = _keepable(graph_calls)
-        found = by_path.get(call.path, [])
-        if len(found) != 1:
-            unmatched.append(call.nodes)
-            differing.append(call.nodes)
-            why.append(f"{call.path} (called {len(found)} times in the model's forward, once in the graph)")
-            continue
-        eager = _checked(eager_calls[found[0].start:found[0].stop])
-        if eager != graph_calls:
-            differing.append(call.nodes)
-            differ.append(f"{call.path} ({_first_difference('call', eager, graph_calls)})")
-        model = _keepable(eager)  # (the asserts left out are no keepable calls)
-        if model != graph:
-            unmatched.append(call.nodes)
-            why.append(f"{call.path} ({_first_difference('keepable call', model, graph)})")
-    if spans.broken:
-        logger.info("the model's submodule calls were not recorded: its module hooks did not nest")
-    if why:
-        logger.info("no region may keep a node of %d submodule calls: the model's forward does not make their "
-                    "matrix product, convolution and attention calls as the graph does, so a selective policy "
-                    "would not find them: %s", len(why), "; ".join(why))
-    if differ:
-        logger.info("%d of %d submodule calls make other ATen calls in the model's forward than in the graph: "
-                    "they keep only matrix products, convolutions and attention: %s", len(differ), len(regions),
-                    "; ".join(differ[:4]) + ("; ..." if len(differ) > 4 else ""))
-    return unmatched, differing
-
-
-def _matched_span(index: int, calls: list[ModuleCall], differing: list[range]) -> tuple[int, int] | None:
-    """(start, stop) of the largest submodule call holding node `index` that, with every
-    smaller one holding it, makes the same calls in the model's forward (not in `differing`)."""
-    span = None
-    for call in sorted((call for call in calls if index in call.nodes), key=lambda call: len(call.nodes)):
-        if call.nodes in differing:
-            break
-        span = (call.nodes.start, call.nodes.stop)
-    return span
-
-
 @dataclass
 class EagerLifetimes:
     """`holds`: node name -> the last node during whose forward the model's code still held
@@ -349,10 +271,12 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
                 hook.remove()
     compute = compute_nodes(gm)
     order = {node.name: i for i, node in enumerate(compute)}
-    unmatched, differing = _unmatched_regions(gm, runner.calls_of, eager_log.calls, spans)
+    unmatched, differing, starts = unmatched_regions(
+        gm, {name: calls.names for name, calls in runner.calls_of.items()}, eager_log.calls, spans.by_path, spans.broken)
     regions = module_calls(gm)
     calls = {name: replace(record, found=not any(order[name] in region for region in unmatched),
-                           span=_matched_span(order[name], regions, differing))
+                           span=matched_span(order[name], regions, differing, {}),
+                           run_span=matched_span(order[name], regions, differing, starts))
              for name, record in runner.calls_of.items()}
     if graph_log.calls != eager_log.calls:
         mismatch = next((i for i, (a, b) in enumerate(zip(graph_log.calls, eager_log.calls)) if a != b),

@@ -177,7 +177,7 @@ def note_holds(gm: fx.GraphModule, lifetimes: EagerLifetimes) -> None:
             node.meta[META_KEY].aten_calls = calls.names
             node.meta[META_KEY].keep_calls = calls.allocating if calls.keepable else ()
             node.meta[META_KEY].keep_span = calls.keep_span if calls.keepable else None
-            node.meta[META_KEY].call_span = calls.span
+            node.meta[META_KEY].call_span = calls.run_span
 
 
 def _no_run(gm: fx.GraphModule, inputs: list[torch.Tensor], fake: Any, where: PlanDevice, repeats: int,

@@ -73,8 +73,9 @@ class NodeProfile:
     # (start, stop) compute-node indices: kept only by regions within them (NodeCost.keep_span)
     keep_span: tuple[int, int] | None = None
     # (start, stop) compute-node indices of the largest submodule call holding it whose ATen
-    # calls the model's forward makes exactly as the graph does: a run of nodes inside it may
-    # be recomputed alone (planner.run_checkpoint)
+    # calls the model's forward makes exactly as the graph does, from a submodule call at or
+    # before it on (planner.holds.NodeCalls.run_span): a run of nodes inside it may be
+    # recomputed alone (planner.run_checkpoint)
     call_span: tuple[int, int] | None = None
     # tensors autograd saved for its backward, counted as packed (parameters included): in a
     # region, checkpoint's hooks pack and unpack each one

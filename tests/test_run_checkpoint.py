@@ -17,7 +17,8 @@ from conftest import small_gpt, train_step
 from planner import load_plan, plan
 from planner.examples import Block, SmallCNN, TinyGPT
 from planner.overhead import forward_calls
-from planner.run_checkpoint import RunRecorder, counted_call
+from planner.run_checkpoint import counted_call
+from planner.run_recording import RunRecorder
 from solvers import NodeCost, Problem, solve
 
 
