@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import statistics
@@ -35,7 +34,7 @@ from planner.memory import preserved_state
 from planner.overhead import FINE_ROUNDS, forward_calls, selective_contexts, selective_overhead_ms
 from planner.profile import tensors_in
 from planner.run_checkpoint import counted_call
-from planner.run_recording import RunRecorder, RunRecording
+from planner.run_recording import RunRecorder
 from solvers import Problem
 from solvers.problem import MAX_RUN_CANDIDATES
 
@@ -54,7 +53,6 @@ class MeasuredCosts:
     run_call_ms: float
     recorded_call_ms: float
     saved_tensor_ms: float
-    run_region_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -72,9 +70,6 @@ class SelectiveCost:
     per_recorded_call_ms: float | None = 0.0
     # checkpoint's own cost for one call of the submodule (no policy), beyond its forward
     checkpoint_ms: float | None = None
-    # what a step recomputing given short runs of it adds (`planner.run_recording.RunRecording`,
-    # hooks and all, as a plan applies them), or None where they were not given or not recorded
-    short_runs_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -101,8 +96,7 @@ def _clear_grads(module: nn.Module) -> None:
 
 
 def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], per_region_ms: float,
-                       device: torch.device, kept: KeptCalls | None = None,
-                       short_runs: ModuleCheckpoint | None = None) -> SelectiveCost:
+                       device: torch.device, kept: KeptCalls | None = None) -> SelectiveCost:
     """What a selective policy adds inside one of the model's own submodules (called with `args`,
     `kwargs` as captured from a forward). Per call: the step-time difference between plain and
     selective checkpoint of it (recomputing everything), less `per_region_ms`, over the calls
@@ -114,8 +108,7 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     alone with and without a `RunRecorder`; per call recorded, a step recording every call (its
     backward replays them) against one only counting, less a forward's time (what node times
     predict the replay at). Checkpoint's own cost per call: a checkpointed step against an
-    unchecked one, less a forward. With `short_runs` (its runs inside `module`): a step
-    recomputing them as a plan does, against an unchecked one. Differences are medians over
+    unchecked one, less a forward. Differences are medians over
     rounds of paired times. The caller restores the module's state (buffers, RNG).
 
     Example:
@@ -164,14 +157,6 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     def unchecked() -> None:
         _backward(module, module(*fresh_inputs(), **kwargs))
 
-    def short(recording: RunRecording) -> Callable[[], None]:
-        def run() -> None:
-            output = recording.run(module, *fresh_inputs(), **kwargs)
-            if recording.mismatch is not None:
-                raise RuntimeError(f"its forward differs from its counted calls: {recording.mismatch}")
-            _backward(module, output)
-        return run
-
     steps = {"unchecked": unchecked, "plain": step(None), "selective": step(selective_contexts), "bare": bare(False),
              "counted": bare(True)}
     try:  # one try first: a forward that writes in place what it read cannot be recorded whole
@@ -182,21 +167,7 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         logger.info("recording runs could not be measured on the whole %s (%s)", type(module).__name__, error)
     if kept is not None and kept.nodes:
         steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
-    recording = None
-    if short_runs is not None and short_runs.runs:
-        recording = RunRecording(module, short_runs.calls, short_runs.runs, short_runs.run_windows)
-        try:
-            short(recording)()
-            steps["short runs"] = short(recording)
-        except RuntimeError as error:
-            _clear_grads(module)
-            logger.info("short runs could not be measured on %s (%s)", type(module).__name__, error)
-    try:
-        times = timed_rounds(device, steps, FINE_ROUNDS)
-    finally:
-        if recording is not None:
-            recording.remove()
-    short_runs_ms = paired_difference(times, "short runs", "unchecked") if "short runs" in times else None
+    times = timed_rounds(device, steps, FINE_ROUNDS)
     per_call = max(0.0, (paired_difference(times, "selective", "plain") - per_region_ms) / max(1, calls_per_step))
     forward_ms = statistics.median(times["bare"]) / _FORWARDS  # what node times predict a recomputation at
     # checkpoint itself: a checkpointed step against an unchecked one, less the recomputation
@@ -212,12 +183,11 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     per_kept = 0.0
     if "keeping" in times and kept is not None:
         per_kept = max(0.0, (paired_difference(times, "keeping", "selective") + kept.skipped_ms) / len(kept.nodes))
-    return SelectiveCost(per_call, per_kept, per_counted, per_recorded, checkpoint_ms, short_runs_ms)
+    return SelectiveCost(per_call, per_kept, per_counted, per_recorded, checkpoint_ms)
 
 
 def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,
-                             device: torch.device, kept: KeptCalls | None = None,
-                             short_runs: ModuleCheckpoint | None = None) -> SelectiveCost:
+                             device: torch.device, kept: KeptCalls | None = None) -> SelectiveCost:
     """`selective_costs_on` for the submodule `path` of `model`, called as one forward
     (`run_model()`) calls it. The caller restores the model's state (buffers, RNG).
 
@@ -246,14 +216,12 @@ def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[]
         return value
 
     args, kwargs = captured[0]
-    return selective_costs_on(module, tuple(activation(a) for a in args), kwargs, per_region_ms, device, kept,
-                              short_runs)
+    return selective_costs_on(module, tuple(activation(a) for a in args), kwargs, per_region_ms, device, kept)
 
 
 def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
                                 device: torch.device, runs_here: bool, run_model: Callable[[], Any],
-                                calls_of: Callable[[range, tuple[int, ...]], tuple[tuple[str, int], ...]],
-                                runs_of: Callable[[list[range]], ModuleCheckpoint] | None = None
+                                calls_of: Callable[[range, tuple[int, ...]], tuple[tuple[str, int], ...]]
                                 ) -> MeasuredCosts:
     """A selective policy's cost per region, per ATen call and per kept node
     (`Problem.keep_region_ms`, `keep_call_ms`, `kept_node_ms`): from tiny modules and, where the
@@ -263,14 +231,13 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     and per call recorded (`Problem.run_call_ms`, `recorded_call_ms`), measured on that block;
     else the policy's cost per call stands in for both. And checkpoint's cost per saved tensor
     (`Problem.saved_tensor_ms`): the tiny modules' unless checkpoint of that block costs more
-    than the tiny modules' figures predict for it (on this CPU, about twice as much). And what a
-    run costs beyond all those (`Problem.run_region_ms`): short runs of that block recomputed as a
-    plan applies them (`runs_of(regions)`), against what the other figures predict for them.
+    than the tiny modules' figures predict for it (on this CPU, about twice as much). (What a run
+    costs beyond these, `Problem.run_region_ms`, is measured in the model's step:
+    `planner.step_costs`.)
 
     Example:
         >>> selective_overhead_for_plan(model, problem, wrapped, torch.device("cpu"), True, lambda: model(x),
-        ...                             lambda region, kept: saved_calls(gm, region, kept),
-        ...                             lambda regions: run_checkpoints(gm, problem, regions, wrapped)[regions[0]])
+        ...                             lambda region, kept: saved_calls(gm, region, kept))
         MeasuredCosts(keep_region_ms=0.01, keep_call_ms=0.012, kept_node_ms=0.05, ...)
     """
     if not any(node.keepable for node in problem.nodes) and not problem.run_spans:
@@ -279,7 +246,6 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     per_kept = 0.0
     per_counted = per_recorded = per_call
     per_saved_tensor = problem.saved_tensor_ms
-    per_run = 0.0
     # a block: the regions that may keep (at most MAX_RUN_CANDIDATES keepable nodes) of a class
     # the model calls more than once, not the whole model (which would take a step per round)
     candidates = [r for r in wrapped if problem.allows_region(r.start, r.stop)
@@ -291,11 +257,9 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
         nodes = tuple(problem.keepable_in(region))
         kept = KeptCalls(nodes, calls_of(region, nodes),
                          problem.region_recompute_ms(region) - problem.region_recompute_ms(region, nodes))
-        short = short_runs(problem, region) if runs_of is not None else []
         try:
             with preserved_state(model, [device]):
-                cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept,
-                                                runs_of(short) if short and runs_of is not None else None)
+                cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept)
             per_call, per_kept = cost.per_call_ms, cost.per_kept_ms
             per_counted = cost.per_counted_call_ms
             per_recorded = per_call if cost.per_recorded_call_ms is None else cost.per_recorded_call_ms
@@ -306,46 +270,10 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
                             "saved tensor, tiny modules %.4f ms", wrapped[region].module, cost.checkpoint_ms, saved,
                             calibrated, problem.saved_tensor_ms)
                 per_saved_tensor = max(per_saved_tensor, calibrated)
-            if cost.short_runs_ms is not None:
-                per_run = _per_run_ms(problem, short, cost.short_runs_ms, per_counted, per_recorded, per_saved_tensor)
-                logger.info("%d short runs of %s measured %.2f ms: %.3f ms per run beyond the other figures",
-                            len(short), wrapped[region].module, cost.short_runs_ms, per_run)
         except RuntimeError as error:  # a forward that cannot run alone under checkpoint
             logger.warning("the selective policy's cost per call could not be measured on %s (%s); using the "
                            "tiny modules' %.4f ms", wrapped[region].module, error, per_call)
-    return MeasuredCosts(per_region, per_call, per_kept, per_counted, per_recorded, per_saved_tensor, per_run)
-
-
-def short_runs(problem: Problem, span: range) -> list[range]:
-    """Runs of two nodes recomputed alone inside the submodule call `span` (not in a smaller
-    one), one after another from its start, each recomputing something: the runs plans pick
-    (a norm and the next linear's input, an activation), to measure what a run costs.
-
-    Example:
-        >>> short_runs(problem, range(8, 43))
-        [range(8, 10), range(11, 13), ...]
-    """
-    found: list[range] = []
-    start = span.start
-    while start + 2 <= span.stop:
-        run = range(start, start + 2)
-        if (problem.allows_region(run.start, run.stop) and problem.run_span_of(run) == span
-                and problem.region_recompute_ms(run) > 0):
-            found.append(run)
-            start += 2
-        else:
-            start += 1
-    return found
-
-
-def _per_run_ms(problem: Problem, runs: list[range], measured_ms: float, per_counted: float, per_recorded: float,
-                per_saved_tensor: float) -> float:
-    """What each of `runs` cost beyond what the problem's other figures (as now measured)
-    predict for them, at least 0."""
-    measured = dataclasses.replace(problem, run_call_ms=per_counted, recorded_call_ms=per_recorded,
-                                   saved_tensor_ms=per_saved_tensor, run_region_ms=0.0)
-    predicted = sum(measured.region_cost_ms(run) for run in runs)
-    return max(0.0, (measured_ms - predicted) / len(runs))
+    return MeasuredCosts(per_region, per_call, per_kept, per_counted, per_recorded, per_saved_tensor)
 
 
 __all__ = ["KeptCalls", "MeasuredCosts", "SelectiveCost", "selective_costs_in_model", "selective_costs_on",

@@ -184,28 +184,45 @@ def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatc
     assert cost.per_counted_call_ms >= 0 and cost.per_recorded_call_ms >= 0
 
 
-def test_what_a_run_costs_is_measured_on_short_runs_of_a_block_as_a_plan_applies_them(monkeypatch):
-    # Short runs of one block (two nodes each, one after another) recomputed through a
-    # RunRecording with its windows' hooks, in timed steps: every run records and replays.
-    from planner import block_costs
+def test_what_a_run_costs_is_measured_in_the_models_step_with_lone_short_runs(monkeypatch):
+    # One short run (two nodes) alone in each call of a repeated submodule, recomputed in the
+    # model's own training step as a plan applies them: every run records and replays in each
+    # timed step, and the model's gradients, buffers and RNG are left as they were.
+    from planner import step_costs
     from planner.graph import run_checkpoints
+    from planner.verify import training_loss
 
     model, tokens = small_gpt()
     p = plan(model, tokens, budget_gb=80, repeats=1)
-    span = next(region for region, spec in p.wrapped.items() if spec.module == "blocks.0")
-    runs = block_costs.short_runs(p.problem, span)
-    assert len(runs) >= 2 and all(len(run) == 2 and p.problem.run_span_of(run) == span for run in runs)
+    problem, wrapped = p.problem, p.wrapped
+    runs = step_costs.lone_short_runs(problem, wrapped)
+    spans = [problem.run_span_of(run) for run in runs]
+    assert len(runs) >= 2 and all(len(run) == 2 for run in runs)
+    assert len(set(spans)) == len(spans)  # each alone in its submodule call
     assert all(first.stop <= second.start for first, second in zip(runs, runs[1:]))
-    spec = run_checkpoints(p.traced.gm, p.problem, runs, p.wrapped)[runs[0]]
+    assert {wrapped[span].module for span in spans} >= {"blocks.0", "blocks.1"}
+    for parameter in model.parameters():
+        parameter.grad = torch.full_like(parameter, 0.5)
+    buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    rng = torch.get_rng_state()
     replayed = _count_replays(monkeypatch)
-    monkeypatch.setattr(block_costs, "FINE_ROUNDS", 2)
-    whole = len(spec.calls)
-    cost = block_costs.selective_costs_in_model(model, "blocks.0", lambda: model(tokens), 0.0, torch.device("cpu"),
-                                                short_runs=spec)
-    short = [count for count in replayed if count < whole]
-    # each run replays in a first try, the warm-up and two rounds, recording its own calls
-    assert sorted(short) == sorted([stop - start for start, stop in spec.runs] * 4)
-    assert cost.short_runs_ms is not None
+    residual = step_costs.run_region_in_step_ms(
+        model, problem, wrapped, lambda found: run_checkpoints(p.traced.gm, problem, found, wrapped).values(),
+        lambda module: training_loss(module(tokens)).backward(), torch.device("cpu"), rounds=2)
+    assert residual is not None and residual >= 0
+    assert len(replayed) == len(runs) * 3  # a warm-up and two rounds, every run each
+    assert all(torch.equal(parameter.grad, torch.full_like(parameter, 0.5)) for parameter in model.parameters())
+    assert all(torch.equal(buffer, buffers[name]) for name, buffer in model.named_buffers())
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_plan_prices_runs_with_the_residual_measured_in_the_step(monkeypatch):
+    import planner.api
+
+    model, tokens = small_gpt()
+    monkeypatch.setattr(planner.api, "run_region_in_step_ms", lambda *args, **kwargs: 0.125)
+    p = plan(model, tokens, budget_gb=80, repeats=1)
+    assert p.problem.run_spans and p.problem.run_region_ms == 0.125
 
 
 def test_a_block_that_cannot_be_recorded_whole_still_has_its_checkpoint_cost_measured(monkeypatch):
