@@ -19,7 +19,7 @@ from planner.measure import check_measure, measure_model, plan_device
 from planner.plan_setup import Setup, check_gb
 from planner.memory import preserved_state
 from planner.block_costs import selective_overhead_for_plan
-from planner.step_costs import run_region_in_step_ms
+from planner.step_costs import step_residuals
 from planner.overhead import checkpoint_overhead_ms
 from planner.profile import GraphProfile
 from planner.report import PlanFigures, describe_checkpoints, format_report
@@ -378,12 +378,13 @@ def plan(
         model, problem, wrapped, overhead_device, where.local and not on_meta, lambda: model(*args, **kwargs),
         lambda region, kept: saved_calls(traced.gm, region, kept))
     problem = replace(problem, **asdict(costs))
-    if problem.run_spans and where.local and not on_meta:  # (runs exist only where the step ran here)
-        say("timing runs recomputed alone in a training step")
-        residual = run_region_in_step_ms(
+    if summary.measurement == "whole step" and where.local and not on_meta:  # (the step fits here)
+        say("timing checkpoint calls and runs in training steps")
+        residuals = step_residuals(
             model, problem, wrapped, lambda runs: run_checkpoints(traced.gm, problem, runs, wrapped).values(),
             lambda module: training_loss(module(*args, **kwargs)).backward(), where.device)
-        problem = replace(problem, run_region_ms=residual or 0.0)
+        problem = replace(problem, region_overhead_ms=problem.region_overhead_ms + residuals.per_call_ms,
+                          run_region_ms=residuals.per_run_ms)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()
     solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))

@@ -152,7 +152,7 @@ def format_report(
         f"(+{overhead:.0f}% of the {forward_ms:.2f} ms forward, {timing})",
         *([f"                    including {problem.region_overhead_ms:.3f} ms per checkpoint call "
            + (f"+ {1000 * problem.saved_tensor_ms:.1f} us per tensor saved in it " if problem.saved_tensor_ms else "")
-           + f"(checkpoint's own work){estimate}"] if problem.region_overhead_ms and checkpoints else []),
+           + f"(checkpoint's own work, and what a region costs in the step beyond it){estimate}"] if problem.region_overhead_ms and checkpoints else []),
         *([f"                    and {problem.keep_region_ms:.3f} ms + {1000 * problem.keep_call_ms:.1f} us per ATen "
            f"call + {1000 * problem.kept_node_ms:.1f} us per kept node for each region that keeps nodes "
            f"(its selective policy){estimate}"]

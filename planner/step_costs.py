@@ -1,25 +1,31 @@
-"""What a run recomputed alone costs inside the model's own training step, beyond the figures
-that price its parts (`Problem.run_region_ms`).
+"""What a checkpoint call and a run recomputed alone cost inside the model's own training step,
+beyond the figures that price their parts (`Problem.region_overhead_ms`, `Problem.run_region_ms`).
 
-A run's other figures (its nodes' forward times, the recording's cost per ATen call, checkpoint's
-per saved tensor) are measured on nodes and on one block with warm caches. Inside a step a run
-costs more: its recording's window opens and closes around other work, its replay in backward
-reads inputs long out of cache, and what it drops is freed and allocated again. On a block alone
-that residual read anywhere from 0.006 to 0.38 ms per run for the same ViT layer in four
-plans, and the runs plans picked cost 0.6-0.7 ms each more than predicted in the step. So it is
-measured where it is paid: the model's step with one short run in each submodule call of its
-repeated blocks (alone in its call, as a plan's runs mostly are), against the unplanned step,
-in paired rounds; what that adds beyond the problem's other figures, per run, is the residual.
+The other figures (nodes' forward times; checkpoint's cost per call, on tiny modules, and per
+saved tensor, on a block; a run's recording per ATen call, on a block) are measured with warm
+caches. Inside a step each region costs more: its recomputation in backward reads inputs long
+out of cache, and what it drops is freed and allocated again. On Llama, checkpointing each
+RMSNorm cost 0.61-0.64 ms per call more than those figures predict; on ViT, the block-level
+figure for a run read 0.006 to 0.38 ms in four plans, while the runs plans chose cost 0.6-0.7 ms
+each more than predicted with it. So both residuals are measured where they are paid: the
+model's step with every call of its repeated submodule that recomputes least (a norm)
+checkpointed, and with one short run alone in each call of its repeated submodules, each
+against the unplanned step in paired rounds; what each adds beyond the problem's other
+figures, per region, is its residual.
 
 Example:
-    >>> residual = run_region_in_step_ms(model, problem, wrapped, checkpoints_of,
-    ...                                  lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
+    >>> found = step_residuals(model, problem, wrapped, checkpoints_of,
+    ...                        lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
+    >>> found.per_call_ms, found.per_run_ms
+    (0.61, 0.49)
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 from collections import Counter
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -32,7 +38,20 @@ from solvers import Problem
 
 logger = logging.getLogger(__name__)
 
-STEP_ROUNDS = 9  # paired rounds of two whole steps: the residual is read off a difference of steps
+STEP_ROUNDS = 9  # paired rounds of whole steps: each residual is read off a difference of steps
+
+
+@dataclass(frozen=True)
+class StepResiduals:
+    """What each region costs a training step beyond the problem's other figures (at least 0):
+    a checkpoint call (added to `Problem.region_overhead_ms`) and a run recomputed alone beyond
+    that (`Problem.run_region_ms`); `calls` and `runs` say how many each was read off (0: not
+    measured, and 0.0)."""
+
+    per_call_ms: float = 0.0
+    per_run_ms: float = 0.0
+    calls: int = 0
+    runs: int = 0
 
 
 def short_runs(problem: Problem, span: range) -> list[range]:
@@ -78,25 +97,56 @@ def lone_short_runs(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) ->
     return sorted(found, key=lambda r: r.start)
 
 
-def run_region_in_step_ms(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
-                          checkpoints_of: Callable[[Sequence[range]], Sequence[ModuleCheckpoint]],
-                          train_step: Callable[[nn.Module], None], device: torch.device,
-                          rounds: int = STEP_ROUNDS) -> float | None:
-    """What each run costs a training step beyond `problem`'s other figures (at least 0), read
-    off the model's own step with `lone_short_runs` recomputed (`checkpoints_of(runs)` applies
-    them, on a copy sharing the parameters) against the unplanned step, `train_step(module)`
-    each (forward, loss, backward), in `rounds` paired rounds. None where the problem has no
-    such runs. The model, its gradients, buffers and the RNG are left as they were.
+def small_calls(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> list[range]:
+    """Every call of the submodule class, called more than once, whose calls recompute least
+    (by the median of their recomputation: a norm, an activation), where each is a region that
+    recomputes something; none sharing a node with another.
 
     Example:
-        >>> run_region_in_step_ms(model, problem, wrapped, checkpoints_of,
-        ...                       lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
-        0.49
+        >>> [wrapped[r].module for r in small_calls(problem, wrapped)]
+        ['blocks.0.norm1', 'blocks.0.norm2', 'blocks.1.norm1', 'blocks.1.norm2', 'norm']
     """
+    by_class: dict[str, list[range]] = {}
+    for region, spec in wrapped.items():
+        if problem.allows_region(region.start, region.stop) and problem.region_recompute_ms(region) > 0:
+            by_class.setdefault(spec.module_class, []).append(region)
+    repeated = {name: regions for name, regions in by_class.items() if len(regions) > 1}
+    if not repeated:
+        return []
+    smallest = min(repeated, key=lambda name: (statistics.median(problem.region_recompute_ms(r)
+                                                                 for r in repeated[name]), name))
+    found: list[range] = []
+    for region in sorted(repeated[smallest], key=lambda r: (r.start, -len(r))):
+        if not found or found[-1].stop <= region.start:
+            found.append(region)
+    return found
+
+
+def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
+                   checkpoints_of: Callable[[Sequence[range]], Sequence[ModuleCheckpoint]],
+                   train_step: Callable[[nn.Module], None], device: torch.device,
+                   rounds: int = STEP_ROUNDS) -> StepResiduals:
+    """What a checkpoint call and a run cost a training step beyond `problem`'s other figures,
+    read off the model's own step, `train_step(module)` (forward, loss, backward), on copies
+    sharing the parameters: with `small_calls` checkpointed, and with `lone_short_runs`
+    recomputed (`checkpoints_of(runs)` applies them), each against the unplanned step, in
+    `rounds` paired rounds. A run's residual is what it costs beyond a checkpoint call's,
+    residual included. The model, its gradients, buffers and the RNG are left as they were.
+
+    Example:
+        >>> step_residuals(model, problem, wrapped, checkpoints_of,
+        ...                lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
+        StepResiduals(per_call_ms=0.61, per_run_ms=0.49, calls=13, runs=18)
+    """
+    calls = small_calls(problem, wrapped)
     runs = lone_short_runs(problem, wrapped)
-    if not runs:
-        return None
-    planned = apply_plan(shallow_clone(model), tuple(dict.fromkeys(checkpoints_of(runs))))
+    planned = {}
+    if calls:
+        planned["calls"] = apply_plan(shallow_clone(model), [wrapped[region] for region in calls])
+    if runs:
+        planned["runs"] = apply_plan(shallow_clone(model), tuple(dict.fromkeys(checkpoints_of(runs))))
+    if not planned:
+        return StepResiduals()
 
     def step(module: nn.Module) -> Callable[[], None]:
         def run() -> None:
@@ -106,14 +156,21 @@ def run_region_in_step_ms(model: nn.Module, problem: Problem, wrapped: dict[rang
         return run
 
     with preserved_state(model, [device]):
-        times = timed_rounds(device, {"runs": step(planned), "unplanned": step(model)}, rounds)
-    measured_ms = paired_difference(times, "runs", "unplanned")
-    others = dataclasses.replace(problem, run_region_ms=0.0)
-    predicted_ms = sum(others.region_cost_ms(run) for run in runs)
-    residual = max(0.0, (measured_ms - predicted_ms) / len(runs))
-    logger.info("%d short runs in the model's step measured %+.2f ms against %.2f ms from the other figures: "
-                "%.3f ms per run", len(runs), measured_ms, predicted_ms, residual)
+        times = timed_rounds(device, {"unplanned": step(model), **{name: step(m) for name, m in planned.items()}},
+                             rounds)
+    per_call = _residual(problem, calls, paired_difference(times, "calls", "unplanned"), "calls") if calls else 0.0
+    raised = dataclasses.replace(problem, region_overhead_ms=problem.region_overhead_ms + per_call, run_region_ms=0.0)
+    per_run = _residual(raised, runs, paired_difference(times, "runs", "unplanned"), "short runs") if runs else 0.0
+    return StepResiduals(per_call, per_run, len(calls), len(runs))
+
+
+def _residual(problem: Problem, regions: list[range], measured_ms: float, what: str) -> float:
+    """What each of `regions` cost beyond what `problem` predicts for it, at least 0."""
+    predicted_ms = sum(problem.region_cost_ms(region) for region in regions)
+    residual = max(0.0, (measured_ms - predicted_ms) / len(regions))
+    logger.info("%d %s in the model's step measured %+.2f ms against %.2f ms predicted: %.3f ms each beyond",
+                len(regions), what, measured_ms, predicted_ms, residual)
     return residual
 
 
-__all__ = ["STEP_ROUNDS", "lone_short_runs", "run_region_in_step_ms", "short_runs"]
+__all__ = ["STEP_ROUNDS", "StepResiduals", "lone_short_runs", "short_runs", "small_calls", "step_residuals"]

@@ -184,10 +184,11 @@ def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatc
     assert cost.per_counted_call_ms >= 0 and cost.per_recorded_call_ms >= 0
 
 
-def test_what_a_run_costs_is_measured_in_the_models_step_with_lone_short_runs(monkeypatch):
-    # One short run (two nodes) alone in each call of a repeated submodule, recomputed in the
-    # model's own training step as a plan applies them: every run records and replays in each
-    # timed step, and the model's gradients, buffers and RNG are left as they were.
+def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
+    # Every call of the repeated submodule that recomputes least (a norm) checkpointed, and one
+    # short run (two nodes) alone in each call of a repeated submodule recomputed, in the model's
+    # own training step as a plan applies them: every run records and replays in each timed step,
+    # and the model's gradients, buffers and RNG are left as they were.
     from planner import step_costs
     from planner.graph import run_checkpoints
     from planner.verify import training_loss
@@ -195,6 +196,10 @@ def test_what_a_run_costs_is_measured_in_the_models_step_with_lone_short_runs(mo
     model, tokens = small_gpt()
     p = plan(model, tokens, budget_gb=80, repeats=1)
     problem, wrapped = p.problem, p.wrapped
+    calls = step_costs.small_calls(problem, wrapped)
+    assert len(calls) >= 2 and len({wrapped[call].module_class for call in calls}) == 1
+    assert all(problem.region_recompute_ms(call) > 0 for call in calls)
+    assert all(first.stop <= second.start for first, second in zip(calls, calls[1:]))
     runs = step_costs.lone_short_runs(problem, wrapped)
     spans = [problem.run_span_of(run) for run in runs]
     assert len(runs) >= 2 and all(len(run) == 2 for run in runs)
@@ -206,23 +211,27 @@ def test_what_a_run_costs_is_measured_in_the_models_step_with_lone_short_runs(mo
     buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
     rng = torch.get_rng_state()
     replayed = _count_replays(monkeypatch)
-    residual = step_costs.run_region_in_step_ms(
-        model, problem, wrapped, lambda found: run_checkpoints(p.traced.gm, problem, found, wrapped).values(),
+    found = step_costs.step_residuals(
+        model, problem, wrapped, lambda regions: run_checkpoints(p.traced.gm, problem, regions, wrapped).values(),
         lambda module: training_loss(module(tokens)).backward(), torch.device("cpu"), rounds=2)
-    assert residual is not None and residual >= 0
+    assert (found.calls, found.runs) == (len(calls), len(runs))
+    assert found.per_call_ms >= 0 and found.per_run_ms >= 0
     assert len(replayed) == len(runs) * 3  # a warm-up and two rounds, every run each
     assert all(torch.equal(parameter.grad, torch.full_like(parameter, 0.5)) for parameter in model.parameters())
     assert all(torch.equal(buffer, buffers[name]) for name, buffer in model.named_buffers())
     assert torch.equal(torch.get_rng_state(), rng)
 
 
-def test_plan_prices_runs_with_the_residual_measured_in_the_step(monkeypatch):
+def test_plan_prices_calls_and_runs_with_the_residuals_measured_in_the_step(monkeypatch):
     import planner.api
+    from planner.step_costs import StepResiduals
 
     model, tokens = small_gpt()
-    monkeypatch.setattr(planner.api, "run_region_in_step_ms", lambda *args, **kwargs: 0.125)
+    monkeypatch.setattr(planner.api, "checkpoint_overhead_ms", lambda device: (0.25, 0.01))  # tiny modules'
+    monkeypatch.setattr(planner.api, "step_residuals", lambda *args, **kwargs: StepResiduals(0.5, 0.125, 4, 4))
     p = plan(model, tokens, budget_gb=80, repeats=1)
     assert p.problem.run_spans and p.problem.run_region_ms == 0.125
+    assert p.problem.region_overhead_ms == 0.75
 
 
 def test_a_block_that_cannot_be_recorded_whole_still_has_its_checkpoint_cost_measured(monkeypatch):
