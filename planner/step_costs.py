@@ -43,10 +43,10 @@ STEP_ROUNDS = 9  # paired rounds of whole steps: each residual is read off a dif
 
 @dataclass(frozen=True)
 class StepResiduals:
-    """What each region costs a training step beyond the problem's other figures (at least 0):
-    a checkpoint call (added to `Problem.region_overhead_ms`) and a run recomputed alone beyond
-    that (`Problem.run_region_ms`); `calls` and `runs` say how many each was read off (0: not
-    measured, and 0.0)."""
+    """What each region costs a training step beyond the problem's other figures: a checkpoint
+    call (at least 0; added to `Problem.region_overhead_ms`), and a run recomputed alone beyond
+    that (`Problem.run_region_ms`: its residual, at least 0, less the call's, so at least
+    `-per_call_ms`); `calls` and `runs` say how many each was read off (0: not measured, 0.0)."""
 
     per_call_ms: float = 0.0
     per_run_ms: float = 0.0
@@ -131,7 +131,8 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     sharing the parameters: with `small_calls` checkpointed, and with `lone_short_runs`
     recomputed (`checkpoints_of(runs)` applies them), each against the unplanned step, in
     `rounds` paired rounds. A run's residual is what it costs beyond a checkpoint call's,
-    residual included. The model, its gradients, buffers and the RNG are left as they were.
+    residual included (negative where a call's residual is the larger). The model, its
+    gradients, buffers and the RNG are left as they were.
 
     Example:
         >>> step_residuals(model, problem, wrapped, checkpoints_of,
@@ -159,9 +160,11 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
         times = timed_rounds(device, {"unplanned": step(model), **{name: step(m) for name, m in planned.items()}},
                              rounds)
     per_call = _residual(problem, calls, paired_difference(times, "calls", "unplanned"), "calls") if calls else 0.0
-    raised = dataclasses.replace(problem, region_overhead_ms=problem.region_overhead_ms + per_call, run_region_ms=0.0)
-    per_run = _residual(raised, runs, paired_difference(times, "runs", "unplanned"), "short runs") if runs else 0.0
-    return StepResiduals(per_call, per_run, len(calls), len(runs))
+    unpriced = dataclasses.replace(problem, run_region_ms=0.0)
+    per_run = _residual(unpriced, runs, paired_difference(times, "runs", "unplanned"), "short runs") if runs else 0.0
+    # A run pays checkpoint's per-call figure too (`Problem.checkpoint_ms`), raised by `per_call`:
+    # its own residual is what it costs beyond that, negative where a call's is larger.
+    return StepResiduals(per_call, per_run - per_call, len(calls), len(runs))
 
 
 def _residual(problem: Problem, regions: list[range], measured_ms: float, what: str) -> float:

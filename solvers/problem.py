@@ -134,7 +134,9 @@ class Problem:
     # records the run and costs `run_call_ms` per ATen call of the call, and `recorded_call_ms`
     # per call of the run (recording it, dropping what it saved), and `run_region_ms` per run
     # beyond those (hooks starting and stopping its recording, its replay's set-up and the
-    # replayed calls' dispatch, inputs out of cache). Such a region keeps nothing.
+    # replayed calls' dispatch, inputs out of cache). Such a region keeps nothing. A run also
+    # pays `region_overhead_ms` (`checkpoint_ms`), so `run_region_ms` may be negative where a
+    # checkpoint call costs more than a run's fixed work: down to -region_overhead_ms.
     run_spans: tuple[range, ...] = ()
     run_call_ms: float = 0.0
     recorded_call_ms: float = 0.0
@@ -144,6 +146,9 @@ class Problem:
     def __post_init__(self) -> None:
         if self.run_spans and self.allowed_regions is None:
             raise ValueError("run_spans need allowed_regions: they are allowed regions")
+        if self.run_region_ms < -self.region_overhead_ms:
+            raise ValueError(f"run_region_ms is {self.run_region_ms}: a run's fixed cost, region_overhead_ms + "
+                             "run_region_ms, would be negative")
         if self.max_run_nodes is not None and self.max_run_nodes < 1:
             raise ValueError(f"max_run_nodes is {self.max_run_nodes}: a run holds a node at least")
         for region in self.run_spans:

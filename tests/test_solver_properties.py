@@ -123,7 +123,8 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
         run_spans = tuple(r for r in allowed if len(r) > 1 and draw(st.booleans()))
         run_call_ms = draw(st.sampled_from([0.0, 0.125]))
         recorded_call_ms = draw(st.sampled_from([0.0, 0.25]))
-        run_region_ms = draw(st.sampled_from([0.0, 0.5]))
+        # (negative down to -overhead: a checkpoint call's residual in the step beyond a run's)
+        run_region_ms = draw(st.sampled_from([0.0, 0.5, -overhead]))
         max_run_nodes = draw(st.sampled_from([None, 1, 2]))
         nodes = tuple(replace(node, replayable=draw(st.integers(0, 4)) > 0) for node in nodes)
     return Problem(nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,

@@ -326,3 +326,12 @@ def test_a_region_keeps_only_its_first_candidates_that_recomputation_reaches():
     assert peak_bytes(many, (whole,), (1,)) >= peak_bytes(many, (whole,))
     with pytest.raises(ValueError, match="cannot be kept"):
         peak_bytes(many, (range(0, 3),), (5,))
+
+
+def test_a_runs_fixed_cost_may_not_be_negative():
+    nodes = (NodeCost("a", 1.0, output_bytes=8), NodeCost("b", 1.0, output_bytes=8, uses=(0,), saves=(0,)))
+    allowed = (range(0, 2),)
+    # a run's residual may lie under a checkpoint call's, down to -region_overhead_ms
+    Problem(nodes, allowed_regions=allowed, run_spans=allowed, region_overhead_ms=0.5, run_region_ms=-0.5)
+    with pytest.raises(ValueError, match="run_region_ms"):
+        Problem(nodes, allowed_regions=allowed, run_spans=allowed, region_overhead_ms=0.5, run_region_ms=-0.75)
