@@ -96,6 +96,30 @@ def static_bytes(module, sample) -> int:
     return storage_bytes((parameters, [p.grad for p in parameters], list(module.buffers()), sample))
 
 
+def synchronize(sample) -> None:
+    """Wait for the GPU's queued work, so that wall-clock times and peaks cover it."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    for leaf in tree_leaves(sample):
+        if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":
+            torch.cuda.synchronize(leaf.device)
+            return
+
+
+def on_device(model, sample, device: str, batch_scale: int):
+    """The model and sample on `device`, the sample's batch (dimension 0) repeated `batch_scale`
+    times: the CPU sizes make launch-bound steps on a GPU."""
+    import torch
+    from torch.utils._pytree import tree_map_only
+    from planner.cli_models import to_device
+
+    if batch_scale > 1:
+        sample = tree_map_only(torch.Tensor, lambda t: t.repeat(batch_scale, *[1] * (t.dim() - 1)) if t.dim() else t,
+                               sample)
+    return to_device(model, sample, device)
+
+
 def measure_tensors(module, sample) -> int:
     from planner.memory import LiveBytesTracker
 
@@ -106,13 +130,20 @@ def measure_tensors(module, sample) -> int:
 
 
 def measure_allocator(module, sample) -> tuple[int, int]:
-    """The peak as p.verify() measures it (PeakMemory on the CPU), and without kernel scratch."""
+    """The peak as p.verify() measures it (PeakMemory), and without kernel scratch (on CUDA the
+    allocator cannot tell scratch apart: both are `torch.cuda.max_memory_allocated`)."""
     from planner.allocations import ProfiledPeakMemory
+    from planner.memory import PeakMemory
 
     gc.collect()
+    static = static_bytes(module, sample)
+    device = next(module.parameters()).device
+    if device.type == "cuda":
+        with PeakMemory(device) as peak:
+            step(module, sample)
+        return static + peak.peak_bytes, static + peak.peak_bytes
     with ProfiledPeakMemory() as memory:
         step(module, sample)
-    static = static_bytes(module, sample)
     return static + memory.peak_bytes, static + memory.peak_bytes_without_scratch
 
 
@@ -122,8 +153,10 @@ def timed_step(module, sample) -> float:
     gc.collect()
     gc.disable()
     try:
+        synchronize(sample)
         started = time.perf_counter()
         step(module, sample)
+        synchronize(sample)
         return 1000 * (time.perf_counter() - started)
     finally:
         gc.enable()
@@ -172,7 +205,9 @@ def run_model(spec: Spec, args) -> ModelResult:
 
     torch.manual_seed(0)
     model, sample, description = spec.build(args.quick)
-    model.train()
+    model, sample = on_device(model.train(), sample, args.device, args.batch_scale)
+    if args.batch_scale > 1:
+        description += f", batch repeated {args.batch_scale} times"
     log(f"{spec.key}: {description}")
     notes: list[str] = []
 
@@ -278,6 +313,23 @@ def run_model(spec: Spec, args) -> ModelResult:
                        every_plan.recompute_ms if every_plan is not None else None)
 
 
+def device_name(device: str) -> str | None:
+    """The GPU's name for RESULTS.md's heading, None on the CPU."""
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None
+
+
+def device_text(args) -> str:
+    if args.device == "cpu":
+        return ""
+    return (f" Device: {device_name(args.device)}, torch {__import__('torch').__version__}: peaks from "
+            "`torch.cuda.max_memory_allocated` (the allocator cannot tell kernel scratch apart there), step times "
+            "by the wall clock around a step synchronised before and after, plans measured on the GPU (CUDA events)"
+            + (f"; each sample's batch repeated {args.batch_scale} times" if args.batch_scale > 1 else "")
+            + ". The sentence on batch sizes above is about the CPU.")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 round, one compile budget")
@@ -301,7 +353,14 @@ def main() -> int:
     parser.add_argument("--return-freed-memory", action="store_true",
                         help="leave glibc's malloc as it is (default: keep freed memory, as CUDA's caching "
                              "allocator does; see benchmarks/cpu_memory.py)")
+    parser.add_argument("--device", default="cpu",
+                        help="where the models run (default cpu; cuda: peaks from torch.cuda.max_memory_allocated, "
+                             "steps timed around a synchronised step)")
+    parser.add_argument("--batch-scale", type=int, default=1,
+                        help="repeat each sample's batch this many times (default 1; the sizes are the CPU's)")
     args = parser.parse_args()
+    if args.batch_scale < 1:
+        parser.error("--batch-scale must be at least 1")
     args.retained = False if args.return_freed_memory else retain_freed_memory()
     keys = [key.strip() for key in args.models.split(",") if key.strip()]
     unknown = [key for key in keys if key not in SPECS]
@@ -336,7 +395,8 @@ def main() -> int:
     sections = []
     all_flags: dict[str, list[bool | None]] = {}
     for result in results:
-        image = image_dir / f"compare_{result.spec.key}.png"
+        suffix = "" if args.device == "cpu" else f"_{args.device.split(':')[0]}"
+        image = image_dir / f"compare_{result.spec.key}{suffix}.png"
         plot(result, image)
         none = next(c for c in result.configs if c.name == "none")
         lines, flags = verdict(result)
@@ -366,7 +426,7 @@ def main() -> int:
     summary = summary_lines(all_flags)
     wall = time.perf_counter() - STARTED
     body = "\n\n".join([
-        method_text(args.rounds, args.threads, args.retained),
+        method_text(args.rounds, args.threads, args.retained, device_text(args)),
         *sections,
         "### Allocator vs tensor tracker on eager configurations",
         "Same configurations, separate steps. Differences left after removing kernel scratch are storages "
@@ -385,12 +445,14 @@ def main() -> int:
         command = "python benchmarks/compare.py" + (f" --models {args.models}" if args.models != ",".join(SPECS) else "") \
             + (f" --rounds {args.rounds}" if args.rounds != 7 else "") \
             + (f" --solvers {','.join(args.solvers)}" if args.solvers != ["auto"] else "") \
-            + (" --any-run" if args.any_run else "")
+            + (" --any-run" if args.any_run else "") \
+            + (f" --device {args.device}" if args.device != "cpu" else "") \
+            + (f" --batch-scale {args.batch_scale}" if args.batch_scale != 1 else "")
         if args.compile_budgets:
             command += " --compile-budgets " + ",".join(f"{budget:g}" for budget in args.compile_budgets)
         from results import append_results
 
-        append_results("Planner vs. today's options", command, body)
+        append_results("Planner vs. today's options", command, body, device_name(args.device))
     return 0
 
 

@@ -70,7 +70,7 @@ class ModelResult:
     every_predicted_ms: float | None = None  # the planner's prediction of every block's overhead
 
 
-def method_text(rounds: int, threads: int, retained: bool) -> str:
+def method_text(rounds: int, threads: int, retained: bool, device_text: str = "") -> str:
     """How the run measured: the paragraph that opens its section in RESULTS.md."""
     return (
         "Peak: static storages (parameters, gradients, buffers, inputs) + the highest point of what one "
@@ -93,7 +93,7 @@ def method_text(rounds: int, threads: int, retained: bool) -> str:
         "timing is not counted as the model's error. Share = overhead / every "
         "block's, measured (predicted in brackets). Batch sizes were picked for about one second per "
         "unplanned step on this machine with one thread; each model's *none* row gives what this run "
-        "measured (the machine was shared)."
+        "measured (the machine was shared)." + device_text
     )
 
 

@@ -25,18 +25,9 @@ from benchmarks.real_models import _models  # noqa: E402
 from benchmarks.results import append_results  # noqa: E402
 from planner import InfeasibleBudget, load_plan, plan  # noqa: E402
 from planner.api import GIB  # noqa: E402
+from planner.cli_models import to_device  # noqa: E402
 from planner.verify import verify_modules  # noqa: E402
 from solvers import format_bytes  # noqa: E402
-
-
-def _to(value, device):
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {key: _to(item, device) for key, item in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to(item, device) for item in value)
-    return value
 
 
 def main() -> int:
@@ -44,20 +35,21 @@ def main() -> int:
     parser.add_argument("--fraction", type=float, default=0.5, help="budget as a share of the measured unplanned peak")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--device", default="cuda", help="cuda (default), or cpu for a dry run of this script")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
         print("No CUDA device here: nothing to check. Run this on a machine with a GPU.")
         return 0
     warnings.filterwarnings("ignore")
-    device = torch.device("cuda")
-    gpu = torch.cuda.get_device_name(device)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     rows = ["| model | path | budget | regions | predicted peak | measured peak | error | under budget "
             "| step ms unplanned -> planned | predicted overhead | gradients match |", "|" + "---|" * 11]
     misses = []
     for name, factory in _models().items():
         torch.manual_seed(0)
         model, sample = factory()
-        model, sample = model.to(device).train(), _to(sample, device)
+        model, sample = to_device(model.train(), sample, args.device)
         unplanned = plan(model, sample, budget_gb=80, measure="run")
         measured_peak = unplanned.verify(steps=args.steps).original_peak_bytes
         budget = args.fraction * measured_peak
@@ -93,9 +85,9 @@ def main() -> int:
         "Misses:\n" + "\n".join(f"- {miss}" for miss in misses)
     table = "\n".join(rows)
     print(table, verdict, sep="\n\n")
-    if not args.no_save:
+    if not args.no_save and gpu is not None:
         append_results(f"CUDA check on {gpu}", f"python benchmarks/cuda_check.py --fraction {args.fraction}",
-                       f"{table}\n\n{verdict}\n")
+                       f"{table}\n\n{verdict}\n", gpu)
     return 0 if not misses else 1
 
 

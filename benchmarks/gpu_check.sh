@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU checks of one short device lease, in the order they matter:
+#   1. benchmarks/compare.py on CUDA, one model per process (a failure or a timeout costs one model);
+#   2. benchmarks/cuda_check.py (plans measured on the GPU, run and no-run, verified there).
+# It stops starting work once DEADLINE_S seconds have passed. Results: RESULTS.md sections and
+# plots in this tree, packed with the logs into one archive, $OUT/gpu_check.tgz (OUT defaults to /tmp).
+#
+#   OUT=/tmp/out bash benchmarks/gpu_check.sh          # on a machine with a CUDA GPU
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PYTHON=${PYTHON:-python3}
+OUT=${OUT:-/tmp}
+LOGS=/tmp/gpu_check_logs
+DEADLINE_S=${DEADLINE_S:-480}
+MODELS=${MODELS:-gpt llama gpt2 cnn vit bert}
+BATCH_SCALE=${BATCH_SCALE:-32}
+rm -rf "$LOGS"; mkdir -p "$LOGS" "$OUT"
+started=$SECONDS
+left() { echo $((DEADLINE_S - (SECONDS - started))); }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$LOGS/gpu.txt"
+"$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
+    | tee -a "$LOGS/gpu.txt"
+for model in $MODELS; do
+    budget=$(left)
+    if [ "$budget" -lt 60 ]; then echo "skipped compare $model: $budget s left" | tee -a "$LOGS/skipped.txt"; continue; fi
+    [ "$budget" -gt 120 ] && budget=120
+    timeout "$budget" "$PYTHON" benchmarks/compare.py --device cuda --batch-scale "$BATCH_SCALE" --rounds 15 \
+        --models "$model" > "$LOGS/compare_$model.log" 2>&1
+    echo "compare $model: exit $? after $((SECONDS - started)) s" | tee -a "$LOGS/status.txt"
+done
+budget=$(left)
+if [ "$budget" -ge 60 ]; then
+    timeout "$budget" "$PYTHON" benchmarks/cuda_check.py > "$LOGS/cuda_check.log" 2>&1
+    echo "cuda_check: exit $? after $((SECONDS - started)) s" | tee -a "$LOGS/status.txt"
+else
+    echo "skipped cuda_check: $budget s left" | tee -a "$LOGS/skipped.txt"
+fi
+tar czf "$OUT/gpu_check.tgz" benchmarks/RESULTS.md benchmarks/results/*_cuda.png -C /tmp gpu_check_logs
+tail -n 3 "$LOGS"/compare_*.log "$LOGS/cuda_check.log" 2>/dev/null
+cat "$LOGS/status.txt"
