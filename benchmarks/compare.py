@@ -201,6 +201,7 @@ def run_model(spec: Spec, args) -> ModelResult:
     import torch
     from planner import InfeasibleBudget, plan
     from planner.api import GIB
+    from planner.eager_check import BEYOND_GRAPH
     from solvers import Status
 
     torch.manual_seed(0)
@@ -234,6 +235,9 @@ def run_model(spec: Spec, args) -> ModelResult:
     base = plan(model, sample, budget_gb=80, repeats=args.plan_repeats)
     plan_s = time.perf_counter() - started
     log(f"{spec.key}: measured and solved in {plan_s:.1f} s; {len(base.problem)} nodes via {base.frontend}")
+    none.note = f"the planner's prediction {mib(base.baseline_peak_bytes)}"
+    if BEYOND_GRAPH in base.static_breakdown:
+        notes.append(f"planner: the {BEYOND_GRAPH}, {mib(base.static_breakdown[BEYOND_GRAPH])}, kept free in every plan")
     every_plan = every_block_plan(spec, model, base)
     retimer = NodeRetimer(base)
     budgets = [("every block's peak", every.peak)] + [(f"{f:.0%}", int(f * unplanned)) for f in args.fractions]

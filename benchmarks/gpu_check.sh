@@ -2,6 +2,8 @@
 # The GPU checks of one short device lease, in the order they matter:
 #   1. benchmarks/compare.py on CUDA, one model per process (a failure or a timeout costs one model);
 #   2. benchmarks/cuda_check.py (plans measured on the GPU, run and no-run, verified there).
+# PEAK_GAP=1 first runs benchmarks/peak_gap.py (where measured and predicted peaks part);
+# CUDA_CHECK=0 skips step 2.
 # It stops starting work once DEADLINE_S seconds have passed. Results: RESULTS.md sections and
 # plots in this tree, packed with the logs into one archive, $OUT/gpu_check.tgz (OUT defaults to /tmp).
 #
@@ -22,6 +24,10 @@ left() { echo $((DEADLINE_S - (SECONDS - started))); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$LOGS/gpu.txt"
 "$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
     | tee -a "$LOGS/gpu.txt"
+if [ "${PEAK_GAP:-0}" = 1 ]; then
+    timeout 150 "$PYTHON" benchmarks/peak_gap.py > "$LOGS/peak_gap.log" 2>&1
+    echo "peak_gap: exit $? after $((SECONDS - started)) s" | tee -a "$LOGS/status.txt"
+fi
 for model in $MODELS; do
     budget=$(left)
     if [ "$budget" -lt 60 ]; then echo "skipped compare $model: $budget s left" | tee -a "$LOGS/skipped.txt"; continue; fi
@@ -31,7 +37,9 @@ for model in $MODELS; do
     echo "compare $model: exit $? after $((SECONDS - started)) s" | tee -a "$LOGS/status.txt"
 done
 budget=$(left)
-if [ "$budget" -ge 60 ]; then
+if [ "${CUDA_CHECK:-1}" = 0 ]; then
+    echo "cuda_check not asked for"
+elif [ "$budget" -ge 60 ]; then
     timeout "$budget" "$PYTHON" benchmarks/cuda_check.py > "$LOGS/cuda_check.log" 2>&1
     echo "cuda_check: exit $? after $((SECONDS - started)) s" | tee -a "$LOGS/status.txt"
 else
@@ -39,4 +47,5 @@ else
 fi
 tar czf "$OUT/gpu_check.tgz" benchmarks/RESULTS.md benchmarks/results/*_cuda.png -C /tmp gpu_check_logs
 tail -n 3 "$LOGS"/compare_*.log "$LOGS/cuda_check.log" 2>/dev/null
+grep -v "^\[W" "$LOGS/peak_gap.log" 2>/dev/null
 cat "$LOGS/status.txt"

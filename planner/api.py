@@ -19,6 +19,7 @@ from planner.measure import check_measure, measure_model, plan_device
 from planner.plan_setup import Setup, check_gb
 from planner.memory import preserved_state
 from planner.block_costs import selective_overhead_for_plan
+from planner.eager_check import keep_free_beyond_graph
 from planner.step_costs import step_residuals
 from planner.overhead import checkpoint_overhead_ms
 from planner.profile import GraphProfile
@@ -385,6 +386,9 @@ def plan(
             lambda module: training_loss(module(*args, **kwargs)).backward(), where.device)
         problem = replace(problem, region_overhead_ms=problem.region_overhead_ms + residuals.per_call_ms,
                           run_region_ms=residuals.per_run_ms)
+        if world_size == 1:  # (FSDP2's per-rank terms are not what one unsharded step holds)
+            say("measuring the model's own step against the traced graph")
+            problem, breakdown = keep_free_beyond_graph(model, sample, problem, breakdown, where.device, where.name)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
     started = time.perf_counter()
     solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))

@@ -12,7 +12,8 @@ every report, saved plan and CLI output made from them says so.
 Attention sizes follow the kernel the target runs, not the one this machine's build picks:
 `target_attention` calls the flash kernel for fp16/bf16 without a mask (head dim a multiple of
 8, at most 256), else the memory-efficient kernel (both save the output and a log-sum-exp, not
-the attention matrix the CPU's math path keeps).
+the attention matrix the CPU's math path keeps), except for grouped-query attention, which the
+memory-efficient kernel does not take: PyTorch falls back to the math path, matrix and all.
 
 Example:
     >>> from planner import targets
@@ -220,7 +221,8 @@ def target_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      enable_gqa: bool = False) -> torch.Tensor:
     """`scaled_dot_product_attention` as a CUDA GPU runs it in training: the flash kernel for
     fp16/bf16 without a mask (head dim a multiple of 8, at most 256), else the memory-efficient
-    kernel (key and value repeated per query head where their head counts differ). Called on
+    kernel, or the math path where key and value have fewer heads than the query (grouped-query
+    attention, which the memory-efficient kernel does not take). Called on
     fake tensors of any device: only the sizes of what it returns and saves matter.
 
     Example:
@@ -233,8 +235,11 @@ def target_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         return torch.ops.aten._scaled_dot_product_flash_attention(
             query, key, value, dropout_p, is_causal, False, scale=scale)[0]
     if key.size(-3) != query.size(-3):
-        repeats = query.size(-3) // key.size(-3)
-        key, value = key.repeat_interleave(repeats, dim=-3), value.repeat_interleave(repeats, dim=-3)
+        # The memory-efficient kernel takes no grouped-query attention: PyTorch runs the math
+        # path, which saves the attention probabilities (seen on an H100, torch 2.11: a
+        # Llama with 2 key/value heads for 4, benchmarks/peak_gap.py).
+        return torch.ops.aten._scaled_dot_product_attention_math(
+            query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=True)[0]
     if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype == torch.bool:
         attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device)  # additive form
     return torch.ops.aten._scaled_dot_product_efficient_attention(

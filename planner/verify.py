@@ -118,7 +118,7 @@ def _call(module: nn.Module, sample: Any) -> Any:
     return module(*args, **kwargs)
 
 
-def _step(module: nn.Module, sample: Any) -> None:
+def training_step(module: nn.Module, sample: Any) -> None:
     training_loss(_call(module, sample)).backward()
 
 
@@ -147,12 +147,19 @@ def _all_close(left: list[Any], right: list[Any]) -> bool:
     return True
 
 
-def _measured_peak(module: nn.Module, sample: Any, device: torch.device) -> int:
+def measured_peak(module: nn.Module, sample: Any, device: torch.device) -> int:
+    """One training step's peak on `device`, as `Plan.verify` measures it: the storages of the
+    parameters, their gradients, the buffers and the sample, plus the highest point of what
+    the step allocates (`planner.memory.PeakMemory`, kernel scratch included).
+
+    Example:
+        >>> measured_peak(model, tokens, torch.device("cpu"))
+    """
     static = storage_bytes((
         list(module.parameters()), [p.grad for p in module.parameters()], list(module.buffers()), sample,
     ))
     with PeakMemory(device) as memory:
-        _step(module, sample)
+        training_step(module, sample)
     return static + memory.peak_bytes
 
 
@@ -162,7 +169,7 @@ def step_ms(module: nn.Module, sample: Any, device: torch.device) -> float:
     Example:
         >>> step_ms(model, tokens, torch.device("cpu"))
     """
-    return elapsed_ms(device, lambda: _step(module, sample))
+    return elapsed_ms(device, lambda: training_step(module, sample))
 
 
 def verify_modules(original: nn.Module, planned: nn.Module, sample: Any, steps: int,
@@ -189,7 +196,7 @@ def verify_modules(original: nn.Module, planned: nn.Module, sample: Any, steps: 
         times: dict[str, list[float]] = {"original": [], "planned": []}
         for _ in range(steps):
             for name, module in (("original", original), ("planned", planned)):
-                peaks[name].append(_measured_peak(module, sample, device))
+                peaks[name].append(measured_peak(module, sample, device))
                 times[name].append(step_ms(module, sample, device))
     return Verification(
         original_peak_bytes=max(peaks["original"]),

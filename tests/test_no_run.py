@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch._subclasses import FakeTensorMode
 
 from conftest import MODELS, small_gpt
 from planner import load_plan, plan
@@ -228,3 +229,30 @@ def test_cli_plans_a_hugging_face_architecture_on_meta(capsys, tmp_path):
     assert "FSDP2 over 4 ranks" in out and "(estimate)" in out and "optimizer state" in out
     assert "times are estimates" in err
     assert json.loads((tmp_path / "plan.json").read_text())["planned_for"]["world_size"] == 4
+
+
+def _saved_shapes(attention, query, key, value, **options) -> list[tuple[int, ...]]:
+    saved: list[tuple[int, ...]] = []
+
+    def pack(tensor):
+        saved.append(tuple(tensor.shape))
+        return tensor
+
+    mode = FakeTensorMode()
+    q, k, v = (mode.from_tensor(t).requires_grad_() for t in (query, key, value))
+    with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        attention(q, k, v, **options)
+    return saved
+
+
+def test_a_cuda_target_runs_grouped_query_attention_on_the_math_path():
+    from planner.targets import target_attention
+
+    batch, heads, length, width = 2, 4, 32, 16
+    query = torch.randn(batch, heads, length, width)
+    fewer = torch.randn(batch, 2, length, width)
+    matrix = (batch, heads, length, length)
+    assert matrix in _saved_shapes(target_attention, query, fewer, fewer, is_causal=True, enable_gqa=True)
+    assert matrix not in _saved_shapes(target_attention, query, query, query, is_causal=True)  # memory-efficient
+    half = query.to(torch.bfloat16), fewer.to(torch.bfloat16), fewer.to(torch.bfloat16)
+    assert matrix not in _saved_shapes(target_attention, *half, is_causal=True, enable_gqa=True)  # flash

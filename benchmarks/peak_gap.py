@@ -1,0 +1,135 @@
+"""Where a measured peak and the planner's predicted one part: for each model, plan it with the
+whole step measured (`measure="run"`), verify the unplanned step and the plan at `--fraction`
+of the measured unplanned peak, and for each step show the allocator's peak and what was live
+there (the largest allocations and the operators that made them), beside the planner's
+predicted peak and the node the simulation puts it at.
+
+    .venv/bin/python benchmarks/peak_gap.py [--device cuda] [--models llama,llama-mha,gpt2]
+
+It prints only (a diagnostic; RESULTS.md cites what it found).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch._C._profiler import _EventType  # noqa: E402
+
+from planner import plan  # noqa: E402
+from planner.allocations import memory_profile  # noqa: E402
+from planner.api import GIB  # noqa: E402
+from planner.cli_models import to_device  # noqa: E402
+from planner.verify import training_loss  # noqa: E402
+from planner.trace import split_sample  # noqa: E402
+from solvers import format_bytes  # noqa: E402
+from solvers.simulate import simulate  # noqa: E402
+
+
+def _models() -> dict:
+    import transformers as t
+
+    transformers_logging = t.logging
+    transformers_logging.set_verbosity_error()
+    ids = torch.randint(0, 1000, (8, 256))
+
+    def llama(kv_heads: int):
+        return lambda: (t.LlamaForCausalLM(t.LlamaConfig(
+            num_hidden_layers=4, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+            num_key_value_heads=kv_heads, vocab_size=1000, bos_token_id=0, eos_token_id=0)),
+            {"input_ids": ids, "labels": ids, "use_cache": False})
+
+    return {
+        "llama": llama(2),
+        "llama-mha": llama(4),
+        "gpt2": lambda: (t.GPT2LMHeadModel(t.GPT2Config(
+            n_layer=4, n_embd=256, n_head=4, vocab_size=1000, n_positions=256, bos_token_id=0, eos_token_id=0)),
+            {"input_ids": ids, "labels": ids, "use_cache": False}),
+    }
+
+
+def _allocations(profile, device_type: str) -> list[tuple[int, int, int, str]]:
+    """(time, size, pointer, innermost aten:: operator path) of each allocation event."""
+    events = []
+    stack = [(root, ()) for root in profile.profiler.kineto_results.experimental_event_tree()]
+    while stack:
+        node, path = stack.pop()
+        kind, fields = node.typed
+        if kind == _EventType.Allocation:
+            if fields.device.type == device_type and fields.alloc_size != 0:
+                events.append((node.start_time_ns, fields.alloc_size, fields.ptr, " > ".join(path[-3:])))
+            continue
+        if kind == _EventType.TorchOp:
+            path = path + (node.name,)
+        stack.extend((child, path) for child in node.children)
+    events.sort(key=lambda event: (event[0], event[1] > 0))
+    return events
+
+
+def _peak_report(module, sample, device: torch.device) -> str:
+    args, kwargs = split_sample(sample)
+    with memory_profile() as profile:
+        training_loss(module(*args, **kwargs)).backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    live: dict[int, tuple[int, str]] = {}
+    total = peak = 0
+    at_peak: dict[int, tuple[int, str]] = {}
+    peak_op = ""
+    for _, size, pointer, op in _allocations(profile, device.type):
+        if size > 0:
+            live[pointer] = (size, op)
+            total += size
+            if total > peak:
+                peak, at_peak, peak_op = total, dict(live), op
+        elif pointer in live:
+            total -= live.pop(pointer)[0]
+    by_op = Counter()
+    for size, op in at_peak.values():
+        by_op[op] += size
+    lines = [f"    peak of the step's allocations {format_bytes(peak)} at an allocation in {peak_op!r}; live there:"]
+    lines += [f"      {format_bytes(size):>12}  {op}" for op, size in by_op.most_common(12)]
+    return "\n".join(lines)
+
+
+def _regions(planned) -> str:
+    return ", ".join(c.nodes[0] + (f"..{c.nodes[-1]}" if len(c.nodes) > 1 else "") for c in planned.checkpoints)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--models", default="llama,llama-mha,gpt2")
+    parser.add_argument("--fraction", type=float, default=0.5)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    device = torch.device(args.device)
+    models = _models()
+    for name in args.models.split(","):
+        torch.manual_seed(0)
+        model, sample = models[name]()
+        model, sample = to_device(model.train(), sample, args.device)
+        unplanned = plan(model, sample, budget_gb=80, measure="run")
+        record = unplanned.verify(steps=2)
+        print(f"{name} on {device}: unplanned predicted {format_bytes(unplanned.baseline_peak_bytes)}, "
+              f"measured {format_bytes(record.original_peak_bytes)} ({100 * record.original_peak_error:+.1f}%)")
+        timeline = simulate(unplanned.problem)
+        print(f"  simulated unplanned peak at {timeline.labels[timeline.peak_step]}")
+        print(_peak_report(model, sample, device))
+        planned = unplanned.replan(budget_gb=args.fraction * record.original_peak_bytes / GIB)
+        planned_record = planned.verify(steps=2)
+        timeline = simulate(planned.problem, planned.solution.regions, planned.solution.kept)
+        print(f"  plan at {args.fraction:.0%}: {_regions(planned)}; predicted "
+              f"{format_bytes(planned.predicted_peak_bytes)}, measured {format_bytes(planned_record.planned_peak_bytes)} "
+              f"({100 * planned_record.peak_error:+.1f}%), simulated peak at {timeline.labels[timeline.peak_step]}")
+        print(_peak_report(planned.module(), sample, device), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
