@@ -8,6 +8,12 @@
 # plots in this tree, packed with the logs into one archive, $OUT/gpu_check.tgz (OUT defaults to /tmp).
 #
 #   OUT=/tmp/out bash benchmarks/gpu_check.sh          # on a machine with a CUDA GPU
+#
+# compare.py's lower bound needs OR-Tools; where the GPU's Python lacks it and cannot fetch it,
+# bring wheels for that Python (here 3.12) and put them first on its path:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+#       -d .whl ortools==9.15.6755 protobuf==6.33.6 immutabledict==4.3.1 absl-py==2.5.1
+#   pip install --no-index --no-deps --target /tmp/site .whl/*.whl; export PYTHONPATH=/tmp/site
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
