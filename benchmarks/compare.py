@@ -58,7 +58,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from retime import NodeRetimer  # noqa: E402
-from compare_models import SPECS, Spec, every_block, segments, sqrt_segments  # noqa: E402
+from compare_models import SPECS, Spec, every_block, on_device, segments, sqrt_segments  # noqa: E402
 from cpu_memory import retain_freed_memory  # noqa: E402
 from decision_space import beyond_the_planner  # noqa: E402
 from compare_plot import plot  # noqa: E402
@@ -105,19 +105,6 @@ def synchronize(sample) -> None:
         if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":
             torch.cuda.synchronize(leaf.device)
             return
-
-
-def on_device(model, sample, device: str, batch_scale: int):
-    """The model and sample on `device`, the sample's batch (dimension 0) repeated `batch_scale`
-    times: the CPU sizes make launch-bound steps on a GPU."""
-    import torch
-    from torch.utils._pytree import tree_map_only
-    from planner.cli_models import to_device
-
-    if batch_scale > 1:
-        sample = tree_map_only(torch.Tensor, lambda t: t.repeat(batch_scale, *[1] * (t.dim() - 1)) if t.dim() else t,
-                               sample)
-    return to_device(model, sample, device)
 
 
 def measure_tensors(module, sample) -> int:

@@ -127,6 +127,19 @@ SPECS = {
 }
 
 
+def on_device(model, sample, device: str, batch_scale: int):
+    """The model and sample on `device`, the sample's batch (dimension 0) repeated `batch_scale`
+    times: the CPU sizes make launch-bound steps on a GPU."""
+    import torch
+    from torch.utils._pytree import tree_map_only
+    from planner.cli_models import to_device
+
+    if batch_scale > 1:
+        sample = tree_map_only(torch.Tensor, lambda t: t.repeat(batch_scale, *[1] * (t.dim() - 1)) if t.dim() else t,
+                               sample)
+    return to_device(model, sample, device)
+
+
 # --------------------------------------------------------------------------------------------
 # Baselines: every block, sqrt(N) segments
 

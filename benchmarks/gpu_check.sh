@@ -2,7 +2,8 @@
 # The GPU checks of one short device lease, in the order they matter:
 #   1. benchmarks/compare.py on CUDA, one model per process (a failure or a timeout costs one model);
 #   2. benchmarks/cuda_check.py (plans measured on the GPU, run and no-run, verified there).
-# PEAK_GAP=1 first runs benchmarks/peak_gap.py (where measured and predicted peaks part);
+# PEAK_GAP=1 first runs benchmarks/peak_gap.py $PEAK_GAP_ARGS (where measured and predicted peaks
+# part; e.g. PEAK_GAP_ARGS="--compare gpt2,cnn --batch-scale 32" for compare.py's models);
 # CUDA_CHECK=0 skips step 2.
 # It stops starting work once DEADLINE_S seconds have passed. Results: RESULTS.md sections and
 # plots in this tree, packed with the logs into one archive, $OUT/gpu_check.tgz (OUT defaults to /tmp).
@@ -31,7 +32,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$LOG
 "$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
     | tee -a "$LOGS/gpu.txt"
 if [ "${PEAK_GAP:-0}" = 1 ]; then
-    timeout 150 "$PYTHON" benchmarks/peak_gap.py > "$LOGS/peak_gap.log" 2>&1
+    timeout 150 "$PYTHON" benchmarks/peak_gap.py ${PEAK_GAP_ARGS:-} > "$LOGS/peak_gap.log" 2>&1
     echo "peak_gap: exit $? after $((SECONDS - started)) s" | tee -a "$LOGS/status.txt"
 fi
 for model in $MODELS; do

@@ -5,6 +5,10 @@ there (the largest allocations and the operators that made them), beside the pla
 predicted peak and the node the simulation puts it at.
 
     .venv/bin/python benchmarks/peak_gap.py [--device cuda] [--models llama,llama-mha,gpt2]
+    .venv/bin/python benchmarks/peak_gap.py --device cuda --compare gpt2,cnn --batch-scale 32
+
+`--compare` takes `benchmarks/compare.py`'s models (`compare_models.SPECS`) at its sizes, the
+batch repeated `--batch-scale` times, as `compare.py --device cuda` ran them.
 
 It prints only (a diagnostic; RESULTS.md cites what it found).
 """
@@ -17,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from torch._C._profiler import _EventType  # noqa: E402
@@ -105,15 +110,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", default="llama,llama-mha,gpt2")
+    parser.add_argument("--compare", default="", help="compare.py's models instead (comma-separated keys)")
+    parser.add_argument("--batch-scale", type=int, default=1, help="with --compare: repeat each batch this many times")
     parser.add_argument("--fraction", type=float, default=0.5)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     device = torch.device(args.device)
-    models = _models()
-    for name in args.models.split(","):
+    if args.compare:
+        from compare_models import SPECS, on_device
+
+        names = args.compare.split(",")
+        build = lambda name: on_device(*SPECS[name].build(False)[:2], args.device, args.batch_scale)  # noqa: E731
+    else:
+        models = _models()
+        names = args.models.split(",")
+        build = lambda name: to_device(*models[name](), args.device)  # noqa: E731
+    for name in names:
         torch.manual_seed(0)
-        model, sample = models[name]()
-        model, sample = to_device(model.train(), sample, args.device)
+        model, sample = build(name)
+        model.train()
         unplanned = plan(model, sample, budget_gb=80, measure="run")
         record = unplanned.verify(steps=2)
         print(f"{name} on {device}: unplanned predicted {format_bytes(unplanned.baseline_peak_bytes)}, "
