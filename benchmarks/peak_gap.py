@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent))  # compare_models; after the project (solvers.py here)
 
 import torch  # noqa: E402
 from torch._C._profiler import _EventType  # noqa: E402
