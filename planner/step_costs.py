@@ -9,9 +9,11 @@ RMSNorm cost 0.61-0.64 ms per call more than those figures predict; on ViT, the 
 figure for a run read 0.006 to 0.38 ms in four plans, while the runs plans chose cost 0.6-0.7 ms
 each more than predicted with it. So both residuals are measured where they are paid: the
 model's step with every call of its repeated submodule that recomputes least (a norm)
-checkpointed, and with one short run alone in each call of its repeated submodules, each
-against the unplanned step in paired rounds; what each adds beyond the problem's other
-figures, per region, is its residual.
+checkpointed, with one short run alone in each call of its repeated submodules, and with
+every call of the repeated submodule that keeps most keeping all it may under its selective
+policy (on Llama, an MLP keeping two linears saved 2.1 ms of recomputation against 6.8 ms
+predicted), each against the unplanned step in paired rounds; what each adds beyond the
+problem's other figures, per region, is its residual.
 
 Example:
     >>> found = step_residuals(model, problem, wrapped, checkpoints_of,
@@ -52,6 +54,10 @@ class StepResiduals:
     per_run_ms: float = 0.0
     calls: int = 0
     runs: int = 0
+    # and a region keeping nodes under a selective policy, beyond a call (at least -per_call_ms;
+    # added to `Problem.keep_region_ms`), read off `keeps` regions
+    per_keep_ms: float = 0.0
+    keeps: int = 0
 
 
 def short_runs(problem: Problem, span: range) -> list[range]:
@@ -122,17 +128,47 @@ def small_calls(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> lis
     return found
 
 
+def keeping_calls(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> list[tuple[range, tuple[int, ...]]]:
+    """Every call of the submodule class, called more than once, whose calls keep most (by the
+    median size of their fullest `Problem.keep_choices`), each keeping its fullest choice;
+    none sharing a node with another.
+
+    Example:
+        >>> [(wrapped[r].module, len(kept)) for r, kept in keeping_calls(problem, wrapped)]
+        [('blocks.0', 5), ('blocks.1', 5)]
+    """
+    by_class: dict[str, list[tuple[range, tuple[int, ...]]]] = {}
+    for region, spec in wrapped.items():
+        if problem.allows_region(region.start, region.stop) and problem.keepable_in(region):
+            fullest = max(problem.keep_choices(region), key=len)
+            if fullest:
+                by_class.setdefault(spec.module_class, []).append((region, fullest))
+    repeated = {name: found for name, found in by_class.items() if len(found) > 1}
+    if not repeated:
+        return []
+    keeping = max(repeated, key=lambda name: (statistics.median(len(kept) for _, kept in repeated[name]), name))
+    found: list[tuple[range, tuple[int, ...]]] = []
+    for region, kept in sorted(repeated[keeping], key=lambda pair: (pair[0].start, -len(pair[0]))):
+        if not found or found[-1][0].stop <= region.start:
+            found.append((region, kept))
+    return found
+
+
 def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
                    checkpoints_of: Callable[[Sequence[range]], Sequence[ModuleCheckpoint]],
                    train_step: Callable[[nn.Module], None], device: torch.device,
-                   rounds: int = STEP_ROUNDS) -> StepResiduals:
+                   rounds: int = STEP_ROUNDS,
+                   keeping_of: Callable[[Sequence[tuple[range, tuple[int, ...]]]], Sequence[ModuleCheckpoint]]
+                   | None = None) -> StepResiduals:
     """What a checkpoint call and a run cost a training step beyond `problem`'s other figures,
     read off the model's own step, `train_step(module)` (forward, loss, backward), on copies
     sharing the parameters: with `small_calls` checkpointed, and with `lone_short_runs`
     recomputed (`checkpoints_of(runs)` applies them), each against the unplanned step, in
     `rounds` paired rounds. A run's residual is what it costs beyond a checkpoint call's,
-    residual included (negative where a call's residual is the larger). The model, its
-    gradients, buffers and the RNG are left as they were.
+    residual included (negative where a call's residual is the larger). With `keeping_of`
+    (the checkpoints of regions keeping nodes), also `keeping_calls` under their selective
+    policies, read the same way. The model, its gradients, buffers and the RNG are left as they
+    were.
 
     Example:
         >>> step_residuals(model, problem, wrapped, checkpoints_of,
@@ -141,11 +177,14 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     """
     calls = small_calls(problem, wrapped)
     runs = lone_short_runs(problem, wrapped)
+    keeps = keeping_calls(problem, wrapped) if keeping_of is not None else []
     planned = {}
     if calls:
         planned["calls"] = apply_plan(shallow_clone(model), [wrapped[region] for region in calls])
     if runs:
         planned["runs"] = apply_plan(shallow_clone(model), tuple(dict.fromkeys(checkpoints_of(runs))))
+    if keeps and keeping_of is not None:
+        planned["keeps"] = apply_plan(shallow_clone(model), list(keeping_of(keeps)))
     if not planned:
         return StepResiduals()
 
@@ -162,18 +201,26 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     per_call = _residual(problem, calls, paired_difference(times, "calls", "unplanned"), "calls") if calls else 0.0
     unpriced = dataclasses.replace(problem, run_region_ms=0.0)
     per_run = _residual(unpriced, runs, paired_difference(times, "runs", "unplanned"), "short runs") if runs else 0.0
-    # A run pays checkpoint's per-call figure too (`Problem.checkpoint_ms`), raised by `per_call`:
-    # its own residual is what it costs beyond that, negative where a call's is larger.
-    return StepResiduals(per_call, per_run - per_call, len(calls), len(runs))
+    per_keep = _residual(problem, [r for r, _ in keeps], paired_difference(times, "keeps", "unplanned"),
+                         "regions keeping nodes", [kept for _, kept in keeps]) if keeps else 0.0
+    # A run or a keeping region pays checkpoint's per-call figure too (`Problem.checkpoint_ms`),
+    # raised by `per_call`: its own residual is what it costs beyond that, negative where a
+    # call's is larger.
+    return StepResiduals(per_call, per_run - per_call, len(calls), len(runs),
+                         per_keep - per_call if keeps else 0.0, len(keeps))
 
 
-def _residual(problem: Problem, regions: list[range], measured_ms: float, what: str) -> float:
-    """What each of `regions` cost beyond what `problem` predicts for it, at least 0."""
-    predicted_ms = sum(problem.region_cost_ms(region) for region in regions)
+def _residual(problem: Problem, regions: list[range], measured_ms: float, what: str,
+              kept: Sequence[tuple[int, ...]] = ()) -> float:
+    """What each of `regions` (keeping `kept`, one tuple per region, where given) cost beyond
+    what `problem` predicts for it, at least 0."""
+    kept = kept or [()] * len(regions)
+    predicted_ms = sum(problem.region_cost_ms(region, nodes) for region, nodes in zip(regions, kept))
     residual = max(0.0, (measured_ms - predicted_ms) / len(regions))
     logger.info("%d %s in the model's step measured %+.2f ms against %.2f ms predicted: %.3f ms each beyond",
                 len(regions), what, measured_ms, predicted_ms, residual)
     return residual
 
 
-__all__ = ["STEP_ROUNDS", "StepResiduals", "lone_short_runs", "short_runs", "small_calls", "step_residuals"]
+__all__ = ["STEP_ROUNDS", "StepResiduals", "keeping_calls", "lone_short_runs", "short_runs", "small_calls",
+           "step_residuals"]

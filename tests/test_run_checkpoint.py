@@ -190,7 +190,7 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
     # own training step as a plan applies them: every run records and replays in each timed step,
     # and the model's gradients, buffers and RNG are left as they were.
     from planner import step_costs
-    from planner.graph import run_checkpoints
+    from planner.graph import run_checkpoints, saved_calls
     from planner.verify import training_loss
 
     model, tokens = small_gpt()
@@ -210,12 +210,26 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
         parameter.grad = torch.full_like(parameter, 0.5)
     buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
     rng = torch.get_rng_state()
+    keeps = step_costs.keeping_calls(problem, wrapped)
+    assert len(keeps) >= 2 and all(kept and set(kept) <= set(region) for region, kept in keeps)
+    assert len({wrapped[region].module_class for region, _ in keeps}) == 1
     replayed = _count_replays(monkeypatch)
+    cached: list[int] = []
+
+    def keeping_of(pairs):
+        found = [replace(wrapped[region], saved_calls=saved_calls(p.traced.gm, region, kept))
+                 for region, kept in pairs]
+        cached.extend(len(spec.saved_calls) for spec in found)
+        return found
+
     found = step_costs.step_residuals(
         model, problem, wrapped, lambda regions: run_checkpoints(p.traced.gm, problem, regions, wrapped).values(),
-        lambda module: training_loss(module(tokens)).backward(), torch.device("cpu"), rounds=2)
-    assert (found.calls, found.runs) == (len(calls), len(runs))
+        lambda module: training_loss(module(tokens)).backward(), torch.device("cpu"), rounds=2,
+        keeping_of=keeping_of)
+    assert (found.calls, found.runs, found.keeps) == (len(calls), len(runs), len(keeps))
+    assert len(cached) == len(keeps) and all(cached)  # each keeping region caches some ATen calls
     assert found.per_call_ms >= 0 and found.per_run_ms >= -found.per_call_ms
+    assert found.per_keep_ms >= -found.per_call_ms
     assert len(replayed) == len(runs) * 3  # a warm-up and two rounds, every run each
     assert all(torch.equal(parameter.grad, torch.full_like(parameter, 0.5)) for parameter in model.parameters())
     assert all(torch.equal(buffer, buffers[name]) for name, buffer in model.named_buffers())
@@ -224,14 +238,20 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
 
 def test_plan_prices_calls_and_runs_with_the_residuals_measured_in_the_step(monkeypatch):
     import planner.api
+    from planner.block_costs import MeasuredCosts
     from planner.step_costs import StepResiduals
 
     model, tokens = small_gpt()
     monkeypatch.setattr(planner.api, "checkpoint_overhead_ms", lambda device: (0.25, 0.01))  # tiny modules'
-    monkeypatch.setattr(planner.api, "step_residuals", lambda *args, **kwargs: StepResiduals(0.5, 0.125, 4, 4))
+    measured = MeasuredCosts(0.25, 0.001, 0.01, 0.001, 0.002, 0.01)
+    monkeypatch.setattr(planner.api, "selective_overhead_for_plan", lambda *args: measured)
+    monkeypatch.setattr(planner.api, "step_residuals", lambda *args, **kwargs: StepResiduals(0.5, 0.125, 4, 4, 1.5, 2))
     p = plan(model, tokens, budget_gb=80, repeats=1)
     assert p.problem.run_spans and p.problem.run_region_ms == 0.125
     assert p.problem.region_overhead_ms == 0.75
+    assert p.problem.keep_region_ms == 1.75
+    monkeypatch.setattr(planner.api, "step_residuals", lambda *args, **kwargs: StepResiduals(0.5, 0.125, 4, 4, -0.5, 2))
+    assert plan(model, tokens, budget_gb=80, repeats=1).problem.keep_region_ms == 0.0  # never below 0
 
 
 def test_a_block_that_cannot_be_recorded_whole_still_has_its_checkpoint_cost_measured(monkeypatch):
