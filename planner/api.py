@@ -383,9 +383,9 @@ def plan(
         say("timing checkpoint calls and runs in training steps")
         residuals = step_residuals(
             model, problem, wrapped, lambda runs: run_checkpoints(traced.gm, problem, runs, wrapped).values(),
-            lambda module: training_loss(module(*args, **kwargs)).backward(), where.device,
-            keeping_of=lambda keeps: [replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, kept))
-                                      for region, kept in keeps])
+            lambda keeps: [replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, kept))
+                           for region, kept in keeps],
+            lambda module: training_loss(module(*args, **kwargs)).backward(), where.device)
         problem = replace(problem, region_overhead_ms=problem.region_overhead_ms + residuals.per_call_ms,
                           run_region_ms=residuals.per_run_ms,
                           keep_region_ms=max(0.0, problem.keep_region_ms + residuals.per_keep_ms))

@@ -16,7 +16,7 @@ predicted), each against the unplanned step in paired rounds; what each adds bey
 problem's other figures, per region, is its residual.
 
 Example:
-    >>> found = step_residuals(model, problem, wrapped, checkpoints_of,
+    >>> found = step_residuals(model, problem, wrapped, checkpoints_of, keeping_of,
     ...                        lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
     >>> found.per_call_ms, found.per_run_ms
     (0.61, 0.49)
@@ -46,16 +46,16 @@ STEP_ROUNDS = 9  # paired rounds of whole steps: each residual is read off a dif
 @dataclass(frozen=True)
 class StepResiduals:
     """What each region costs a training step beyond the problem's other figures: a checkpoint
-    call (at least 0; added to `Problem.region_overhead_ms`), and a run recomputed alone beyond
-    that (`Problem.run_region_ms`: its residual, at least 0, less the call's, so at least
-    `-per_call_ms`); `calls` and `runs` say how many each was read off (0: not measured, 0.0)."""
+    call (at least 0; added to `Problem.region_overhead_ms`), and beyond that a run recomputed
+    alone (`Problem.run_region_ms`) and a region keeping nodes under a selective policy (added
+    to `Problem.keep_region_ms`): each its residual, at least 0, less the call's, so at least
+    `-per_call_ms`. `calls`, `runs` and `keeps` say how many each was read off (0: not
+    measured, 0.0)."""
 
     per_call_ms: float = 0.0
     per_run_ms: float = 0.0
     calls: int = 0
     runs: int = 0
-    # and a region keeping nodes under a selective policy, beyond a call (at least -per_call_ms;
-    # added to `Problem.keep_region_ms`), read off `keeps` regions
     per_keep_ms: float = 0.0
     keeps: int = 0
 
@@ -112,20 +112,10 @@ def small_calls(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> lis
         >>> [wrapped[r].module for r in small_calls(problem, wrapped)]
         ['blocks.0.norm1', 'blocks.0.norm2', 'blocks.1.norm1', 'blocks.1.norm2', 'norm']
     """
-    by_class: dict[str, list[range]] = {}
-    for region, spec in wrapped.items():
-        if problem.allows_region(region.start, region.stop) and problem.region_recompute_ms(region) > 0:
-            by_class.setdefault(spec.module_class, []).append(region)
-    repeated = {name: regions for name, regions in by_class.items() if len(regions) > 1}
-    if not repeated:
-        return []
-    smallest = min(repeated, key=lambda name: (statistics.median(problem.region_recompute_ms(r)
-                                                                 for r in repeated[name]), name))
-    found: list[range] = []
-    for region in sorted(repeated[smallest], key=lambda r: (r.start, -len(r))):
-        if not found or found[-1].stop <= region.start:
-            found.append(region)
-    return found
+    calls = {region: () for region in wrapped
+             if problem.allows_region(region.start, region.stop) and problem.region_recompute_ms(region) > 0}
+    return [region for region, _ in _every_call_of_one_class(
+        calls, wrapped, lambda pairs: statistics.median(problem.region_recompute_ms(r) for r, _ in pairs))]
 
 
 def keeping_calls(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> list[tuple[range, tuple[int, ...]]]:
@@ -137,53 +127,59 @@ def keeping_calls(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> l
         >>> [(wrapped[r].module, len(kept)) for r, kept in keeping_calls(problem, wrapped)]
         [('blocks.0', 5), ('blocks.1', 5)]
     """
+    fullest = {region: max(problem.keep_choices(region), key=len) for region in wrapped
+               if problem.allows_region(region.start, region.stop) and problem.keepable_in(region)}
+    return _every_call_of_one_class({region: kept for region, kept in fullest.items() if kept}, wrapped,
+                                    lambda pairs: -statistics.median(len(kept) for _, kept in pairs))
+
+
+def _every_call_of_one_class(kept: dict[range, tuple[int, ...]], wrapped: dict[range, ModuleCheckpoint],
+                             rank: Callable[[list[tuple[range, tuple[int, ...]]]], float]
+                             ) -> list[tuple[range, tuple[int, ...]]]:
+    """The (region, kept) pairs of the submodule class, among those `kept` has more than one
+    call of, that `rank` puts first (lowest), in order, none sharing a node with another."""
     by_class: dict[str, list[tuple[range, tuple[int, ...]]]] = {}
-    for region, spec in wrapped.items():
-        if problem.allows_region(region.start, region.stop) and problem.keepable_in(region):
-            fullest = max(problem.keep_choices(region), key=len)
-            if fullest:
-                by_class.setdefault(spec.module_class, []).append((region, fullest))
-    repeated = {name: found for name, found in by_class.items() if len(found) > 1}
+    for region, nodes in kept.items():
+        by_class.setdefault(wrapped[region].module_class, []).append((region, nodes))
+    repeated = {name: pairs for name, pairs in by_class.items() if len(pairs) > 1}
     if not repeated:
         return []
-    keeping = max(repeated, key=lambda name: (statistics.median(len(kept) for _, kept in repeated[name]), name))
+    chosen = min(repeated, key=lambda name: (rank(repeated[name]), name))
     found: list[tuple[range, tuple[int, ...]]] = []
-    for region, kept in sorted(repeated[keeping], key=lambda pair: (pair[0].start, -len(pair[0]))):
+    for region, nodes in sorted(repeated[chosen], key=lambda pair: (pair[0].start, -len(pair[0]))):
         if not found or found[-1][0].stop <= region.start:
-            found.append((region, kept))
+            found.append((region, nodes))
     return found
 
 
 def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
                    checkpoints_of: Callable[[Sequence[range]], Sequence[ModuleCheckpoint]],
+                   keeping_of: Callable[[Sequence[tuple[range, tuple[int, ...]]]], Sequence[ModuleCheckpoint]],
                    train_step: Callable[[nn.Module], None], device: torch.device,
-                   rounds: int = STEP_ROUNDS,
-                   keeping_of: Callable[[Sequence[tuple[range, tuple[int, ...]]]], Sequence[ModuleCheckpoint]]
-                   | None = None) -> StepResiduals:
-    """What a checkpoint call and a run cost a training step beyond `problem`'s other figures,
-    read off the model's own step, `train_step(module)` (forward, loss, backward), on copies
-    sharing the parameters: with `small_calls` checkpointed, and with `lone_short_runs`
-    recomputed (`checkpoints_of(runs)` applies them), each against the unplanned step, in
-    `rounds` paired rounds. A run's residual is what it costs beyond a checkpoint call's,
-    residual included (negative where a call's residual is the larger). With `keeping_of`
-    (the checkpoints of regions keeping nodes), also `keeping_calls` under their selective
-    policies, read the same way. The model, its gradients, buffers and the RNG are left as they
-    were.
+                   rounds: int = STEP_ROUNDS) -> StepResiduals:
+    """What a checkpoint call, a run and a region keeping nodes cost a training step beyond
+    `problem`'s other figures, read off the model's own step, `train_step(module)` (forward,
+    loss, backward), on copies sharing the parameters: with `small_calls` checkpointed, with
+    `lone_short_runs` recomputed (`checkpoints_of(runs)` applies them) and with `keeping_calls`
+    under their selective policies (`keeping_of(pairs)`), each against the unplanned step, in
+    `rounds` paired rounds. A run's and a keeping region's residuals are what they cost beyond a
+    checkpoint call's, residual included (negative where a call's residual is the larger). The
+    model, its gradients, buffers and the RNG are left as they were.
 
     Example:
-        >>> step_residuals(model, problem, wrapped, checkpoints_of,
+        >>> step_residuals(model, problem, wrapped, checkpoints_of, keeping_of,
         ...                lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
-        StepResiduals(per_call_ms=0.61, per_run_ms=0.49, calls=13, runs=18)
+        StepResiduals(per_call_ms=0.61, per_run_ms=0.49, calls=13, runs=18, per_keep_ms=1.2, keeps=6)
     """
     calls = small_calls(problem, wrapped)
     runs = lone_short_runs(problem, wrapped)
-    keeps = keeping_calls(problem, wrapped) if keeping_of is not None else []
+    keeps = keeping_calls(problem, wrapped)
     planned = {}
     if calls:
         planned["calls"] = apply_plan(shallow_clone(model), [wrapped[region] for region in calls])
     if runs:
         planned["runs"] = apply_plan(shallow_clone(model), tuple(dict.fromkeys(checkpoints_of(runs))))
-    if keeps and keeping_of is not None:
+    if keeps:
         planned["keeps"] = apply_plan(shallow_clone(model), list(keeping_of(keeps)))
     if not planned:
         return StepResiduals()

@@ -224,8 +224,7 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
 
     found = step_costs.step_residuals(
         model, problem, wrapped, lambda regions: run_checkpoints(p.traced.gm, problem, regions, wrapped).values(),
-        lambda module: training_loss(module(tokens)).backward(), torch.device("cpu"), rounds=2,
-        keeping_of=keeping_of)
+        keeping_of, lambda module: training_loss(module(tokens)).backward(), torch.device("cpu"), rounds=2)
     assert (found.calls, found.runs, found.keeps) == (len(calls), len(runs), len(keeps))
     assert len(cached) == len(keeps) and all(cached)  # each keeping region caches some ATen calls
     assert found.per_call_ms >= 0 and found.per_run_ms >= -found.per_call_ms
