@@ -12,6 +12,8 @@ Example:
 """
 from __future__ import annotations
 
+import sys
+
 
 def without_keeps(problem):
     """The same problem with nothing keepable and no runs inside submodule calls: whole
@@ -38,7 +40,11 @@ def beyond_the_planner(problem, budget: int, with_any_run: bool) -> tuple[float,
     missed target is missed."""
     from solvers import InfeasibleBudget, recompute_lower_bound, solve
 
-    bound_ms = recompute_lower_bound(problem, budget).recompute_ms
+    bound = recompute_lower_bound(problem, budget)
+    if not bound.exact:
+        print(f"lower bound at {budget} bytes: the time limit stopped SCIP; {bound.recompute_ms:.1f} ms is the "
+              "bound it had proven (weaker than the optimum of its program)", file=sys.stderr, flush=True)
+    bound_ms = bound.recompute_ms
     any_run_ms = None
     if with_any_run:
         try:

@@ -100,7 +100,7 @@ def main() -> int:
         f"\n\nShares of every block's predicted overhead (`Plan.with_submodules(blocks)`), predicted by the "
         "planner on one set of measurements, solved by `dp` (status in brackets) with keep choices and runs "
         "inside submodule calls, with whole submodule calls only, and with whole regions on any run of nodes; the lower bound is "
-        "`solvers.recompute_bound.recompute_lower_bound` (an LP relaxation over every plan of whole graph nodes); budgets are every block's predicted peak and fractions of the unplanned predicted "
+        "`solvers.recompute_bound.recompute_lower_bound` (an integer program relaxing every plan of whole graph nodes: recomputation and each region's checkpoint call); budgets are every block's predicted peak and fractions of the unplanned predicted "
         f"peak. {time.perf_counter() - started:.0f} s.")
     if not args.no_save:
         append_results("What each decision space buys (predicted)", "python benchmarks/keep_gain.py", body)

@@ -6,9 +6,9 @@ of nodes as regions, any nodes kept inside them. It says how much of a plan's co
 itself forces, and so whether a target can be met at all at graph-node granularity.
 
 The relaxation, over the steps of the unplanned timeline, which every plan also walks through
-(recomputation only inserts steps). For each node j, x_j in [0, 1] says how much of it is
-recomputed up to its last saved tensor (cost `NodeCost.stop_cost_ms`) and f_j <= x_j how much
-in full, output made (the rest of its `compute_ms`). What a plan cannot change:
+(recomputation only inserts steps). For each node j, x_j (0 or 1) says whether it is recomputed
+up to its last saved tensor (cost `NodeCost.stop_cost_ms`) and f_j <= x_j whether in full,
+output made (the rest of its `compute_ms`). What a plan cannot change:
 - gradients, temporaries, static memory, and what unrecomputable nodes hold;
 - a node's output until its last forward use (the model's code reads it; a graph output until
   forward ends); its saved tensors as they are made;
@@ -26,10 +26,24 @@ output during forward, keeping it (a_i) adds its bytes to every forward step aft
     static + fixed(s) + sum_j dropped by x_j or f_j (1 - x_j or f_j) + sum_i a_i kept_i(s) <= budget,
     x_j <= f_i + a_i for each i that j uses,
 
-and the least sum_j stop_cost_j x_j + (compute_j - stop_cost_j) f_j (a linear program, solved by
-GLOP) is the bound. Without the last rows a bound could free attention's probabilities by
-recomputing the softmax alone, as if its input were still there. Region overheads and the
-selective policy's cost only add to a real plan's cost, so they are left out.
+and recomputation costs sum_j stop_cost_j x_j + (compute_j - stop_cost_j) f_j. Without the last
+rows a bound could free attention's probabilities by recomputing the softmax alone, as if its
+input were still there.
+
+Regions cost more than their recomputation, and on a CPU that can be most of a plan built of
+many small regions. Each node is in a region (y_j) where it is recomputed (x_j), kept by the
+region's policy (k_j, keepable nodes) or past the region's last saving node (t_j, recomputation
+stopped before it): y_j = x_j + k_j + t_j. A region starts (s_j) wherever y_j follows a node
+in none, and also where a node recomputed or kept follows one past the last saving node (no
+region recomputes beyond its stop). Each start costs at least a checkpoint call (`region_overhead_ms`,
+less a run's negative `run_region_ms` where runs are allowed), each node in a region
+`saved_tensor_ms` per tensor it saves, each kept node `kept_node_ms` and `keep_call_ms` per ATen
+call. A node j in a region that reads an output i from outside it (some node in i+1..j does not
+share a region with the one before it, b_m) makes i the region's input: checkpoint keeps it until
+the region's backward is done, so a freed output is held at every backward step up to j's too.
+Every real plan maps onto 0/1 values of these variables at no more than its cost, so the least
+cost of this integer program is the bound: SCIP's proven bound, once within `MIP_GAP` of its best
+plan or at the time limit; the linear relaxation where SCIP finds nothing in time.
 
 Example:
     >>> bound = recompute_lower_bound(problem, budget_bytes=2**30)
@@ -45,9 +59,12 @@ from dataclasses import dataclass
 from solvers.problem import Problem
 from solvers.simulate import Buffers, plan_buffers
 
-# GLOP stops within feasibility tolerances of about 1e-7 per column: shave this share off
-# before calling its objective a bound.
+# SCIP and GLOP stop within feasibility tolerances of about 1e-7 to 1e-6 per row: shave this
+# share off before calling an objective a bound.
 BOUND_TOLERANCE = 1e-6
+# SCIP stops once its proven bound is within this share of its best plan: the bound it reports
+# is valid either way, and closing the last percent can take minutes on a model's graph.
+MIP_GAP = 0.02
 
 Droppable = tuple[str, int]  # ("x", node): its saved tensors; ("f", node): its output
 
@@ -55,7 +72,9 @@ Droppable = tuple[str, int]  # ("x", node): its saved tensors; ("f", node): its 
 @dataclass(frozen=True)
 class RecomputeBound:
     """The least recompute time (ms) any plan of whole graph nodes needs to fit the budget;
-    `math.inf` where recomputing every recomputable node would still not fit.
+    `math.inf` where recomputing every recomputable node would still not fit. `exact`: SCIP
+    closed the integer program's gap to `MIP_GAP`; False where the time limit stopped it first
+    (`recompute_ms` is then the bound it had proven: still a lower bound, a weaker one).
 
     Example:
         >>> RecomputeBound(12.5).fits
@@ -63,14 +82,16 @@ class RecomputeBound:
     """
 
     recompute_ms: float
+    exact: bool = True
 
     @property
     def fits(self) -> bool:
         return self.recompute_ms < math.inf
 
 
-def recompute_lower_bound(problem: Problem, budget_bytes: int) -> RecomputeBound:
-    """Solve the relaxation above for `problem` at `budget_bytes`.
+def recompute_lower_bound(problem: Problem, budget_bytes: int, time_limit_s: float = 20.0) -> RecomputeBound:
+    """Solve the integer program above for `problem` at `budget_bytes`, for at most
+    `time_limit_s` seconds.
 
     Example:
         >>> recompute_lower_bound(problem, budget_bytes=10**9).recompute_ms
@@ -85,37 +106,139 @@ def recompute_lower_bound(problem: Problem, budget_bytes: int) -> RecomputeBound
     if all(most + bytes_fixed <= allowance for most, bytes_fixed in zip(dropped_at_most, fixed)):
         return RecomputeBound(0.0)
     kept_inputs = _kept_inputs(problem, buffers)
-    end_of_forward = len(problem) - 1
-    rows = _memory_rows(fixed, dropped_at_most, kept_inputs, allowance, end_of_forward)
+    held_until = _held_until(problem, buffers.backward_step, kept_inputs)
+    rows = _memory_rows(fixed, dropped_at_most, kept_inputs, held_until, allowance, len(problem) - 1)
     if any(dropped_at_most[step] < need for step, need in rows):
         return RecomputeBound(math.inf)
+    program = _Program(problem, droppable, kept_inputs, held_until, buffers.backward_step, rows)
+    for backend in ("SCIP", "GLOP"):  # GLOP: the linear relaxation, where SCIP found nothing in time
+        solver = pywraplp.Solver.CreateSolver(backend)
+        solver.SetTimeLimit(int(time_limit_s * 1000))
+        program.build(solver, integral=backend == "SCIP")
+        parameters = pywraplp.MPSolverParameters()
+        parameters.SetDoubleParam(parameters.RELATIVE_MIP_GAP, MIP_GAP)
+        status = solver.Solve(parameters)
+        if status == pywraplp.Solver.INFEASIBLE:
+            return RecomputeBound(math.inf)
+        if status in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+            exact = backend == "SCIP" and status == pywraplp.Solver.OPTIMAL
+            value = solver.Objective().BestBound() if backend == "SCIP" else solver.Objective().Value()
+            return RecomputeBound(max(0.0, value * (1 - BOUND_TOLERANCE)), exact)
+    raise RuntimeError(f"GLOP could not solve the recompute bound's linear relaxation (status {status})")
 
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    nodes = problem.nodes
-    recomputed = {j: solver.NumVar(0.0, 1.0, f"x{j}") for j, node in enumerate(nodes) if node.recomputable}
-    in_full = {j: solver.NumVar(0.0, 1.0, f"f{j}") for j in recomputed}
-    kept = {i: solver.NumVar(0.0, 1.0, f"a{i}") for i in kept_inputs}
-    variables = {"x": recomputed, "f": in_full}
-    for j, x in recomputed.items():
-        solver.Add(in_full[j] <= x)
-        for i in set(nodes[j].uses):
-            if i in kept:
-                solver.Add(x <= in_full.get(i, 0.0) + kept[i])
-    for step, need in rows:
-        # bytes dropped at this step, less those kept for recomputation, >= what the step is
-        # over by (in units of the largest term: GLOP wants coefficients near 1)
-        terms = [(size, variables[kind][owner]) for (kind, owner), size in droppable[step].items()]
-        terms += [(-size, kept[i]) for i, (after, size) in kept_inputs.items() if after < step <= end_of_forward]
-        scale = max(abs(need), *(abs(size) for size, _ in terms))
-        solver.Add(sum(size / scale * variable for size, variable in terms) >= need / scale)
-    solver.Minimize(sum(nodes[j].stop_cost_ms * x + (nodes[j].compute_ms - nodes[j].stop_cost_ms) * in_full[j]
-                        for j, x in recomputed.items()))
-    status = solver.Solve()
-    if status == pywraplp.Solver.INFEASIBLE:
-        return RecomputeBound(math.inf)
-    if status != pywraplp.Solver.OPTIMAL:
-        raise RuntimeError(f"GLOP could not solve the recompute bound's LP (status {status})")
-    return RecomputeBound(max(0.0, solver.Objective().Value() * (1 - BOUND_TOLERANCE)))
+
+@dataclass
+class _Program:
+    """The program of the module docstring, built into an OR-Tools solver."""
+
+    problem: Problem
+    droppable: list[dict[Droppable, int]]
+    kept_inputs: dict[int, tuple[int, int]]
+    held_until: dict[int, int]
+    backward_step: tuple[int, ...]
+    rows: list[tuple[int, int]]
+
+    def build(self, solver, integral: bool) -> None:
+        """Variables, rows and objective into `solver`: 0/1 variables where `integral`, else
+        their linear relaxation."""
+        self.solver = solver
+        self.integral = integral
+        nodes = self.problem.nodes
+        end_of_forward = len(nodes) - 1
+        recomputed = {j: self.variable(f"x{j}") for j, node in enumerate(nodes) if node.recomputable}
+        in_full = {j: self.variable(f"f{j}") for j in recomputed}
+        kept = {i: self.variable(f"a{i}") for i in self.kept_inputs}
+        variables = {"x": recomputed, "f": in_full}
+        for j, x in recomputed.items():
+            solver.Add(in_full[j] <= x)
+            for i in set(nodes[j].uses):
+                if i in kept:
+                    solver.Add(x <= in_full.get(i, 0.0) + kept[i])
+        region_cost = self.regions(recomputed)
+        held = self.held_inputs()
+        for step, need in self.rows:
+            # bytes dropped at this step, less those kept for recomputation, >= what the step
+            # is over by (in units of the largest term: the solvers want coefficients near 1)
+            terms = [(size, variables[kind][owner]) for (kind, owner), size in self.droppable[step].items()]
+            terms += [(-size, kept[i]) for i, (after, size) in self.kept_inputs.items()
+                      if after < step <= end_of_forward]
+            terms += [(-self.kept_inputs[i][1], alive) for i, alive in held.get(step, {}).items()]
+            scale = max(abs(need), *(abs(size) for size, _ in terms))
+            solver.Add(sum(size / scale * variable for size, variable in terms) >= need / scale)
+        recompute = sum(nodes[j].stop_cost_ms * x + (nodes[j].compute_ms - nodes[j].stop_cost_ms) * in_full[j]
+                        for j, x in recomputed.items())
+        solver.Minimize(recompute + region_cost)
+
+    def variable(self, name: str):
+        return self.solver.BoolVar(name) if self.integral else self.solver.NumVar(0.0, 1.0, name)
+
+    def bounded(self, name: str):
+        """A variable in [0, 1] that rows only push up and nothing rewards: 0/1 at the optimum
+        where what pushes it is."""
+        return self.solver.NumVar(0.0, 1.0, name)
+
+    def regions(self, recomputed: dict) -> object:
+        """Which nodes lie in regions (y), where regions start (s) and where a node does not
+        share a region with the one before it (b), and what the regions cost at least beyond
+        recomputation (the module docstring): an expression."""
+        solver, problem = self.solver, self.problem
+        nodes = problem.nodes
+        per_start = problem.region_overhead_ms + (min(0.0, problem.run_region_ms) if problem.run_spans else 0.0)
+        self.in_region = {j: self.variable(f"y{j}") for j in recomputed}
+        kept = {j: self.variable(f"k{j}") for j in recomputed if nodes[j].keepable}
+        past_stop = {j: self.variable(f"t{j}") for j in recomputed}
+        self.apart: dict[int, object] = {}
+        cost = 0.0
+        for j, x in recomputed.items():
+            y = self.in_region[j]
+            solver.Add(y == x + kept.get(j, 0.0) + past_stop[j])
+            start = self.bounded(f"s{j}")
+            solver.Add(start >= y - self.in_region.get(j - 1, 0.0))
+            if j - 1 in past_stop:  # past the stop, the rest of the region is too
+                solver.Add(start >= y - past_stop[j] + past_stop[j - 1] - 1)
+            self.apart[j] = self.bounded(f"b{j}")
+            solver.Add(self.apart[j] >= start)
+            solver.Add(self.apart[j] >= 1 - y)
+            cost += per_start * start + problem.saved_tensor_ms * nodes[j].saved_tensors * y
+        for j, k in kept.items():
+            cost += (problem.kept_node_ms + problem.keep_call_ms * nodes[j].aten_calls) * k
+        return cost
+
+    def held_inputs(self) -> dict[int, dict[int, object]]:
+        """Backward row step -> {kept input i: whether a region still holds it}. A node j in a
+        region that reads i from outside it makes i the region's input, which checkpoint keeps
+        until the region's backward is done, past j's: alive at every row up to j's backward."""
+        solver, nodes = self.solver, self.problem.nodes
+        end_of_forward = len(nodes) - 1
+        backward_rows = sorted(step for step, _ in self.rows if step > end_of_forward)
+        held: dict[int, dict[int, object]] = defaultdict(dict)
+        for i, until in self.held_until.items():
+            steps = [step for step in backward_rows if step <= until]
+            for step in steps:
+                held[step][i] = self.bounded(f"h{i}_{step}")
+            for earlier, later in zip(steps, steps[1:]):  # held over one interval
+                solver.Add(held[earlier][i] >= held[later][i])
+        for j, node in enumerate(nodes):
+            if j not in self.in_region:
+                continue
+            for i in {*node.uses, *node.arguments} & self.held_until.keys():
+                reached = [step for step in backward_rows if step <= self.backward_step[j]]
+                if i >= j or not reached:
+                    continue
+                outside = self.outside(i, j)
+                if outside is not None:
+                    solver.Add(held[reached[-1]][i] >= self.in_region[j] + outside - 1)
+        return held
+
+    def outside(self, i: int, j: int):
+        """1 where node i lies in no region with node j (a later node): some node in i+1..j does
+        not share a region with the one before it. None where that is always so."""
+        if any(m not in self.apart for m in range(i + 1, j + 1)):
+            return None
+        outside = self.bounded(f"o{i}_{j}")
+        for m in range(i + 1, j + 1):
+            self.solver.Add(outside >= self.apart[m])
+        return outside
 
 
 def _split_buffers(problem: Problem, buffers: Buffers) -> tuple[list[int], list[dict[Droppable, int]]]:
@@ -165,20 +288,35 @@ def _kept_inputs(problem: Problem, buffers: Buffers) -> dict[int, tuple[int, int
     return freed
 
 
+def _held_until(problem: Problem, backward_step: tuple[int, ...],
+                kept_inputs: dict[int, tuple[int, int]]) -> dict[int, int]:
+    """Kept input i -> the last unplanned step at which a region may still hold it: the
+    backward of the last recomputable node that reads it (a region's input stays until the
+    region's backward is done)."""
+    until: dict[int, int] = {}
+    for j, node in enumerate(problem.nodes):
+        if node.recomputable:
+            for i in {*node.uses, *node.arguments}:
+                if i in kept_inputs and i < j:
+                    until[i] = max(until.get(i, -1), backward_step[j])
+    return until
+
+
 def _memory_rows(fixed: list[int], dropped_at_most: list[int], kept_inputs: dict[int, tuple[int, int]],
-                 allowance: int, end_of_forward: int) -> list[tuple[int, int]]:
+                 held_until: dict[int, int], allowance: int, end_of_forward: int) -> list[tuple[int, int]]:
     """(step, bytes over the allowance in the unplanned step) for each step that could go over
-    it: over already, or a forward step where keeping every freed output would take it over."""
-    kept_after = [0] * (end_of_forward + 1)  # step -> bytes of freed outputs kept through it
-    for after, size in kept_inputs.values():
-        if after + 1 <= end_of_forward:
-            kept_after[after + 1] += size
-    for step in range(1, end_of_forward + 1):
+    it: over already, or a step where keeping every freed output a plan may keep would."""
+    kept_after = [0] * (len(fixed) + 1)  # step -> bytes of freed outputs a plan may keep there
+    for i, (after, size) in kept_inputs.items():
+        last = max(end_of_forward, held_until.get(i, -1))
+        kept_after[after + 1] += size
+        kept_after[last + 1] -= size
+    for step in range(1, len(fixed)):
         kept_after[step] += kept_after[step - 1]
     rows = []
     for step, bytes_fixed in enumerate(fixed):
         need = dropped_at_most[step] + bytes_fixed - allowance
-        if need > 0 or (step <= end_of_forward and need + kept_after[step] > 0):
+        if need > 0 or need + kept_after[step] > 0:
             rows.append((step, need))
     return rows
 

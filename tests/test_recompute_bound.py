@@ -63,3 +63,44 @@ def test_recomputing_a_node_needs_its_input_back():
     assert peak_bytes(problem, (range(0, 2),)) <= budget
     assert problem.recompute_ms((range(0, 2),)) == 4.0
     assert recompute_lower_bound(problem, budget).recompute_ms == 4.0 * (1 - 1e-6)
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(problem=module_problems(max_nodes=8, keep_spans=True, run_spans=True), data=st.data())
+def test_no_plan_with_kept_nodes_or_runs_costs_less_than_the_bound(problem: Problem, data: st.DataObject) -> None:
+    # regions' own costs (checkpoint calls, a run's negative residual, kept nodes) are in the bound
+    check_bound(problem, data)
+
+
+def test_each_region_costs_its_checkpoint_call():
+    # Two nodes each save 10 bytes, a 5 ms node between them; at the head the budget lets no
+    # plan keep either's saved bytes, so any plan recomputes both: one region spanning the two
+    # also recomputes the 5 ms node, two regions pay two checkpoint calls (2 ms each). The
+    # bound counts the calls: 1 + 1 + 2 * 2 = 6 ms, the cheapest plan's cost.
+    nodes = (NodeCost("a", compute_ms=1.0, saved_bytes=10),
+             NodeCost("mid", compute_ms=5.0, uses=(0,), output_bytes=1),
+             NodeCost("b", compute_ms=1.0, saved_bytes=10, uses=(1,), output_bytes=1),
+             NodeCost("head", compute_ms=0.1, output_bytes=25, uses=(2,), is_output=True))
+    problem = Problem(nodes, region_overhead_ms=2.0)
+    both = (range(0, 1), range(2, 3))
+    budget = peak_bytes(problem, both)
+    assert peak_bytes(problem, (range(0, 1),)) > budget and peak_bytes(problem, (range(2, 3),)) > budget
+    assert problem.recompute_ms(both) == 6.0 and problem.recompute_ms((range(0, 3),)) == 9.0
+    assert recompute_lower_bound(problem, budget).recompute_ms == 6.0 * (1 - 1e-6)
+
+
+def test_a_regions_input_stays_until_its_backward():
+    # A residual add reads x, which forward frees at once; a norm saves the add's output. The
+    # peak is the head's backward. Recomputing the add alone makes x the region's input, which
+    # checkpoint keeps until the add's backward, through the peak: no gain. Only recomputing x
+    # too (5 ms) frees the 10 bytes, so the bound is 6 ms, not the add's 1 ms.
+    nodes = (NodeCost("x", compute_ms=5.0, output_bytes=10),
+             NodeCost("add", compute_ms=1.0, output_bytes=10, uses=(0,)),
+             NodeCost("norm", compute_ms=1.0, output_bytes=1, uses=(1,), saves=(1,), stops_before_output=True,
+                      stop_ms=0.0),
+             NodeCost("head", compute_ms=0.1, output_bytes=1, backward_transient_bytes=30, uses=(2,), is_output=True))
+    problem = Problem(nodes)
+    budget = peak_bytes(problem, ()) - 10
+    assert peak_bytes(problem, (range(1, 3),)) > budget
+    assert peak_bytes(problem, (range(0, 3),)) <= budget and problem.recompute_ms((range(0, 3),)) == 6.0
+    assert recompute_lower_bound(problem, budget).recompute_ms == 6.0 * (1 - 1e-6)
