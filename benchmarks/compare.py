@@ -96,17 +96,6 @@ def static_bytes(module, sample) -> int:
     return storage_bytes((parameters, [p.grad for p in parameters], list(module.buffers()), sample))
 
 
-def synchronize(sample) -> None:
-    """Wait for the GPU's queued work, so that wall-clock times and peaks cover it."""
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    for leaf in tree_leaves(sample):
-        if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":
-            torch.cuda.synchronize(leaf.device)
-            return
-
-
 def measure_tensors(module, sample) -> int:
     from planner.memory import LiveBytesTracker
 
@@ -135,16 +124,15 @@ def measure_allocator(module, sample) -> tuple[int, int]:
 
 
 def timed_step(module, sample) -> float:
-    """One step's wall time (ms), with the garbage collector off while it runs, as `timeit` does:
-    a collection inside one configuration's step would count against it alone."""
+    """One step's time (ms; `planner.clock.elapsed_ms`: the wall clock, or CUDA events on a GPU),
+    with the garbage collector off while it runs, as `timeit` does: a collection inside one
+    configuration's step would count against it alone."""
+    from planner.clock import elapsed_ms
+
     gc.collect()
     gc.disable()
     try:
-        synchronize(sample)
-        started = time.perf_counter()
-        step(module, sample)
-        synchronize(sample)
-        return 1000 * (time.perf_counter() - started)
+        return elapsed_ms(next(module.parameters()).device, lambda: step(module, sample))
     finally:
         gc.enable()
 
@@ -316,7 +304,7 @@ def device_text(args) -> str:
         return ""
     return (f" Device: {device_name(args.device)}, torch {__import__('torch').__version__}: peaks from "
             "`torch.cuda.max_memory_allocated` (the allocator cannot tell kernel scratch apart there), step times "
-            "by the wall clock around a step synchronised before and after, plans measured on the GPU (CUDA events)"
+            "between CUDA events around a step, as plans are measured on the GPU"
             + (f"; each sample's batch repeated {args.batch_scale} times" if args.batch_scale > 1 else "")
             + ". The sentence on batch sizes above is about the CPU.")
 
@@ -346,7 +334,7 @@ def main() -> int:
                              "allocator does; see benchmarks/cpu_memory.py)")
     parser.add_argument("--device", default="cpu",
                         help="where the models run (default cpu; cuda: peaks from torch.cuda.max_memory_allocated, "
-                             "steps timed around a synchronised step)")
+                             "steps timed between CUDA events)")
     parser.add_argument("--batch-scale", type=int, default=1,
                         help="repeat each sample's batch this many times (default 1; the sizes are the CPU's)")
     args = parser.parse_args()

@@ -219,22 +219,19 @@ class _Program:
             for earlier, later in zip(steps, steps[1:]):  # held over one interval
                 solver.Add(held[earlier][i] >= held[later][i])
         for j, node in enumerate(nodes):
-            if j not in self.in_region:
+            reached = [step for step in backward_rows if step <= self.backward_step[j]]
+            if j not in self.in_region or not reached:
                 continue
             for i in {*node.uses, *node.arguments} & self.held_until.keys():
-                reached = [step for step in backward_rows if step <= self.backward_step[j]]
-                if i >= j or not reached:
-                    continue
-                outside = self.outside(i, j)
-                if outside is not None:
-                    solver.Add(held[reached[-1]][i] >= self.in_region[j] + outside - 1)
+                if i < j:
+                    solver.Add(held[reached[-1]][i] >= self.in_region[j] + self.outside(i, j) - 1)
         return held
 
     def outside(self, i: int, j: int):
         """1 where node i lies in no region with node j (a later node): some node in i+1..j does
-        not share a region with the one before it. None where that is always so."""
+        not share a region with the one before it (always so where one of them is in none)."""
         if any(m not in self.apart for m in range(i + 1, j + 1)):
-            return None
+            return 1.0
         outside = self.bounded(f"o{i}_{j}")
         for m in range(i + 1, j + 1):
             self.solver.Add(outside >= self.apart[m])

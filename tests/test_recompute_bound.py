@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_solver_properties import SETTINGS, Truth, budgets, module_problems, problems
 
-from solvers import NodeCost, Problem, peak_bytes
+from solvers import NodeCost, Problem, minimum_peak_bytes, peak_bytes
 from solvers.recompute_bound import recompute_lower_bound
 
 
@@ -104,3 +104,19 @@ def test_a_regions_input_stays_until_its_backward():
     assert peak_bytes(problem, (range(1, 3),)) > budget
     assert peak_bytes(problem, (range(0, 3),)) <= budget and problem.recompute_ms((range(0, 3),)) == 6.0
     assert recompute_lower_bound(problem, budget).recompute_ms == 6.0 * (1 - 1e-6)
+
+
+def test_an_input_across_a_node_no_region_holds_is_always_held():
+    # As above, but a node that no region may hold lies between x and the add: no region can
+    # recompute x with the add, so recomputing the add always holds x through the peak, and no
+    # plan fits the budget. The bound says so rather than pricing the add alone (1 ms).
+    nodes = (NodeCost("x", compute_ms=5.0, output_bytes=10),
+             NodeCost("seed", compute_ms=0.0, recomputable=False),
+             NodeCost("add", compute_ms=1.0, output_bytes=10, uses=(0,)),
+             NodeCost("norm", compute_ms=1.0, output_bytes=1, uses=(2,), saves=(2,), stops_before_output=True,
+                      stop_ms=0.0),
+             NodeCost("head", compute_ms=0.1, output_bytes=1, backward_transient_bytes=30, uses=(3,), is_output=True))
+    problem = Problem(nodes)
+    budget = peak_bytes(problem, ()) - 10
+    assert minimum_peak_bytes(problem) > budget
+    assert recompute_lower_bound(problem, budget).recompute_ms == math.inf
