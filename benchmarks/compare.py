@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import gc
 import os
 import sys
 import tempfile
@@ -62,6 +61,7 @@ from compare_models import SPECS, Spec, every_block, on_device, segments, sqrt_s
 from cpu_memory import retain_freed_memory  # noqa: E402
 from decision_space import beyond_the_planner  # noqa: E402
 from compare_plot import plot  # noqa: E402
+from compare_steps import inductor_with_budget, measure_allocator, measure_tensors, step, timed_step  # noqa: E402
 from compare_report import (Config, ModelResult, method_text, mib, summary_lines, table, validation,  # noqa: E402
                             verdict)
 
@@ -70,87 +70,6 @@ STARTED = time.perf_counter()
 
 def log(message: str) -> None:
     print(f"[{time.perf_counter() - STARTED:7.1f} s] {message}", file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------------------------
-# Configurations and measurement
-
-
-def call(module, sample):
-    from planner.trace import split_sample
-
-    args, kwargs = split_sample(sample)
-    return module(*args, **kwargs)
-
-
-def step(module, sample) -> None:
-    from planner.verify import training_loss
-
-    training_loss(call(module, sample)).backward()
-
-
-def static_bytes(module, sample) -> int:
-    from planner.memory import storage_bytes
-
-    parameters = list(module.parameters())
-    return storage_bytes((parameters, [p.grad for p in parameters], list(module.buffers()), sample))
-
-
-def measure_tensors(module, sample) -> int:
-    from planner.memory import LiveBytesTracker
-
-    gc.collect()
-    with LiveBytesTracker() as tracker:
-        step(module, sample)
-    return static_bytes(module, sample) + tracker.peak_bytes
-
-
-def measure_allocator(module, sample) -> tuple[int, int]:
-    """The peak as p.verify() measures it (PeakMemory), and without kernel scratch (on CUDA the
-    allocator cannot tell scratch apart: both are `torch.cuda.max_memory_allocated`)."""
-    from planner.allocations import ProfiledPeakMemory
-    from planner.memory import PeakMemory
-
-    gc.collect()
-    static = static_bytes(module, sample)
-    device = next(module.parameters()).device
-    if device.type == "cuda":
-        with PeakMemory(device) as peak:
-            step(module, sample)
-        return static + peak.peak_bytes, static + peak.peak_bytes
-    with ProfiledPeakMemory() as memory:
-        step(module, sample)
-    return static + memory.peak_bytes, static + memory.peak_bytes_without_scratch
-
-
-def timed_step(module, sample) -> float:
-    """One step's time (ms; `planner.clock.elapsed_ms`: the wall clock, or CUDA events on a GPU),
-    with the garbage collector off while it runs, as `timeit` does: a collection inside one
-    configuration's step would count against it alone."""
-    from planner.clock import elapsed_ms
-
-    gc.collect()
-    gc.disable()
-    try:
-        return elapsed_ms(next(module.parameters()).device, lambda: step(module, sample))
-    finally:
-        gc.enable()
-
-
-def inductor_with_budget(budget: float):
-    """A distinct Inductor backend per budget: Dynamo guards on the backend, so each compiled
-    copy gets its own graphs (copies of one class would otherwise share cache entries)."""
-    import torch
-
-    def backend(gm, example_inputs):
-        from torch._inductor.compile_fx import compile_fx
-
-        backend.graphs += 1
-        with torch._functorch.config.patch(activation_memory_budget=budget):
-            return compile_fx(gm, example_inputs)
-
-    backend.graphs = 0
-    return backend
 
 
 # --------------------------------------------------------------------------------------------
