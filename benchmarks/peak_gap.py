@@ -76,12 +76,27 @@ def _allocations(profile, device_type: str) -> list[tuple[int, int, int, str]]:
     return events
 
 
+def _allocator_rounding(device: torch.device) -> str:
+    """The CUDA allocator's peaks since the last reset: what it counts as allocated (whole
+    blocks: sizes rounded up, and a cached block up to 1 MiB larger than asked is handed out
+    unsplit) against what the code asked for. Their gap is memory no tensor size shows."""
+    stats = torch.cuda.memory_stats(device)
+    allocated, requested = stats["allocated_bytes.all.peak"], stats["requested_bytes.all.peak"]
+    return (f" (allocator peaks: allocated {format_bytes(allocated)}, requested {format_bytes(requested)}, "
+            f"gap {format_bytes(allocated - requested)}; reserved {format_bytes(stats['reserved_bytes.all.peak'])})")
+
+
 def _peak_report(module, sample, device: torch.device) -> str:
     args, kwargs = split_sample(sample)
-    with memory_profile() as profile:
-        training_loss(module(*args, **kwargs)).backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    with memory_profile() as profile:
+        training_loss(module(*args, **kwargs)).backward()
+    rounding = ""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        rounding = _allocator_rounding(device)
     live: dict[int, tuple[int, str]] = {}
     total = peak = 0
     at_peak: dict[int, tuple[int, str]] = {}
@@ -97,7 +112,7 @@ def _peak_report(module, sample, device: torch.device) -> str:
     by_op = Counter()
     for size, op in at_peak.values():
         by_op[op] += size
-    lines = [f"    peak of the step's allocations {format_bytes(peak)} at an allocation in {peak_op!r}; live there:"]
+    lines = [f"    peak of the step's allocations {format_bytes(peak)} at an allocation in {peak_op!r}{rounding}; live there:"]
     lines += [f"      {format_bytes(size):>12}  {op}" for op, size in by_op.most_common(12)]
     return "\n".join(lines)
 
