@@ -1,0 +1,114 @@
+"""Several runs of `benchmarks/compare.py` read together: on a shared machine one run's shares
+and prediction errors move by as much as the changes between runs, so this reads the tables
+the runs appended to RESULTS.md and gives, per model and budget, each run's measured share of
+every block's overhead and their median, the median predicted share, and in how many runs the
+prediction was within 10% or 2 ms of the clock (and where it lay below or above in all of them).
+
+    .venv/bin/python benchmarks/pool_compare.py --runs "2026-11-26 23:08" "2026-11-27 00:48" [--save]
+
+`--runs` names the runs by the time stamps of their RESULTS.md headings ("Planner vs. today's
+options (<stamp>; ...)"); each must have run the same planner code for the pooled figures to
+mean anything. Prints the table; `--save` also appends it to RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from compare_report import SHARE_TARGETS, within_tolerance  # noqa: E402
+from results import RESULTS, append_results  # noqa: E402
+
+HEADING = "## Planner vs. today's options ("
+EVERY_BLOCK = "every block"
+PLANNER = "planner auto @ "
+COLUMNS = {"configuration": "configuration", "measured": "overhead, measured", "predicted": "overhead, predicted"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One configuration of one model in one run: overheads in ms."""
+
+    measured_ms: float
+    predicted_ms: float
+
+
+def read_run(text: str, stamp: str) -> dict[tuple[str, str], Row]:
+    """(model title, configuration) -> its row, for the run whose heading carries `stamp`: the
+    every-block row and each planner row that ran.
+
+    Example:
+        >>> read_run(Path("benchmarks/RESULTS.md").read_text(), "2026-11-27 03:02")[("Hugging Face GPT-2", "60%")]
+        Row(measured_ms=103.0, predicted_ms=87.0)
+    """
+    sections = [part for part in text.split("\n## ") if part.startswith(HEADING[3:] + stamp)]
+    if len(sections) != 1:
+        raise SystemExit(f"{len(sections)} compare runs in {RESULTS.name} are stamped {stamp!r}; name one")
+    rows: dict[tuple[str, str], Row] = {}
+    model, index = "", {}
+    for line in sections[0].splitlines():
+        if line.startswith("### "):
+            model = line[4:].split(" (")[0]
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if cells[0] == COLUMNS["configuration"]:
+            index = {key: cells.index(name) for key, name in COLUMNS.items()}
+            continue
+        if not index or not (cells[0] == EVERY_BLOCK or cells[0].startswith(PLANNER)):
+            continue
+        measured, predicted = cells[index["measured"]], cells[index["predicted"]]
+        if measured == "-" or predicted == "-":  # infeasible at that budget: not run
+            continue
+        label = cells[0].removeprefix(PLANNER)
+        rows[(model, label)] = Row(float(measured.split()[0]), float(predicted.split()[0]))
+    return rows
+
+
+def pooled_table(runs: list[dict[tuple[str, str], Row]]) -> tuple[str, int, int]:
+    """The markdown table over `runs`, and how many predictions were within the tolerance of
+    how many made."""
+    lines = ["| model | budget | measured share, each run | median | predicted (median) | target "
+             "| predictions within 10% or 2 ms |", "|---|---|---|---|---|---|---|"]
+    keys = [key for key in runs[0] if key[1] != EVERY_BLOCK and all(key in run for run in runs)]
+    within_total = made = 0
+    for model, label in keys:
+        every = [run[(model, EVERY_BLOCK)] for run in runs]
+        rows = [run[(model, label)] for run in runs]
+        shares = [row.measured_ms / base.measured_ms for row, base in zip(rows, every)]
+        predicted = [row.predicted_ms / base.predicted_ms for row, base in zip(rows, every)]
+        within = sum(within_tolerance(row.predicted_ms, row.measured_ms) for row in rows)
+        within_total, made = within_total + within, made + len(rows)
+        side = ""
+        if all(row.predicted_ms < row.measured_ms for row in rows):
+            side = " (below in every run)"
+        elif all(row.predicted_ms > row.measured_ms for row in rows):
+            side = " (above in every run)"
+        target = SHARE_TARGETS.get(label)
+        lines.append(f"| {model} | {label} | {' / '.join(f'{s:.2f}' for s in shares)} | {statistics.median(shares):.2f} "
+                     f"| {statistics.median(predicted):.2f} | {'-' if target is None else target} "
+                     f"| {within}/{len(rows)}{side} |")
+    return "\n".join(lines), within_total, made
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", nargs="+", required=True, help="time stamps of the runs' RESULTS.md headings")
+    parser.add_argument("--save", action="store_true", help="append the table to RESULTS.md")
+    args = parser.parse_args()
+    text = RESULTS.read_text()
+    table, within, made = pooled_table([read_run(text, stamp) for stamp in args.runs])
+    body = (f"{table}\n\nRuns: {', '.join(args.runs)}. Shares are each plan's measured overhead over every block's "
+            f"in the same run; {within} of {made} predictions were within 10% or 2 ms of the clock.")
+    print(body)
+    if args.save:
+        runs = " ".join(f'"{stamp}"' for stamp in args.runs)
+        append_results("compare.py runs pooled", f"python benchmarks/pool_compare.py --runs {runs}", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
