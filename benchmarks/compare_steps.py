@@ -12,29 +12,16 @@ from __future__ import annotations
 import gc
 
 
-
-def call(module, sample):
-    from planner.trace import split_sample
-
-    args, kwargs = split_sample(sample)
-    return module(*args, **kwargs)
-
-
 def step(module, sample) -> None:
-    from planner.verify import training_loss
+    """One training step (`planner.verify.training_step`)."""
+    from planner.verify import training_step
 
-    training_loss(call(module, sample)).backward()
-
-
-def static_bytes(module, sample) -> int:
-    from planner.memory import storage_bytes
-
-    parameters = list(module.parameters())
-    return storage_bytes((parameters, [p.grad for p in parameters], list(module.buffers()), sample))
+    training_step(module, sample)
 
 
 def measure_tensors(module, sample) -> int:
     from planner.memory import LiveBytesTracker
+    from planner.verify import static_bytes
 
     gc.collect()
     with LiveBytesTracker() as tracker:
@@ -47,6 +34,7 @@ def measure_allocator(module, sample) -> tuple[int, int]:
     allocator cannot tell scratch apart: both are `torch.cuda.max_memory_allocated`)."""
     from planner.allocations import ProfiledPeakMemory
     from planner.memory import PeakMemory
+    from planner.verify import static_bytes
 
     gc.collect()
     static = static_bytes(module, sample)
@@ -61,15 +49,15 @@ def measure_allocator(module, sample) -> tuple[int, int]:
 
 
 def timed_step(module, sample) -> float:
-    """One step's time (ms; `planner.clock.elapsed_ms`: the wall clock, or CUDA events on a GPU),
+    """One step's time (ms; `planner.verify.step_ms`: the wall clock, or CUDA events on a GPU),
     with the garbage collector off while it runs, as `timeit` does: a collection inside one
     configuration's step would count against it alone."""
-    from planner.clock import elapsed_ms
+    from planner.verify import step_ms
 
     gc.collect()
     gc.disable()
     try:
-        return elapsed_ms(next(module.parameters()).device, lambda: step(module, sample))
+        return step_ms(module, sample, next(module.parameters()).device)
     finally:
         gc.enable()
 

@@ -155,12 +155,22 @@ def measured_peak(module: nn.Module, sample: Any, device: torch.device) -> int:
     Example:
         >>> measured_peak(model, tokens, torch.device("cpu"))
     """
-    static = storage_bytes((
-        list(module.parameters()), [p.grad for p in module.parameters()], list(module.buffers()), sample,
-    ))
+    static = static_bytes(module, sample)
     with PeakMemory(device) as memory:
         training_step(module, sample)
     return static + memory.peak_bytes
+
+
+def static_bytes(module: nn.Module, sample: Any) -> int:
+    """Bytes of the storages a step holds throughout: parameters, their gradients, buffers and
+    the sample (what `measured_peak` adds to the step's own peak).
+
+    Example:
+        >>> static_bytes(model, tokens)
+    """
+    return storage_bytes((
+        list(module.parameters()), [p.grad for p in module.parameters()], list(module.buffers()), sample,
+    ))
 
 
 def step_ms(module: nn.Module, sample: Any, device: torch.device) -> float:

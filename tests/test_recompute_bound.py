@@ -89,17 +89,25 @@ def test_each_region_costs_its_checkpoint_call():
     assert recompute_lower_bound(problem, budget).recompute_ms == 6.0 * (1 - 1e-6)
 
 
+def _residual_then_norm(between: tuple[NodeCost, ...]) -> Problem:
+    """x (5 ms, 10 bytes, freed in forward), the nodes `between`, a residual add reading x, a
+    norm saving the add's output (its recomputation stops before its own), and a head whose
+    backward is the peak."""
+    add = 1 + len(between)
+    return Problem((NodeCost("x", compute_ms=5.0, output_bytes=10), *between,
+                    NodeCost("add", compute_ms=1.0, output_bytes=10, uses=(0,)),
+                    NodeCost("norm", compute_ms=1.0, output_bytes=1, uses=(add,), saves=(add,),
+                             stops_before_output=True, stop_ms=0.0),
+                    NodeCost("head", compute_ms=0.1, output_bytes=1, backward_transient_bytes=30, uses=(add + 1,),
+                             is_output=True)))
+
+
 def test_a_regions_input_stays_until_its_backward():
     # A residual add reads x, which forward frees at once; a norm saves the add's output. The
     # peak is the head's backward. Recomputing the add alone makes x the region's input, which
     # checkpoint keeps until the add's backward, through the peak: no gain. Only recomputing x
     # too (5 ms) frees the 10 bytes, so the bound is 6 ms, not the add's 1 ms.
-    nodes = (NodeCost("x", compute_ms=5.0, output_bytes=10),
-             NodeCost("add", compute_ms=1.0, output_bytes=10, uses=(0,)),
-             NodeCost("norm", compute_ms=1.0, output_bytes=1, uses=(1,), saves=(1,), stops_before_output=True,
-                      stop_ms=0.0),
-             NodeCost("head", compute_ms=0.1, output_bytes=1, backward_transient_bytes=30, uses=(2,), is_output=True))
-    problem = Problem(nodes)
+    problem = _residual_then_norm(between=())
     budget = peak_bytes(problem, ()) - 10
     assert peak_bytes(problem, (range(1, 3),)) > budget
     assert peak_bytes(problem, (range(0, 3),)) <= budget and problem.recompute_ms((range(0, 3),)) == 6.0
@@ -110,13 +118,7 @@ def test_an_input_across_a_node_no_region_holds_is_always_held():
     # As above, but a node that no region may hold lies between x and the add: no region can
     # recompute x with the add, so recomputing the add always holds x through the peak, and no
     # plan fits the budget. The bound says so rather than pricing the add alone (1 ms).
-    nodes = (NodeCost("x", compute_ms=5.0, output_bytes=10),
-             NodeCost("seed", compute_ms=0.0, recomputable=False),
-             NodeCost("add", compute_ms=1.0, output_bytes=10, uses=(0,)),
-             NodeCost("norm", compute_ms=1.0, output_bytes=1, uses=(2,), saves=(2,), stops_before_output=True,
-                      stop_ms=0.0),
-             NodeCost("head", compute_ms=0.1, output_bytes=1, backward_transient_bytes=30, uses=(3,), is_output=True))
-    problem = Problem(nodes)
+    problem = _residual_then_norm(between=(NodeCost("seed", compute_ms=0.0, recomputable=False),))
     budget = peak_bytes(problem, ()) - 10
     assert minimum_peak_bytes(problem) > budget
     assert recompute_lower_bound(problem, budget).recompute_ms == math.inf
