@@ -12,7 +12,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from planner.apply import ModuleCheckpoint, apply_plan, check_state, sample_shapes, shallow_clone, state_shapes
+from planner.apply import ModuleCheckpoint, apply_plan, sample_shapes, shallow_clone
+from planner.state_check import check_state, state_shapes
 from planner.graph import (build_problem, compute_nodes, kept_indices, module_calls, module_checkpoint, module_path,
                            run_checkpoints, saved_calls)
 from planner.measure import check_measure, measure_model, plan_device
@@ -23,6 +24,7 @@ from planner.eager_check import keep_free_beyond_graph
 from planner.step_costs import step_residuals
 from planner.overhead import checkpoint_overhead_ms
 from planner.profile import GraphProfile
+from planner.segments import merged_segments, sequential_segments
 from planner.report import PlanFigures, describe_checkpoints, format_report
 from planner.static import check_optimizer, check_world_size, static_breakdown
 from planner.targets import target as find_target
@@ -69,7 +71,8 @@ class Plan(PlanFigures):
         keeping = {region: replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, solution.kept))
                    for region in solution.regions if region in wrapped}
         runs = run_checkpoints(traced.gm, problem, solution.regions, wrapped)
-        self.checkpoints = describe_checkpoints(problem, solution.regions, modules, {**wrapped, **keeping, **runs},
+        self.checkpoints = describe_checkpoints(problem, solution.regions, modules,
+                                                {**wrapped, **keeping, **runs, **merged_segments(solution.regions, wrapped)},
                                                 solution.kept)
 
     @property
@@ -146,7 +149,7 @@ class Plan(PlanFigures):
             >>> every_block.recompute_ms, every_block.predicted_peak_bytes
             >>> selective = p.with_submodules(["blocks.0"], kept=["blocks_0_mlp_0", "blocks_0_mlp_2"])
         """
-        region_of = {spec.module: region for region, spec in self.wrapped.items()}
+        region_of = {spec.module: region for region, spec in self.wrapped.items() if not spec.segments}
         for module in modules:
             if module not in region_of:
                 raise ValueError(f"{module!r} is not a submodule call this plan can checkpoint (called once per "
@@ -373,8 +376,10 @@ def plan(
     # mostly on the host), an estimate like the target's node times.
     overhead_device = where.device if where.local else torch.device("cpu")
     overhead_ms, saved_tensor_ms = checkpoint_overhead_ms(overhead_device)
-    problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
-                            summary.gradients, saved_tensor_ms)
+    segments, sequentials = sequential_segments(model, traced.gm, wrapped)
+    problem = build_problem(traced.gm, sum(breakdown.values()), tuple(sorted({**wrapped, **segments}, key=lambda r: (r.start, -len(r)))),
+                            overhead_ms, summary.rng_state_bytes, summary.gradients, saved_tensor_ms, tuple(segments),
+                            sequentials)
     costs = selective_overhead_for_plan(
         model, problem, wrapped, overhead_device, where.local and not on_meta, lambda: model(*args, **kwargs),
         lambda region, kept: saved_calls(traced.gm, region, kept))
@@ -397,4 +402,4 @@ def plan(
     solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))
     logger.info("solved in %.2f s", time.perf_counter() - started)
     return Plan(model, sample, traced, problem, summary, solution, budget_bytes, reserved_bytes, solver,
-                solver_options, Setup(where, world_size, optimizer, breakdown), wrapped)
+                solver_options, Setup(where, world_size, optimizer, breakdown), {**wrapped, **segments})

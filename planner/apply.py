@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.keep_policy import KeepPolicy, keep_contexts
 from planner.run_recording import RunRecording, calls_outside
+from planner.sequential_run import buffers_of_children, run_segments
 from planner.trace import bind_arguments, split_sample
 
 PLAN_ATTRIBUTE = "_checkpoint_plan"  # on the planned model: what apply_plan changed
@@ -56,6 +57,10 @@ class ModuleCheckpoint:
     # per run: the submodules (paths relative to this one, "" for itself) whose forward pre-hook
     # starts recording and whose forward hook stops it, with the calls where they start and stop
     run_windows: tuple[tuple[str, int, str, int], ...] = ()
+    # Where given (an `nn.Sequential`), the forward is not checkpointed: each (start, stop,
+    # random) slice of its children runs under one checkpoint call (`planner.sequential_run`),
+    # replaying the RNG state where random (a slice that draws random numbers).
+    segments: tuple[tuple[int, int, bool], ...] = ()
 
 
 @contextlib.contextmanager
@@ -135,6 +140,9 @@ class CheckpointedForward:
         # runs recomputed alone: hooks on its submodules start and stop their recording
         self.recording = RunRecording(module, spec.calls, spec.runs, spec.run_windows) if spec.runs else None
         self.warned = False
+        if spec.segments and previous is not None:
+            raise ValueError(f"{spec.module!r} has a forward of its own instance: its children cannot be checkpointed "
+                             "in slices")
         # torch.compile takes a context_fn that is a function or a functools.partial of one;
         # cache_hash lets AOTAutograd's cache tell policies apart.
         # Under torch.compile, runs are a policy on the whole forward that keeps every other call.
@@ -158,6 +166,10 @@ class CheckpointedForward:
         if not torch.is_grad_enabled():
             return self.original(*args, **kwargs)
         self.calls += 1
+        if self.spec.segments:
+            (value,) = (*args, *kwargs.values())  # nn.Sequential's forward takes one input
+            return run_segments(self.module, value, [(start, stop) for start, stop, _ in self.spec.segments],
+                                self._checkpoint_slice)
         if self.spec.runs and not torch.compiler.is_compiling():
             return self._recompute_runs(*args, **kwargs)
         options: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": self.spec.random}
@@ -177,6 +189,14 @@ class CheckpointedForward:
                           "planned and recomputes the rest", stacklevel=2)
         return result
 
+    def _checkpoint_slice(self, run: Any, start: int, stop: int, value: Any) -> Any:
+        random = next(draws for first, _, draws in self.spec.segments if first == start)
+        options: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": random}
+        written = buffers_of_children(self.module, self.spec.written_buffers, start, stop)
+        if written and not torch.compiler.is_compiling():  # (compiled: buffer writes apply once)
+            options["context_fn"] = functools.partial(_restoring, self.module, written)
+        return checkpoint(run, value, **options)
+
     def _recompute_runs(self, *args: Any, **kwargs: Any) -> Any:
         assert self.recording is not None
         result = self.recording.run(self.original, *args, **kwargs)
@@ -186,6 +206,10 @@ class CheckpointedForward:
                           "another input layout?), so it recomputes less than planned and holds more memory",
                           stacklevel=3)
         return result
+
+
+def _restoring(module: nn.Module, names: tuple[str, ...]) -> tuple[Any, Any]:
+    return contextlib.nullcontext(), restored_buffers(module, names)
 
 
 @dataclass
@@ -264,47 +288,6 @@ def applied_plan(model: nn.Module) -> tuple[str, AppliedPlan] | None:
 def _class_names(module: nn.Module) -> set[str]:
     # FSDP2 swaps a module's class for a subclass ("FSDPGPT2Block"): its bases still match
     return {cls.__name__ for cls in type(module).__mro__}
-
-
-def state_shapes(model: nn.Module) -> dict[str, dict[str, Any]]:
-    """Shape and dtype of each tensor in `model.state_dict()`, by key.
-
-    Example:
-        >>> state_shapes(nn.Linear(2, 3))["weight"]
-        {'shape': [3, 2], 'dtype': 'float32'}
-    """
-    return {
-        key: {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
-        for key, tensor in model.state_dict().items()
-        if isinstance(tensor, torch.Tensor)
-    }
-
-
-def check_state(model: nn.Module, planned: dict[str, dict[str, Any]], planned_for: str) -> None:
-    """Raise ValueError naming the first state-dict key that `model` lacks, has in another
-    shape, or has beyond the `planned` ones (`state_shapes` of the planned model); warn where
-    only a dtype differs (the regions still apply, the predicted peaks do not).
-
-    Example:
-        >>> check_state(fresh_model, state_shapes(model), "GPT")
-    """
-    state = state_shapes(model)
-    name = type(model).__name__
-    mismatch = f"{name} does not match the plan (made for {planned_for})"
-    for key, saved in planned.items():
-        if key not in state:
-            raise ValueError(f"{mismatch}: it has no {key!r} in its state dict")
-        if state[key]["shape"] != saved["shape"]:
-            raise ValueError(f"{mismatch}: {key!r} has shape {tuple(state[key]['shape'])} here and "
-                             f"{tuple(saved['shape'])} in the plan")
-    extra = [key for key in state if key not in planned]
-    if extra:
-        raise ValueError(f"{mismatch}: {extra[0]!r} is not in the plan's state dict")
-    changed = [key for key in planned if state[key]["dtype"] != planned[key]["dtype"]]
-    if changed:
-        key = changed[0]
-        warnings.warn(f"{key!r} is {state[key]['dtype']} here and was {planned[key]['dtype']} when the plan was "
-                      "made: the regions still apply, the predicted peaks do not", stacklevel=3)
 
 
 def check_modules(model: nn.Module, checkpoints: Sequence[ModuleCheckpoint], planned_for: str) -> None:
@@ -394,5 +377,4 @@ def remove_plan(model: nn.Module) -> nn.Module:
     return model
 
 
-__all__ = ["ModuleCheckpoint", "apply_plan", "check_modules", "check_state", "remove_plan", "sample_shapes",
-           "shallow_clone", "state_shapes"]
+__all__ = ["ModuleCheckpoint", "apply_plan", "check_modules", "remove_plan", "sample_shapes", "shallow_clone"]

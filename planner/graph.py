@@ -211,12 +211,14 @@ def kept_indices(problem: Problem, regions: tuple[range, ...], kept: Sequence[st
 def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[range, ...] | None = None,
                   region_overhead_ms: float = 0.0, rng_state_bytes: int = 0,
                   gradients: tuple[tuple[str, str, int], ...] | None = None,
-                  saved_tensor_ms: float = 0.0) -> Problem:
+                  saved_tensor_ms: float = 0.0, segments: tuple[range, ...] = (),
+                  sequentials: tuple[range, ...] = ()) -> Problem:
     """Collect the per-node profiles of `gm` into a Problem (plain ints and floats), with the
     static memory the plan does not change (see `planner.static`). Regions are limited to the
     node ranges `allowed_regions` (None: any run of nodes), each costs `region_overhead_ms` more,
     and `saved_tensor_ms` per tensor its nodes save, and one that draws random numbers keeps an
-    RNG state of `rng_state_bytes`. `gradients`
+    RNG state of `rng_state_bytes`. Allowed regions in `segments` are slices of an `nn.Sequential`'s
+    children (`planner.segments`); no run is recorded inside the calls in `sequentials`. `gradients`
     (measured gradients in flight, `GraphProfile.gradients`) replace the graph's estimate.
 
     Example:
@@ -238,7 +240,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     # A kept output must not be written in place later: the cached copy would be stale.
     written = {index[name] for node in nodes for name in node.meta[META_KEY].mutates}
     fixed = _touching_written_inputs(nodes)
-    spans = run_spans(nodes, allowed_regions)
+    spans = tuple(span for span in run_spans(nodes, allowed_regions) if span not in {*segments, *sequentials})
     costs = []
     for i, node in enumerate(nodes):
         record = node.meta[META_KEY]
@@ -281,7 +283,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
                    region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes,
                    measured_gradients=measured, saved_tensor_ms=saved_tensor_ms,
-                   run_spans=spans, max_run_nodes=MAX_RUN_NODES)
+                   run_spans=spans, max_run_nodes=MAX_RUN_NODES, segment_regions=segments)
 
 
 def run_spans(nodes: list[fx.Node], allowed_regions: tuple[range, ...] | None) -> tuple[range, ...]:

@@ -27,7 +27,8 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from planner.apply import ModuleCheckpoint, apply_plan, check_state, state_shapes
+from planner.apply import ModuleCheckpoint, apply_plan
+from planner.state_check import check_state, state_shapes
 from planner.graph import compute_nodes
 from planner.json_values import json_text
 from planner.plan_records import (cost_record, graph_nodes, problem_from_record, problem_record, profile_delta,

@@ -138,6 +138,8 @@ def region_record(names: list[str], spec: ModuleCheckpoint | None, kept: Collect
         record["runs"] = [list(run) for run in spec.runs]
         record["calls"] = list(spec.calls)
         record["run_windows"] = [list(window) for window in spec.run_windows]
+    if spec is not None and spec.segments:
+        record["segments"] = [list(segment) for segment in spec.segments]
     return record
 
 
@@ -152,7 +154,9 @@ def module_checkpoint(record: Any) -> ModuleCheckpoint | None:
                                               for name, occurrence in record.get("saved_calls", ())),
                             runs=tuple((int(start), int(stop)) for start, stop in record.get("runs", ())),
                             calls=tuple(str(name) for name in record.get("calls", ())),
-                            run_windows=tuple((str(a), int(b), str(c), int(d)) for a, b, c, d in record.get("run_windows", ())))
+                            run_windows=tuple((str(a), int(b), str(c), int(d)) for a, b, c, d in record.get("run_windows", ())),
+                            segments=tuple((int(start), int(stop), bool(random))
+                                           for start, stop, random in record.get("segments", ())))
 
 
 def kept_nodes(record: Any) -> list[str]:
@@ -223,6 +227,7 @@ def problem_record(problem: Problem, names: list[str]) -> dict[str, Any]:
         "recorded_call_ms": problem.recorded_call_ms,
         "run_region_ms": problem.run_region_ms,
         "max_run_nodes": problem.max_run_nodes,
+        "segment_regions": [[region.start, region.stop] for region in problem.segment_regions],
     }
 
 
@@ -251,6 +256,7 @@ def problem_from_record(data: dict[str, Any], index: dict[str, int]) -> Problem:
         recorded_call_ms=data.get("recorded_call_ms", 0.0),
         run_region_ms=data.get("run_region_ms", 0.0),
         max_run_nodes=data.get("max_run_nodes"),
+        segment_regions=tuple(range(start, stop) for start, stop in data.get("segment_regions", ())),
         measured_gradients=(None if data.get("measured_gradients") is None
                             else tuple((index[first], index[last], size)
                                        for first, last, size in data["measured_gradients"])),

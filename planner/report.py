@@ -165,7 +165,9 @@ def format_report(
         f"  regions           {len(checkpoints)}",
     ]
     if checkpoints:
-        names = [c.wrapped.module if c.wrapped else span(c.node_modules) for c in checkpoints]
+        # (a slice of a Sequential's children: its first and last child)
+        names = [c.wrapped.module if c.wrapped and not c.wrapped.segments else span(c.node_modules)
+                 for c in checkpoints]
         kinds = [c.wrapped.module_class if c.wrapped else "(nodes)" for c in checkpoints]
         width = max(len("checkpointed submodule"), *map(len, names))
         kind_width = max(len("class"), *map(len, kinds))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from planner.apply import check_state
+from planner.state_check import check_state
 from planner.json_values import UnsupportedValue, decode_value, dtype_from_name
 from planner.plan_records import describe_node, graph_nodes, model_device, node_identity
 from planner.trace import Traced, trace

@@ -8,8 +8,8 @@ from enum import Enum
 from typing import Collection
 
 from solvers.infeasible import InfeasibleBudget, format_bytes
-from solvers.problem_index import (allowed_set, allowed_stops, forbidden_starts, run_structure, spans_by_size,
-                                   unrecomputable)
+from solvers.problem_index import (allowed_set, allowed_stops, forbidden_starts, run_structure, segment_set,
+                                   spans_by_size, unrecomputable)
 
 # What a region may keep (a selective-checkpoint policy), `Problem.keep_choices`: any subset of
 # its keepable nodes where it holds at most MAX_KEEP_CANDIDATES (the solvers try each); in a
@@ -142,6 +142,9 @@ class Problem:
     recorded_call_ms: float = 0.0
     run_region_ms: float = 0.0
     max_run_nodes: int | None = None  # the most nodes such a run holds (None: any run of the call)
+    # Allowed regions that are consecutive children of an `nn.Sequential` (one checkpoint call
+    # around them, not a submodule's forward): they keep nothing.
+    segment_regions: tuple[range, ...] = ()
 
     def __post_init__(self) -> None:
         if self.run_spans and self.allowed_regions is None:
@@ -151,9 +154,9 @@ class Problem:
                              "run_region_ms, would be negative")
         if self.max_run_nodes is not None and self.max_run_nodes < 1:
             raise ValueError(f"max_run_nodes is {self.max_run_nodes}: a run holds a node at least")
-        for region in self.run_spans:
-            if region not in self.allowed_regions:  # type: ignore[operator]
-                raise ValueError(f"run span {region} is not one of the allowed regions")
+        for region in (*self.run_spans, *self.segment_regions):
+            if region not in (self.allowed_regions or ()):
+                raise ValueError(f"run span or segment {region} is not one of the allowed regions")
         for region in self.allowed_regions or ():
             if region.step != 1 or len(region) == 0 or region.start < 0 or region.stop > len(self.nodes):
                 raise ValueError(f"allowed region {region} is not a non-empty run of the {len(self.nodes)} nodes")
@@ -249,7 +252,7 @@ class Problem:
         node it stops before) and whose `keep_span` holds the region (with no allowed regions,
         only nodes without a span)."""
         recomputed = self.recomputed(region)
-        if not recomputed or self.run_span_of(region) is not None:
+        if not recomputed or self.run_span_of(region) is not None or region in segment_set(self):
             return []
         last = recomputed.stop - 1
         # Recomputation that stops before its last node makes its output never asks for that

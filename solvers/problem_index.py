@@ -108,6 +108,15 @@ def run_structure(problem: Problem) -> tuple[dict[range, tuple[list[range], list
     return cached
 
 
+def segment_set(problem: Problem) -> frozenset[range]:
+    """The segment regions (`Problem.segment_regions`) as a set."""
+    cached = problem.__dict__.get("_segment_set")
+    if cached is None:
+        cached = frozenset(problem.segment_regions)
+        object.__setattr__(problem, "_segment_set", cached)
+    return cached
+
+
 def allowed_set(problem: Problem) -> frozenset[range]:
     """The allowed regions as a set.
 

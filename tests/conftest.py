@@ -1,11 +1,12 @@
 import copy
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
 from torch import nn
 
-from planner.examples import TinyGPT, cnn, mlp
+from planner import plan
+from planner.examples import SmallCNN, TinyGPT, cnn, mlp
 
 
 def small_gpt() -> tuple[nn.Module, torch.Tensor]:
@@ -57,3 +58,27 @@ def example(request: pytest.FixtureRequest) -> tuple[str, nn.Module, torch.Tenso
 
 def clone_model(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model)
+
+
+def cnn_step(model: nn.Module, images: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    for parameter in model.parameters():
+        parameter.grad = None
+    model(images).pow(2).sum().backward()
+    return [p.grad for p in model.parameters()], [b.clone() for b in model.buffers()]
+
+
+def small_cnn_plan() -> tuple[nn.Module, torch.Tensor, Any]:
+    torch.manual_seed(0)
+    model = SmallCNN(channels=8, stages=3).train()
+    images = torch.randn(4, 3, 16, 16)
+    return model, images, plan(model, images, budget_gb=80, repeats=1)
+
+
+def assert_trains_like(planned: nn.Module, model: nn.Module, images: torch.Tensor) -> None:
+    """Two steps of `planned` give `model`'s gradients and BatchNorm statistics, bit for bit."""
+    reference = copy.deepcopy(model)
+    for _ in range(2):
+        grads, buffers = cnn_step(reference, images)
+        planned_grads, planned_buffers = cnn_step(planned, images)
+        assert all(torch.equal(a, b) for a, b in zip(planned_grads, grads))
+        assert all(torch.equal(a, b) for a, b in zip(planned_buffers, buffers))

@@ -418,3 +418,31 @@ def test_fsdp2_plan_with_runs_across_sharded_stages_matches_unplanned(saved_cros
             for key, grad in reference["grads"][step].items():
                 torch.testing.assert_close(planned["grads"][step][key], grad, msg=f"rank {rank} step {step} {key}")
         assert result["dropped"][""] > 0, result["dropped"]
+
+
+@pytest.fixture(scope="module")
+def saved_slice_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """In the CNN, each stage's children from its first BatchNorm through its second
+    convolution under one checkpoint call in the stage's loop (`planner.segments`), in the
+    stages that FSDP2 shards."""
+    model, sample = _build("cnn")
+    p = planner.plan(model, sample, budget_gb=80, repeats=1)
+    sliced = p.with_regions([(f"stages_{i}_1", f"stages_{i}_3") for i in range(len(model.stages))])
+    assert all(spec.segments == ((1, 4, False),) for spec in sliced.module_checkpoints)
+    return Path(sliced.save(tmp_path_factory.mktemp("slice_plan") / "plan.json"))
+
+
+def test_fsdp2_plan_with_slices_of_sharded_stages_matches_unplanned(saved_slice_plan, tmp_path):
+    results = _spawn("fsdp2_warned", "cnn", saved_slice_plan, tmp_path / "ranks")
+    stages = [f"stages.{i}" for i in range(3)]  # (_build's CNN)
+    for rank, result in enumerate(results):
+        assert result["planned_checkpointed"] == stages
+        planned, reference = result["planned"], result["reference"]
+        for step in range(STEPS):
+            # the slices' children run again in backward up to the last that saves (the ReLU: the
+            # convolution after it saves its input, made by the ReLU), nothing else does
+            assert planned["backward_calls"][step] == {f"{stage}.{child}": 1 for stage in stages for child in (1, 2)}
+            assert reference["backward_calls"][step] == {}
+            torch.testing.assert_close(planned["loss"][step], reference["loss"][step])
+            for key, grad in reference["grads"][step].items():
+                torch.testing.assert_close(planned["grads"][step][key], grad, msg=f"rank {rank} step {step} {key}")

@@ -7,15 +7,14 @@ from __future__ import annotations
 import copy
 import inspect
 from dataclasses import replace
-from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from conftest import small_gpt, train_step
+from conftest import assert_trains_like, cnn_step, small_cnn_plan, small_gpt, train_step
 from planner import load_plan, plan
-from planner.examples import Block, SmallCNN, TinyGPT
+from planner.examples import Block, TinyGPT
 from planner.overhead import forward_calls
 from planner.run_checkpoint import counted_call
 from planner.run_recording import RunRecorder
@@ -276,60 +275,19 @@ def test_a_block_that_cannot_be_recorded_whole_still_has_its_checkpoint_cost_mea
     assert cost.checkpoint_ms is not None and cost.per_call_ms >= 0
 
 
-def _cnn_step(model: nn.Module, images: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    for parameter in model.parameters():
-        parameter.grad = None
-    model(images).pow(2).sum().backward()
-    return [p.grad for p in model.parameters()], [b.clone() for b in model.buffers()]
-
-
-def _small_cnn_plan() -> tuple[nn.Module, torch.Tensor, Any]:
-    torch.manual_seed(0)
-    model = SmallCNN(channels=8, stages=3).train()
-    images = torch.randn(4, 3, 16, 16)
-    return model, images, plan(model, images, budget_gb=80, repeats=1)
-
-
-def _assert_trains_like(planned: nn.Module, model: nn.Module, images: torch.Tensor) -> None:
-    """Two steps of `planned` give `model`'s gradients and BatchNorm statistics, bit for bit."""
-    reference = copy.deepcopy(model)
-    for _ in range(2):
-        grads, buffers = _cnn_step(reference, images)
-        planned_grads, planned_buffers = _cnn_step(planned, images)
-        assert all(torch.equal(a, b) for a, b in zip(planned_grads, grads))
-        assert all(torch.equal(a, b) for a, b in zip(planned_buffers, buffers))
-
-
-def test_runs_holding_batchnorm_update_its_statistics_once():
-    # A run inside a CNN stage from its first BatchNorm through the ReLU: its replay writes
-    # BatchNorm's running statistics on copies, so a step updates them once, as the unplanned
-    # step does.
-    model, images, p = _small_cnn_plan()
-    runs = p.with_regions([(f"stages_{i}_1", f"stages_{i}_2") for i in range(3)])
-    assert [(spec.module, len(spec.runs)) for spec in runs.module_checkpoints] == [
-        (f"stages.{i}", 1) for i in range(3)]
-    planned = runs.module()
-    # inspect (the Hugging Face Trainer picks dataset columns by it) sees the stage's own forward
-    assert inspect.signature(planned.stages[0].forward) == inspect.signature(model.stages[0].forward)
-    _assert_trains_like(planned, model, images)
-    assert all(stage.__dict__["forward"].recording.dropped > 0 for stage in planned.stages)
-    record = runs.verify(steps=2)
-    assert record.gradients_match and abs(record.peak_error) <= 0.01, str(record)
-
-
 def test_runs_in_the_models_own_forward_cross_its_stages_and_update_batchnorm_once():
     # SmallCNN's loop adds each stage's output to its input and applies ReLU in the model's own
     # forward: a run from one stage's last BatchNorm to the next stage's first convolution lies
     # in that forward, not in a submodule call. Its replay writes BatchNorm's statistics on
     # copies, so a step updates them once, as the unplanned step does.
-    model, images, p = _small_cnn_plan()
+    model, images, p = small_cnn_plan()
     assert range(0, len(p.problem.nodes)) in p.problem.run_spans
     runs = p.with_regions([("stages_0_4", "stages_1_0"), ("stages_1_4", "stages_2_0")])
     assert [(spec.module, len(spec.runs)) for spec in runs.module_checkpoints] == [("", 2)]
     planned = runs.module()
     # inspect (the Hugging Face Trainer picks dataset columns by it) sees the model's own forward
     assert inspect.signature(planned.forward) == inspect.signature(model.forward)
-    _assert_trains_like(planned, model, images)
+    assert_trains_like(planned, model, images)
     assert planned.__dict__["forward"].recording.dropped > 0
     record = runs.verify(steps=2)
     assert record.gradients_match and abs(record.peak_error) <= 0.01, str(record)
@@ -340,9 +298,9 @@ def test_torch_compile_of_runs_in_the_models_own_forward_trains_like_eager():
     # Under torch.compile the runs across stages are a selective policy over the model's own
     # forward: its gradients and BatchNorm statistics are the unplanned eager step's, up to the
     # rounding that compiled kernels change (an update applied twice would be far off).
-    model, images, p = _small_cnn_plan()
+    model, images, p = small_cnn_plan()
     planned = p.with_regions([("stages_0_4", "stages_1_0"), ("stages_1_4", "stages_2_0")]).module()
-    grads, buffers = _cnn_step(copy.deepcopy(model), images)
-    compiled_grads, compiled_buffers = _cnn_step(torch.compile(planned), images)
+    grads, buffers = cnn_step(copy.deepcopy(model), images)
+    compiled_grads, compiled_buffers = cnn_step(torch.compile(planned), images)
     for got, want in zip(compiled_grads + compiled_buffers, grads + buffers):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

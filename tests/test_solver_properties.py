@@ -99,7 +99,7 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
     some nested, some overlapping) and whose regions each cost a fixed overhead; with
     `keep_spans`, some keepable nodes may be kept only within a random span of nodes."""
     problem = draw(problems(max_nodes=max_nodes, **{k: v for k, v in options.items()
-                                                    if k not in ("keep_spans", "run_spans")}))
+                                                    if k not in ("keep_spans", "run_spans", "segments")}))
     n = len(problem)
     spans = st.tuples(st.integers(0, n - 1), st.integers(1, n)).map(lambda ab: range(ab[0], max(ab[0] + 1, min(n, ab[0] + ab[1]))))
     drawn = set(draw(st.lists(spans, min_size=1, max_size=6)))
@@ -127,11 +127,14 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
         run_region_ms = draw(st.sampled_from([0.0, 0.5, -overhead]))
         max_run_nodes = draw(st.sampled_from([None, 1, 2]))
         nodes = tuple(replace(node, replayable=draw(st.integers(0, 4)) > 0) for node in nodes)
+    # with `segments`, some allowed regions are slices of a Sequential's children: they keep nothing
+    segments = tuple(r for r in allowed if r not in run_spans and draw(st.booleans())) if options.get("segments") else ()
     return Problem(nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,
                    rng_state_bytes=problem.rng_state_bytes, measured_gradients=problem.measured_gradients,
                    keep_region_ms=keep_region_ms, keep_call_ms=keep_call_ms, saved_tensor_ms=saved_tensor_ms,
                    kept_node_ms=kept_node_ms, run_spans=run_spans, run_call_ms=run_call_ms,
-                   recorded_call_ms=recorded_call_ms, run_region_ms=run_region_ms, max_run_nodes=max_run_nodes)
+                   recorded_call_ms=recorded_call_ms, run_region_ms=run_region_ms, max_run_nodes=max_run_nodes,
+                   segment_regions=segments)
 
 
 @dataclass
@@ -436,6 +439,23 @@ def test_dp_equals_brute_force_with_allowed_regions_and_region_overhead(problem:
 @settings(max_examples=60, **SETTINGS)
 @given(problem=module_problems(max_nodes=8, self_saves=True), data=st.data())
 def test_ilp_equals_brute_force_with_allowed_regions_and_region_overhead(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(problem)
+    for budget in budgets(truth, data):
+        check_against_truth(problem, truth, budget, "ilp", hint=False)
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(problem=module_problems(max_nodes=9, run_spans=True, segments=True), data=st.data())
+def test_dp_equals_brute_force_with_segments_that_keep_nothing(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(problem)
+    assert all(not set(kept) & set(r) for plan, kept, _, _ in truth.plans for r in plan if r in problem.segment_regions)
+    for budget in budgets(truth, data):
+        check_against_truth(problem, truth, budget, "dp")
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(problem=module_problems(max_nodes=8, self_saves=True, segments=True), data=st.data())
+def test_ilp_equals_brute_force_with_segments_that_keep_nothing(problem: Problem, data: st.DataObject) -> None:
     truth = Truth.of(problem)
     for budget in budgets(truth, data):
         check_against_truth(problem, truth, budget, "ilp", hint=False)
