@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import json
 import os
 import sys
 import tempfile
@@ -158,7 +159,9 @@ def run_model(spec: Spec, args) -> ModelResult:
                 config.optimal = solution.status == Status.OPTIMAL
                 gap = f" (gap {100 * solution.gap:.1f}%)" if solution.gap else ""
                 runs = sum(planned.problem.run_span_of(region) is not None for region in solution.regions)
-                config.note = (f"{len(planned.checkpoints)} regions ({runs} runs inside a call) keeping "
+                slices = sum(region in planned.problem.segment_regions for region in solution.regions)
+                config.note = (f"{len(planned.checkpoints)} regions ({runs} runs inside a call"
+                               + (f", {slices} slices of a Sequential" if slices else "") + ") keeping "
                                f"{len(solution.kept)} nodes, "
                                f"{solution.solver} {solution.status.value}{gap}, solved in {solution.solve_seconds:.2f} s")
             log(f"{spec.key}: {name} budget {mib(budget)}: "
@@ -321,6 +324,12 @@ def main() -> int:
         sections.append(section)
         print(section.replace(f"results/{image.name}", str(image)), flush=True)
         print(flush=True)
+    # every step time, round by round, so that later readers can pool runs with any estimator
+    suffix = "" if args.device == "cpu" else f"_{args.device.split(':')[0]}"
+    times = {result.spec.key: {c.name: [round(t, 2) for t in c.times_ms] for c in result.configs if c.times_ms}
+             for result in results}
+    (image_dir / f"compare_times{suffix}.json").write_text(  # one line per model
+        "{\n" + ",\n".join(f" {json.dumps(key)}: {json.dumps(value)}" for key, value in times.items()) + "\n}\n")
     summary = summary_lines(all_flags)
     wall = time.perf_counter() - STARTED
     body = "\n\n".join([
