@@ -20,8 +20,11 @@ def without_keeps(problem):
     submodule calls only."""
     import dataclasses
 
+    allowed = problem.allowed_regions
+    if allowed is not None:  # (slices of a Sequential's children are no submodule calls)
+        allowed = tuple(region for region in allowed if region not in problem.segment_regions)
     return dataclasses.replace(problem, nodes=tuple(dataclasses.replace(n, keepable=False) for n in problem.nodes),
-                               run_spans=())
+                               run_spans=(), allowed_regions=allowed, segment_regions=())
 
 
 def any_run(problem):
