@@ -324,12 +324,12 @@ def main() -> int:
         sections.append(section)
         print(section.replace(f"results/{image.name}", str(image)), flush=True)
         print(flush=True)
-    # every step time, round by round, so that later readers can pool runs with any estimator
-    suffix = "" if args.device == "cpu" else f"_{args.device.split(':')[0]}"
-    times = {result.spec.key: {c.name: [round(t, 2) for t in c.times_ms] for c in result.configs if c.times_ms}
-             for result in results}
-    (image_dir / f"compare_times{suffix}.json").write_text(  # one line per model
-        "{\n" + ",\n".join(f" {json.dumps(key)}: {json.dumps(value)}" for key, value in times.items()) + "\n}\n")
+    # every step time, round by round, per model as its plot, so that later readers can pool
+    # runs with any estimator
+    for result in results:
+        times = {c.name: [round(t, 2) for t in c.times_ms] for c in result.configs if c.times_ms}
+        (image_dir / f"compare_times_{result.spec.key}{suffix}.json").write_text(  # one line per configuration
+            "{\n" + ",\n".join(f" {json.dumps(key)}: {json.dumps(value)}" for key, value in times.items()) + "\n}\n")
     summary = summary_lines(all_flags)
     wall = time.perf_counter() - STARTED
     body = "\n\n".join([
