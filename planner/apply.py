@@ -140,9 +140,6 @@ class CheckpointedForward:
         # runs recomputed alone: hooks on its submodules start and stop their recording
         self.recording = RunRecording(module, spec.calls, spec.runs, spec.run_windows) if spec.runs else None
         self.warned = False
-        if spec.segments and previous is not None:
-            raise ValueError(f"{spec.module!r} has a forward of its own instance: its children cannot be checkpointed "
-                             "in slices")
         # torch.compile takes a context_fn that is a function or a functools.partial of one;
         # cache_hash lets AOTAutograd's cache tell policies apart.
         # Under torch.compile, runs are a policy on the whole forward that keeps every other call.
@@ -292,7 +289,8 @@ def _class_names(module: nn.Module) -> set[str]:
 
 def check_modules(model: nn.Module, checkpoints: Sequence[ModuleCheckpoint], planned_for: str) -> None:
     """Raise ValueError naming the first planned submodule that `model` lacks or that has
-    another class, or a written buffer it does not have.
+    another class, or a written buffer it does not have, or whose children a plan cuts in
+    slices while something else replaced its forward.
 
     Example:
         >>> check_modules(model, plan_checkpoints, "GPT2LMHeadModel")
@@ -307,6 +305,10 @@ def check_modules(model: nn.Module, checkpoints: Sequence[ModuleCheckpoint], pla
         if spec.module_class not in _class_names(module):
             raise ValueError(f"{name} does not match the plan (made for {planned_for}): {spec.module!r} is a "
                              f"{type(module).__name__} here and was a {spec.module_class}")
+        forward = module.__dict__.get("forward")
+        if spec.segments and forward is not None and not isinstance(forward, CheckpointedForward):
+            raise ValueError(f"{spec.module!r} has a forward of its own instance, not nn.Sequential's: its children "
+                             "cannot be checkpointed in slices")
         for buffer in spec.written_buffers:
             try:
                 module.get_buffer(buffer)

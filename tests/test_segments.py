@@ -76,6 +76,12 @@ def test_two_slices_of_one_sequential_share_its_forward_and_survive_save_and_loa
     fresh = copy.deepcopy(model)
     load_plan(tmp_path / "plan.json").apply(fresh)
     assert_trains_like(fresh, model, images)
+    # a stage whose forward something else replaced is refused before anything changes
+    patched = copy.deepcopy(model)
+    patched.stages[0].forward = lambda x: x
+    with pytest.raises(ValueError, match="cannot be checkpointed in slices"):
+        load_plan(tmp_path / "plan.json").apply(patched)
+    assert not any("_checkpoint_plan" in module.__dict__ for module in patched.modules())
 
 
 @pytest.mark.slow
