@@ -230,7 +230,8 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
         flags[key] = share <= target
         if config.bound_ms is not None and result.every_predicted_ms:
             flags[key + OUT_OF_REACH] = config.bound_ms / result.every_predicted_ms > target
-        line = f"- Share at {label} (target {target}): {share:.2f}"
+        shown = f"{share:.3f}" if share > target >= round(share, 2) else f"{share:.2f}"  # (0.604, not 0.60, missed)
+        line = f"- Share at {label} (target {target}): {shown}"
         if share > target:
             predicted = (config.predicted_overhead_ms / result.every_predicted_ms
                          if result.every_predicted_ms else None)
@@ -241,8 +242,10 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
                          "nodes inside a submodule call, recomputed alone, and slices of an nn.Sequential's "
                          "children) is "
                          f"predicted at {predicted:.2f} of every block's: no plan the planner searches does better")
-            elif predicted is not None:
-                line += f" missed: predicted {predicted:.2f}, so the clock exceeds the prediction"
+            elif predicted is not None:  # which of the two overheads the clock moved
+                line += (f" missed: predicted {predicted:.2f}; measured, the plan {overhead_ms(result, config):+.0f} ms "
+                         f"against {config.predicted_overhead_ms:.0f} ms predicted and every block {every:+.0f} ms "
+                         f"against {result.every_predicted_ms:.0f} ms")
             line += beyond_the_planner(result, config, target)
             beyond = overhead_ms(result, config) - target * every > noise_ms
             line += "" if beyond else " (within the timing noise)"
