@@ -24,7 +24,8 @@ from planner.eager_check import keep_free_beyond_graph
 from planner.step_costs import step_residuals
 from planner.overhead import checkpoint_overhead_ms
 from planner.profile import GraphProfile
-from planner.segments import merged_segments, sequential_segments
+from planner.region_specs import region_specs
+from planner.segments import sequential_segments
 from planner.report import PlanFigures, describe_checkpoints, format_report
 from planner.static import check_optimizer, check_world_size, static_breakdown
 from planner.targets import target as find_target
@@ -67,13 +68,8 @@ class Plan(PlanFigures):
         self.solution = solution
         fx_nodes = {node.name: node for node in traced.gm.graph.nodes}
         modules = [module_path(fx_nodes[node.name]) for node in problem.nodes]
-        # `wrapped` keeps nothing; the solution's regions keep their share of `solution.kept`.
-        keeping = {region: replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, solution.kept))
-                   for region in solution.regions if region in wrapped}
-        runs = run_checkpoints(traced.gm, problem, solution.regions, wrapped)
         self.checkpoints = describe_checkpoints(problem, solution.regions, modules,
-                                                {**wrapped, **keeping, **runs, **merged_segments(solution.regions, wrapped)},
-                                                solution.kept)
+                                                region_specs(traced.gm, problem, solution, wrapped), solution.kept)
 
     @property
     def baseline_peak_bytes(self) -> int:
@@ -377,9 +373,8 @@ def plan(
     overhead_device = where.device if where.local else torch.device("cpu")
     overhead_ms, saved_tensor_ms = checkpoint_overhead_ms(overhead_device)
     segments, sequentials = sequential_segments(model, traced.gm, wrapped)
-    problem = build_problem(traced.gm, sum(breakdown.values()), tuple(sorted({**wrapped, **segments}, key=lambda r: (r.start, -len(r)))),
-                            overhead_ms, summary.rng_state_bytes, summary.gradients, saved_tensor_ms, tuple(segments),
-                            sequentials)
+    problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
+                            summary.gradients, saved_tensor_ms, tuple(segments), sequentials)
     costs = selective_overhead_for_plan(
         model, problem, wrapped, overhead_device, where.local and not on_meta, lambda: model(*args, **kwargs),
         lambda region, kept: saved_calls(traced.gm, region, kept))

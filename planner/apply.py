@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.keep_policy import KeepPolicy, keep_contexts
 from planner.run_recording import RunRecording, calls_outside
-from planner.sequential_run import buffers_of_children, run_segments
+from planner.sequential_run import Segment, buffers_of_children, run_segments
 from planner.trace import bind_arguments, split_sample
 
 PLAN_ATTRIBUTE = "_checkpoint_plan"  # on the planned model: what apply_plan changed
@@ -60,7 +60,7 @@ class ModuleCheckpoint:
     # Where given (an `nn.Sequential`), the forward is not checkpointed: each (start, stop,
     # random) slice of its children runs under one checkpoint call (`planner.sequential_run`),
     # replaying the RNG state where random (a slice that draws random numbers).
-    segments: tuple[tuple[int, int, bool], ...] = ()
+    segments: tuple[Segment, ...] = ()
 
 
 @contextlib.contextmanager
@@ -140,6 +140,9 @@ class CheckpointedForward:
         # runs recomputed alone: hooks on its submodules start and stop their recording
         self.recording = RunRecording(module, spec.calls, spec.runs, spec.run_windows) if spec.runs else None
         self.warned = False
+        # per slice of a Sequential's children: the buffers its recomputation puts back
+        self.slice_buffers = {start: buffers_of_children(module, spec.written_buffers, start, stop)
+                              for start, stop, _ in spec.segments}
         # torch.compile takes a context_fn that is a function or a functools.partial of one;
         # cache_hash lets AOTAutograd's cache tell policies apart.
         # Under torch.compile, runs are a policy on the whole forward that keeps every other call.
@@ -165,8 +168,7 @@ class CheckpointedForward:
         self.calls += 1
         if self.spec.segments:
             (value,) = (*args, *kwargs.values())  # nn.Sequential's forward takes one input
-            return run_segments(self.module, value, [(start, stop) for start, stop, _ in self.spec.segments],
-                                self._checkpoint_slice)
+            return run_segments(self.module, value, self.spec.segments, self._checkpoint_slice)
         if self.spec.runs and not torch.compiler.is_compiling():
             return self._recompute_runs(*args, **kwargs)
         options: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": self.spec.random}
@@ -186,10 +188,10 @@ class CheckpointedForward:
                           "planned and recomputes the rest", stacklevel=2)
         return result
 
-    def _checkpoint_slice(self, run: Any, start: int, stop: int, value: Any) -> Any:
-        random = next(draws for first, _, draws in self.spec.segments if first == start)
+    def _checkpoint_slice(self, run: Any, segment: Segment, value: Any) -> Any:
+        start, _, random = segment
         options: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": random}
-        written = buffers_of_children(self.module, self.spec.written_buffers, start, stop)
+        written = self.slice_buffers[start]
         if written and not torch.compiler.is_compiling():  # (compiled: buffer writes apply once)
             options["context_fn"] = functools.partial(_restoring, self.module, written)
         return checkpoint(run, value, **options)

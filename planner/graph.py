@@ -217,8 +217,9 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     static memory the plan does not change (see `planner.static`). Regions are limited to the
     node ranges `allowed_regions` (None: any run of nodes), each costs `region_overhead_ms` more,
     and `saved_tensor_ms` per tensor its nodes save, and one that draws random numbers keeps an
-    RNG state of `rng_state_bytes`. Allowed regions in `segments` are slices of an `nn.Sequential`'s
-    children (`planner.segments`); no run is recorded inside the calls in `sequentials`. `gradients`
+    RNG state of `rng_state_bytes`. `segments`, slices of an `nn.Sequential`'s children
+    (`planner.segments`), are allowed regions too; no run is recorded inside them nor inside the
+    calls in `sequentials`. `gradients`
     (measured gradients in flight, `GraphProfile.gradients`) replace the graph's estimate.
 
     Example:
@@ -228,6 +229,8 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     """
     nodes = compute_nodes(gm)
     index = {node.name: i for i, node in enumerate(nodes)}
+    if segments:
+        allowed_regions = tuple(sorted({*(allowed_regions or ()), *segments}, key=lambda r: (r.start, -len(r))))
     output_node = next(node for node in gm.graph.nodes if node.op == "output")
     returned: set[str] = set()
     for node in output_node.all_input_nodes:
@@ -240,7 +243,8 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     # A kept output must not be written in place later: the cached copy would be stale.
     written = {index[name] for node in nodes for name in node.meta[META_KEY].mutates}
     fixed = _touching_written_inputs(nodes)
-    spans = tuple(span for span in run_spans(nodes, allowed_regions) if span not in {*segments, *sequentials})
+    no_runs = {*segments, *sequentials}
+    spans = tuple(span for span in run_spans(nodes, allowed_regions) if span not in no_runs)
     costs = []
     for i, node in enumerate(nodes):
         record = node.meta[META_KEY]

@@ -11,8 +11,6 @@ Example:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
-
 import torch.fx as fx
 from torch import nn
 
@@ -62,27 +60,4 @@ def sequential_segments(model: nn.Module, gm: fx.GraphModule, wrapped: dict[rang
     return segments, tuple(sequentials)
 
 
-def merged_segments(regions: Sequence[range], wrapped: dict[range, ModuleCheckpoint]) -> dict[range, ModuleCheckpoint]:
-    """For each of `regions` that is a slice of a Sequential's children (`sequential_segments`),
-    the one spec that applies every planned slice of that Sequential.
-
-    Example:
-        >>> merged_segments([range(4, 7), range(6, 8)], wrapped)[range(4, 7)].segments
-        ((0, 3, False), (3, 5, False))
-    """
-    chosen: dict[str, list[range]] = {}
-    for region in regions:
-        spec = wrapped.get(region)
-        if spec is not None and spec.segments:
-            chosen.setdefault(spec.module, []).append(region)
-    found = {}
-    for inside in chosen.values():
-        specs = [wrapped[region] for region in sorted(inside, key=lambda region: region.start)]
-        merged = replace(specs[0], random=any(spec.random for spec in specs),
-                         written_buffers=tuple(sorted({name for spec in specs for name in spec.written_buffers})),
-                         segments=tuple(segment for spec in specs for segment in spec.segments))
-        found.update({region: merged for region in inside})
-    return found
-
-
-__all__ = ["merged_segments", "plain_sequential", "sequential_segments"]
+__all__ = ["plain_sequential", "sequential_segments"]

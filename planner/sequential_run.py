@@ -4,7 +4,7 @@ single submodule's forward holds.
 
 Example:
     >>> stage = nn.Sequential(nn.Conv2d(8, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3))
-    >>> y = run_segments(stage, x, ((1, 3),), lambda run, start, stop, x: checkpoint(run, x, use_reentrant=False))
+    >>> y = run_segments(stage, x, ((1, 3, False),), lambda run, segment, x: checkpoint(run, x, use_reentrant=False))
 """
 from __future__ import annotations
 
@@ -12,27 +12,29 @@ from typing import Any, Callable, Sequence
 
 from torch import nn
 
-# how one slice is checkpointed: (run the slice on an input, its start, its stop, the input)
-SliceCheckpoint = Callable[[Callable[[Any], Any], int, int, Any], Any]
+# a slice: (start, stop, random), `ModuleCheckpoint.segments`
+Segment = tuple[int, int, bool]
+# how one slice is checkpointed: (run the slice on an input, the slice, the input)
+SliceCheckpoint = Callable[[Callable[[Any], Any], Segment, Any], Any]
 
 
-def run_segments(module: nn.Sequential, value: Any, segments: Sequence[tuple[int, int]],
+def run_segments(module: nn.Sequential, value: Any, segments: Sequence[Segment],
                  checkpoint_slice: SliceCheckpoint) -> Any:
     """`module`'s own forward (each child on the previous child's output), but children
     start..stop-1 of each of `segments` run inside `checkpoint_slice`.
 
     Example:
-        >>> run_segments(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)), x, ((0, 2),),
-        ...              lambda run, start, stop, x: run(x))  # no checkpoint: the plain forward
+        >>> run_segments(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)), x, ((0, 2, False),),
+        ...              lambda run, segment, x: run(x))  # no checkpoint: the plain forward
     """
     children = list(module)
-    stops = dict(segments)
+    starting = {segment[0]: segment for segment in segments}
     index = 0
     while index < len(children):
-        if index in stops:
-            stop = stops[index]
-            value = checkpoint_slice(_chain(children[index:stop]), index, stop, value)
-            index = stop
+        if index in starting:
+            segment = starting[index]
+            value = checkpoint_slice(_chain(children[index:segment[1]]), segment, value)
+            index = segment[1]
         else:
             value = children[index](value)
             index += 1
@@ -54,4 +56,4 @@ def buffers_of_children(module: nn.Sequential, names: Sequence[str], start: int,
     return tuple(name for name in names if name.split(".", 1)[0] in children)
 
 
-__all__ = ["buffers_of_children", "run_segments"]
+__all__ = ["Segment", "buffers_of_children", "run_segments"]
