@@ -154,8 +154,9 @@ class Problem:
                              "run_region_ms, would be negative")
         if self.max_run_nodes is not None and self.max_run_nodes < 1:
             raise ValueError(f"max_run_nodes is {self.max_run_nodes}: a run holds a node at least")
+        allowed = set(self.allowed_regions or ())
         for region in (*self.run_spans, *self.segment_regions):
-            if region not in (self.allowed_regions or ()):
+            if region not in allowed:
                 raise ValueError(f"run span or segment {region} is not one of the allowed regions")
         for region in self.allowed_regions or ():
             if region.step != 1 or len(region) == 0 or region.start < 0 or region.stop > len(self.nodes):
