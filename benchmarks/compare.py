@@ -131,6 +131,11 @@ def run_model(spec: Spec, args) -> ModelResult:
     plan_s = time.perf_counter() - started
     log(f"{spec.key}: measured and solved in {plan_s:.1f} s; {len(base.problem)} nodes via {base.frontend}")
     none.note = f"the planner's prediction {mib(base.baseline_peak_bytes)}"
+    figures = base.problem
+    log(f"{spec.key}: cost figures: forward {sum(n.compute_ms for n in figures.nodes):.2f} ms (sum of node times); "
+        f"per checkpoint call {figures.region_overhead_ms:.3f} ms, per saved tensor {1000 * figures.saved_tensor_ms:.1f} us, "
+        f"per run {figures.run_region_ms:.3f} ms, per recorded call {1000 * figures.recorded_call_ms:.1f} us, "
+        f"per keeping region {figures.keep_region_ms:.3f} ms")
     if BEYOND_GRAPH in base.static_breakdown:
         notes.append(f"planner: the {BEYOND_GRAPH}, {mib(base.static_breakdown[BEYOND_GRAPH])}, kept free in every plan")
     every_plan = every_block_plan(spec, model, base)
@@ -164,8 +169,13 @@ def run_model(spec: Spec, args) -> ModelResult:
                                + (f", {slices} slices of a Sequential" if slices else "") + ") keeping "
                                f"{len(solution.kept)} nodes, "
                                f"{solution.solver} {solution.status.value}{gap}, solved in {solution.solve_seconds:.2f} s")
+            nodes_only = ""
+            if config.plan is not None:  # the cost model's parts, for diagnosis on a new device
+                solution = config.plan.solution
+                nodes_only = (f"; predicted {config.predicted_overhead_ms:.2f} ms, its nodes alone "
+                              f"{sum(config.plan.problem.region_recompute_ms(r) for r in solution.regions):.2f} ms")
             log(f"{spec.key}: {name} budget {mib(budget)}: "
-                f"{config.infeasible or config.note} ({time.perf_counter() - started:.1f} s)")
+                f"{config.infeasible or config.note}{nodes_only} ({time.perf_counter() - started:.1f} s)")
             configs.append(config)
 
     for budget in args.compile_budgets:

@@ -29,6 +29,7 @@ class NodeRetimer:
         self.inputs = base.traced.graph_inputs(args, kwargs)
         self.times: dict[str, list[float]] = {}
         self.stop_times: dict[str, list[float]] = {}
+        self.launch_ms: dict[str, float] = {}
 
     def measure(self) -> None:
         """One pass over the traced graph, autograd on, each node timed (the model's state,
@@ -40,7 +41,7 @@ class NodeRetimer:
         gm = self.base.traced.gm
         device = self.inputs[0].device if self.inputs else torch.device("cpu")
         with preserved_state(gm, [device]), torch.enable_grad():
-            timer = TimingInterpreter(gm, self.times, device, self.stop_times)
+            timer = TimingInterpreter(gm, self.times, device, self.stop_times, self.launch_ms)
             timer.run(*self.inputs)
             timer.collect()
 

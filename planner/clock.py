@@ -1,6 +1,13 @@
 """Timing a call on a device: CUDA events on a GPU, the wall clock on the CPU; and timing
 several calls in alternating rounds, whose paired differences cancel the machine's drift.
 
+A node is timed for what its recomputation adds to a step. On a GPU that is its kernels' time
+alone: recomputation runs inside backward, whose queue of kernels hides the host's launch work
+(on an H100, node times that counted the launch work predicted twice the overhead measured;
+benchmarks/RESULTS.md, 2026-11-26 21:58-22:02). `elapsed_ms(..., ahead_ms=...)` times that: a
+spinning kernel holds the GPU busy while the host launches the call, so the events around it
+see the kernels alone.
+
 Example:
     >>> elapsed_ms(torch.device("cpu"), lambda: model(x))
     3.1
@@ -10,6 +17,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Callable
@@ -17,9 +25,14 @@ from typing import Callable
 import torch
 
 
-def elapsed_ms(device: torch.device, call: Callable[[], object]) -> float:
+AHEAD_MS = 1.0  # GPU work queued ahead of a timed node: more than the host's launch of most nodes
+
+
+def elapsed_ms(device: torch.device, call: Callable[[], object], ahead_ms: float = 0.0) -> float:
     """Milliseconds `call()` takes on `device` (on CUDA, between events around it, after a
-    synchronisation).
+    synchronisation). With `ahead_ms` on CUDA, about that much GPU time is queued before it
+    (`queue_ahead`), so that the events time its kernels and not the host's launch work,
+    provided launching them takes the host less than `ahead_ms`.
 
     Example:
         >>> elapsed_ms(torch.device("cpu"), lambda: torch.randn(256, 256) @ torch.randn(256, 256))
@@ -27,6 +40,8 @@ def elapsed_ms(device: torch.device, call: Callable[[], object]) -> float:
     """
     if device.type == "cuda":
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        if ahead_ms > 0:
+            queue_ahead(device, ahead_ms)
         start.record()
         call()
         end.record()
@@ -35,6 +50,28 @@ def elapsed_ms(device: torch.device, call: Callable[[], object]) -> float:
     started = time.perf_counter()
     call()
     return (time.perf_counter() - started) * 1000
+
+
+def queue_ahead(device: torch.device, ms: float) -> None:
+    """Queue a kernel that keeps the CUDA GPU `device` busy for about `ms` ms: the host then
+    launches what follows while the GPU is still busy, as it does inside backward.
+
+    Example:
+        >>> queue_ahead(torch.device("cuda"), 1.0); start.record(); node(); end.record()
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda._sleep(max(1, int(ms * _sleep_cycles_per_ms(index))))
+
+
+@functools.lru_cache(maxsize=None)
+def _sleep_cycles_per_ms(index: int) -> float:
+    """The GPU's clock as `torch.cuda._sleep` counts it, measured once per device."""
+    device = torch.device("cuda", index)
+    cycles = 2_000_000
+    with torch.cuda.device(index):
+        torch.cuda._sleep(cycles)  # raises the clock from idle before the reading
+        ms = min(elapsed_ms(device, lambda: torch.cuda._sleep(cycles)) for _ in range(3))
+    return cycles / max(ms, 1e-3)
 
 
 def timed_rounds(device: torch.device, calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
@@ -65,4 +102,4 @@ def paired_difference(times: dict[str, list[float]], slower: str, faster: str) -
     return statistics.median(a - b for a, b in zip(times[slower], times[faster]))
 
 
-__all__ = ["elapsed_ms", "paired_difference", "timed_rounds"]
+__all__ = ["AHEAD_MS", "elapsed_ms", "paired_difference", "queue_ahead", "timed_rounds"]

@@ -351,10 +351,12 @@ def profile(
         del interpreter
         times: dict[str, list[float]] = {}
         stop_times: dict[str, list[float]] = {}
+        launch_ms: dict[str, float] = {}  # the warm-up run's launch times set how far ahead CUDA queues
         for run in range(warmup + repeats):
             if progress:
                 progress(f"timing forward pass {run + 1}/{warmup + repeats}")
-            timer = TimingInterpreter(gm, times if run >= warmup else {}, device, stop_times if run >= warmup else {})
+            timer = TimingInterpreter(gm, times if run >= warmup else {}, device, stop_times if run >= warmup else {},
+                                      launch_ms)
             timer.run(*inputs)
             timer.collect()
 

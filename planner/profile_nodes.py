@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 import statistics
+import time
 from typing import Any, Callable
 
 import torch
@@ -32,7 +33,7 @@ from torch.utils._pytree import tree_map_only
 
 from planner.allocations import backward_temporaries, forward_scratch, memory_profile
 from planner.backward_windows import BackwardWindows
-from planner.clock import elapsed_ms
+from planner.clock import AHEAD_MS, elapsed_ms
 from planner.memory import LiveBytesTracker
 from planner.profile import COMPUTE_OPS, META_KEY, NODE_LABEL, claim_autograd_nodes, tensors_in
 from planner.profile_fake import FakeProfile, kernels_of
@@ -151,7 +152,12 @@ class _NodeRunner:
             allocated = backward_temporaries(allocations, self.device.type, numbers).get(node.name, 0)
             backward_scratch = max(0, allocated - tensors) if owners else 0
             del allocations
-            times = [elapsed_ms(self.device, lambda: function(*args, **kwargs))
+            ahead = 0.0
+            if self.device.type == "cuda":  # its launch time sets how far ahead to queue (planner.clock)
+                launched = time.perf_counter()
+                function(*args, **kwargs)
+                ahead = max(AHEAD_MS, 2000 * (time.perf_counter() - launched))
+            times = [elapsed_ms(self.device, lambda: function(*args, **kwargs), ahead)
                      for _ in range(self.warmup + self.repeats)]
         return statistics.median(times[self.warmup:]), scratch, backward_scratch
 

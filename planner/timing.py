@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from planner.clock import AHEAD_MS, queue_ahead
+
 COMPUTE_OPS = ("call_function", "call_method", "call_module")
 
 
@@ -25,14 +27,18 @@ class TimingInterpreter(fx.Interpreter):
     recomputation stops right there when the node is a region's last saving node.
 
     On CUDA, CUDA events bracket each node (and mark its last save) and are read after one
-    synchronisation.
+    synchronisation; GPU work queued ahead of each node makes them time its kernels alone, as
+    backward's queue hides a recomputation's launch work (`planner.clock`). The host's launch
+    time of each node goes to `launch_ms` (the longest seen), and sets how far ahead the next
+    run of the same interpreter's dict queues: pass one dict to every run.
     """
 
     def __init__(self, gm: fx.GraphModule, times: dict[str, list[float]], device: torch.device,
-                 stop_times: dict[str, list[float]] | None = None):
+                 stop_times: dict[str, list[float]] | None = None, launch_ms: dict[str, float] | None = None):
         super().__init__(gm)
         self.times = times
         self.stop_times = {} if stop_times is None else stop_times
+        self.launch_ms = {} if launch_ms is None else launch_ms
         self.device = device
         self.events: list[tuple[str, Any, Any, Any]] = []
 
@@ -57,9 +63,13 @@ class TimingInterpreter(fx.Interpreter):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             if cuda:
                 start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                queue_ahead(self.device, max(AHEAD_MS, 2 * self.launch_ms.get(n.name, 0.0)))
                 start.record()
+                launched = time.perf_counter()
                 result = call(n.target, args, kwargs)
                 end.record()
+                launch = (time.perf_counter() - launched) * 1000
+                self.launch_ms[n.name] = max(launch, self.launch_ms.get(n.name, 0.0))
                 self.events.append((n.name, start, end, last_save[0]))
                 return result
             started = time.perf_counter()
