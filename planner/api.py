@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -14,13 +13,15 @@ from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, sample_shapes, shallow_clone
 from planner.state_check import check_state, state_shapes
+from planner.given_regions import named_regions, submodule_regions
 from planner.graph import (build_problem, compute_nodes, kept_indices, module_calls, module_checkpoint, module_path,
                            run_checkpoints, saved_calls)
 from planner.measure import check_measure, measure_model, plan_device
-from planner.plan_setup import Setup, check_gb
+from planner.plan_setup import Setup, check_gb, check_trainable
 from planner.memory import preserved_state
 from planner.block_costs import selective_overhead_for_plan
-from planner.eager_check import keep_free_beyond_graph
+from planner.eager_check import keep_free_beyond_graph, steady_peak
+from planner.measured_fit import BEYOND_PLAN, fit_to_measured
 from planner.step_costs import step_residuals
 from planner.overhead import checkpoint_overhead_ms
 from planner.profile import GraphProfile
@@ -130,9 +131,8 @@ class Plan(PlanFigures):
         method = solver or self.requested_solver
         if solver_options is None:
             solver_options = self.solver_options if method == self.requested_solver else {}
-        solution = solve(problem, budget_bytes, method=method, **solver_options)
-        return Plan(self._model, self._sample, self._traced, problem, self.profile, solution, budget_bytes,
-                    reserved_bytes, method, solver_options, self.setup.with_reserve(reserved_bytes), self.wrapped)
+        return _solved(self._model, self._sample, self._traced, problem, self.profile, budget_bytes, reserved_bytes,
+                       method, solver_options, self.setup.with_reserve(reserved_bytes), self.wrapped)
 
     def with_submodules(self, modules: Sequence[str], kept: Sequence[str] = ()) -> "Plan":
         """The same measurements with exactly `modules` checkpointed (qualified names), each
@@ -145,12 +145,7 @@ class Plan(PlanFigures):
             >>> every_block.recompute_ms, every_block.predicted_peak_bytes
             >>> selective = p.with_submodules(["blocks.0"], kept=["blocks_0_mlp_0", "blocks_0_mlp_2"])
         """
-        region_of = {spec.module: region for region, spec in self.wrapped.items() if not spec.segments}
-        for module in modules:
-            if module not in region_of:
-                raise ValueError(f"{module!r} is not a submodule call this plan can checkpoint (called once per "
-                                 f"forward, traced): try one of {', '.join(sorted(region_of)[:6])}")
-        regions = tuple(sorted({region_of[module] for module in modules}, key=lambda region: region.start))
+        regions = submodule_regions(self.wrapped, modules)
         return self._given(regions, kept_indices(self.problem, regions, kept))
 
     def with_regions(self, regions: Sequence[tuple[str, str]]) -> "Plan":
@@ -162,17 +157,7 @@ class Plan(PlanFigures):
             >>> p.with_regions([("blocks_0_norm2", "blocks_0_mlp_1")]).module_checkpoints[0].runs
             ((51, 57),)
         """
-        index = {node.name: i for i, node in enumerate(self.problem.nodes)}
-        found = []
-        for first, last in regions:
-            if first not in index or last not in index:
-                raise ValueError(f"{first if first not in index else last!r} is not a compute node of the graph")
-            region = range(index[first], index[last] + 1)
-            if not self.problem.allows_region(region.start, region.stop):
-                raise ValueError(f"{first}..{last} is neither a submodule call nor a run inside one that this plan "
-                                 "may recompute (calls matched in the model's forward, no buffer writes)")
-            found.append(region)
-        return self._given(tuple(sorted(found, key=lambda region: region.start)), ())
+        return self._given(named_regions(self.problem, regions), ())
 
     def _given(self, regions: tuple[range, ...], keep: tuple[int, ...]) -> "Plan":
         peak = peak_bytes(self.problem, regions, keep)
@@ -342,13 +327,7 @@ def plan(
     else:
         budget_bytes = int(check_gb("budget_gb", budget_gb) * GIB)
     reserved_bytes = int(check_gb("reserved_gb", reserved_gb, allow_zero=True) * GIB)
-    if not model.training:
-        warnings.warn("the model is in eval mode; the plan is for training, where dropout and "
-                      "BatchNorm behave differently: call model.train() first", stacklevel=2)
-    if not any(parameter.requires_grad for parameter in model.parameters()):
-        raise ValueError(f"{type(model).__name__} has no trainable parameters: a training step "
-                         "keeps no activations for them, so there is nothing to plan; unfreeze the "
-                         "parameters you train (requires_grad=True) first")
+    check_trainable(model)
     args, kwargs = split_sample(sample)
     sample_tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
     if not sample_tensors:
@@ -393,8 +372,28 @@ def plan(
             say("measuring the model's own step against the traced graph")
             problem, breakdown = keep_free_beyond_graph(model, sample, problem, breakdown, where.device, where.name)
     say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
-    started = time.perf_counter()
-    solution = solve(problem, budget_bytes, method=solver, **(solver_options or {}))
-    logger.info("solved in %.2f s", time.perf_counter() - started)
-    return Plan(model, sample, traced, problem, summary, solution, budget_bytes, reserved_bytes, solver,
-                solver_options, Setup(where, world_size, optimizer, breakdown), {**wrapped, **segments})
+    return _solved(model, sample, traced, problem, summary, budget_bytes, reserved_bytes, solver, solver_options or {},
+                   Setup(where, world_size, optimizer, breakdown), {**wrapped, **segments})
+
+
+def _solved(model: nn.Module, sample: Any, traced: Traced, problem: Problem, summary: GraphProfile,
+            budget_bytes: int, reserved_bytes: int, method: str, solver_options: dict[str, Any], setup: Setup,
+            wrapped: dict[range, ModuleCheckpoint]) -> Plan:
+    """The plan `method` solves for; where the whole step runs here, checked against its own
+    step and solved again with what it holds beyond the graph kept free (`planner.measured_fit`)."""
+    def keeping_free(extra: int) -> Plan:
+        kept_free = replace(problem, static_bytes=problem.static_bytes + extra)
+        terms = dict(setup.static_breakdown or {})
+        if extra:
+            terms[BEYOND_PLAN] = terms.get(BEYOND_PLAN, 0) + extra
+        started = time.perf_counter()
+        solution = solve(kept_free, budget_bytes, method=method, **solver_options)
+        logger.info("solved in %.2f s", time.perf_counter() - started)
+        return Plan(model, sample, traced, kept_free, summary, solution, budget_bytes, reserved_bytes, method,
+                    solver_options, replace(setup, static_breakdown=terms), wrapped)
+
+    planned, where = keeping_free(0), setup.where
+    runs_here = summary.measurement == "whole step" and where.local and setup.world_size == 1
+    if not runs_here or not planned.solution.regions:  # (the eager check measured the unplanned step)
+        return planned
+    return fit_to_measured(planned, keeping_free, lambda p: steady_peak(p.module(), sample, where.device, model))

@@ -167,7 +167,8 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         logger.info("recording runs could not be measured on the whole %s (%s)", type(module).__name__, error)
     if kept is not None and kept.nodes:
         steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
-    times = timed_rounds(device, steps, FINE_ROUNDS)
+    # On a GPU, kernel time alone, as `planner.overhead` measures: backward's queue hides host work.
+    times = timed_rounds(device, steps, FINE_ROUNDS, kernels_only=True)
     per_call = max(0.0, (paired_difference(times, "selective", "plain") - per_region_ms) / max(1, calls_per_step))
     forward_ms = statistics.median(times["bare"]) / _FORWARDS  # what node times predict a recomputation at
     # checkpoint itself: a checkpointed step against an unchecked one, less the recomputation

@@ -74,20 +74,28 @@ def _sleep_cycles_per_ms(index: int) -> float:
     return cycles / max(ms, 1e-3)
 
 
-def timed_rounds(device: torch.device, calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+def timed_rounds(device: torch.device, calls: dict[str, Callable[[], object]], rounds: int,
+                 kernels_only: bool = False) -> dict[str, list[float]]:
     """Each call run once to warm up, then timed in `rounds` rounds, one after another in each:
-    its times (ms), round by round.
+    its times (ms), round by round. `kernels_only` on CUDA times each call's kernels alone, with
+    GPU work queued ahead of it for twice the host's launch time of its warm-up (`elapsed_ms`):
+    what a cost measured outside the model's step adds inside backward, whose queue hides the
+    host's work.
 
     Example:
         >>> timed_rounds(torch.device("cpu"), {"a": step_a, "b": step_b}, 7)["a"]
         [12.1, 11.9, 12.3, 12.0, 12.2, 12.4, 12.0]
     """
-    for call in calls.values():
+    ahead: dict[str, float] = {}
+    for name, call in calls.items():
+        launched = time.perf_counter()
         call()
+        if kernels_only and device.type == "cuda":
+            ahead[name] = max(AHEAD_MS, 2000 * (time.perf_counter() - launched))
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
-            samples[name].append(elapsed_ms(device, call))
+            samples[name].append(elapsed_ms(device, call, ahead.get(name, 0.0)))
     return samples
 
 

@@ -10,7 +10,11 @@ The solvers add both per region (`Problem.region_overhead_ms`, `Problem.saved_te
 They are measured as the step-time difference of tiny modules of two depths run with and
 without checkpoint (their recomputation is subtracted), in alternating rounds (the median of
 paired differences, `planner.clock`); the line through the two gives both figures. Both are
-measured once per device and process.
+measured once per device and process. On a GPU they are kernel time alone (`timed_rounds(...,
+kernels_only=True)`): inside backward the queue of kernels hides checkpoint's host work, and
+on an H100 plans cost what their recomputed nodes' kernels alone predicted (GPT, GPT-2 and the
+CNN within 10% or 2 ms; benchmarks/RESULTS.md, 2026-11-27 08:27-08:36). What the model's
+own step pays beyond that, `planner.step_costs` measures there.
 
 A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that sees
 every ATen call of its forward and of its recomputation. `selective_overhead_ms` measures what
@@ -115,7 +119,8 @@ def _measure(device: torch.device, depth: int) -> tuple[int, float]:
             for _ in range(_CALLS):
                 h = module(h)
 
-    times = timed_rounds(device, {"plain": plain, "checkpointed": checkpointed, "forward": forward_only}, FINE_ROUNDS)
+    times = timed_rounds(device, {"plain": plain, "checkpointed": checkpointed, "forward": forward_only}, FINE_ROUNDS,
+                         kernels_only=True)
     return saved, (paired_difference(times, "checkpointed", "plain") - statistics.median(times["forward"])) / _CALLS
 
 
@@ -181,7 +186,7 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
             h.sum().backward()
         return run
 
-    times = timed_rounds(device, {"plain": step(False), "selective": step(True)}, _ROUNDS)
+    times = timed_rounds(device, {"plain": step(False), "selective": step(True)}, _ROUNDS, kernels_only=True)
     return seen, paired_difference(times, "selective", "plain") / _CALLS
 
 

@@ -1,9 +1,12 @@
-"""What a plan is for besides its budget (`Setup`), and the check of sizes the user gives in GiB."""
+"""What a plan is for besides its budget (`Setup`), and the checks of what the user gives: sizes in GiB, a model to train."""
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any
+
+from torch import nn
 
 from planner.measure import PlanDevice
 
@@ -22,6 +25,21 @@ class Setup:
         return replace(self, static_breakdown={**(self.static_breakdown or {}), "reserved": reserved_bytes})
 
 
+def check_trainable(model: nn.Module) -> None:
+    """Refuse a model with nothing to train; warn where it is in eval mode.
+
+    Example:
+        >>> check_trainable(model.train())
+    """
+    if not model.training:
+        warnings.warn("the model is in eval mode; the plan is for training, where dropout and "
+                      "BatchNorm behave differently: call model.train() first", stacklevel=3)
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        raise ValueError(f"{type(model).__name__} has no trainable parameters: a training step "
+                         "keeps no activations for them, so there is nothing to plan; unfreeze the "
+                         "parameters you train (requires_grad=True) first")
+
+
 def check_gb(name: str, value: Any, allow_zero: bool = False) -> float:
     """Validate a size in GiB given by the user; raise ValueError naming the argument.
 
@@ -38,4 +56,4 @@ def check_gb(name: str, value: Any, allow_zero: bool = False) -> float:
     return value
 
 
-__all__ = ["Setup", "check_gb"]
+__all__ = ["Setup", "check_gb", "check_trainable"]

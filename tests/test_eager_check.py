@@ -6,10 +6,12 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
-from planner import plan
+from planner import InfeasibleBudget, plan
 from planner.api import GIB
 from planner.eager_check import BEYOND_GRAPH
+from planner.measured_fit import BEYOND_PLAN
 from planner.examples import gpt
 
 EXTRA_BYTES = 4 << 20
@@ -60,3 +62,66 @@ def test_a_model_whose_code_matches_its_graph_gets_no_such_term():
         warnings.simplefilter("error", UserWarning)
         p = plan(model, tokens, budget_gb=80)
     assert BEYOND_GRAPH not in p.static_breakdown
+
+
+class RecomputeWorkspace(nn.Module):
+    """Blocks whose own code takes a 24 MiB workspace for a moment when it runs inside backward
+    (a recomputation), which the graph does not show, as a kernel that picks another algorithm
+    there would: the unplanned step never does, a planned step does in each recomputation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(128, 256), nn.Linear(256, 128)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch._C._current_graph_task_id() != -1:  # inside backward
+            with _disable_current_modes():  # inside the kernel, as it were: no dispatch mode sees it
+                workspace = torch.ones(WORKSPACE_BYTES // 4, device=x.device)
+            del workspace
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+WORKSPACE_BYTES = 24 << 20
+
+
+def test_a_plan_whose_own_step_peaks_above_its_budget_is_solved_again_with_the_excess_kept_free():
+    torch.manual_seed(0)
+    model, x = RecomputeWorkspace().train(), torch.randn(4096, 128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the unplanned step peaks where the graph says
+        base = plan(model, x, budget_gb=80)
+    assert BEYOND_GRAPH not in base.static_breakdown and BEYOND_PLAN not in base.static_breakdown
+    every = base.with_submodules([f"blocks.{i}" for i in range(6)])
+    # unfitted (a given plan), it goes over its predicted peak
+    over = every.verify(steps=1).planned_peak_bytes - every.predicted_peak_bytes
+    assert over > 1 << 20
+    fitted = []
+    for extra_mib in range(8, 16):  # budgets where the solver's first plan recomputes at its peak, or not
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                planned = base.replan(budget_gb=(every.predicted_peak_bytes + (extra_mib << 20)) / GIB)
+        except InfeasibleBudget as infeasible:  # kept free, no plan fits: the error names the minimum
+            assert infeasible.minimum_bytes > infeasible.budget_bytes
+            continue
+        record = planned.verify(steps=1)
+        assert record.gradients_match and record.planned_peak_bytes <= planned.budget_bytes
+        assert planned.predicted_peak_bytes <= planned.budget_bytes
+        if any("above its budget" in str(warning.message) for warning in caught):
+            assert 0 < planned.static_breakdown[BEYOND_PLAN] <= WORKSPACE_BYTES
+            assert BEYOND_PLAN in str(planned)
+            fitted.append(planned)
+        else:
+            assert BEYOND_PLAN not in planned.static_breakdown
+    assert fitted, "no budget made the solver's first plan peak above it"
