@@ -142,7 +142,7 @@ def run_model(spec: Spec, args) -> ModelResult:
     retimer = NodeRetimer(base)
     budgets = [("every block's peak", every.peak)] + [(f"{f:.0%}", int(f * unplanned)) for f in args.fractions]
     for label, budget in budgets:
-        bound_ms, any_run_ms = beyond_the_planner(base.problem, budget, args.any_run)
+        bound_ms, any_run_ms = beyond_the_planner(base.problem, budget, args.any_run, args.bound_time_limit)
         for solver in args.solvers:
             name = f"planner {solver} @ {label}"
             config = Config(name, "planner", budget_bytes=budget, solver=solver, budget_label=label,
@@ -253,6 +253,8 @@ def main() -> int:
     parser.add_argument("--any-run", action="store_true",
                         help="also solve each budget with whole regions on any run of nodes (dp; seconds per budget)")
     parser.add_argument("--plan-repeats", type=int, default=3, help="plan(repeats=...) timing repeats")
+    parser.add_argument("--bound-time-limit", type=float, default=20.0,
+                        help="seconds for the lower bound's program at each budget (it keeps the bound proven by then)")
     parser.add_argument("--ilp-time-limit", type=float, default=10.0,
                         help="time_limit_s for the ilp solver when it is registered (default 10; its own default "
                              "is 60, which could add 12 minutes to the run)")

@@ -36,14 +36,16 @@ def any_run(problem):
     return dataclasses.replace(without_keeps(problem), allowed_regions=None)
 
 
-def beyond_the_planner(problem, budget: int, with_any_run: bool) -> tuple[float, float | None]:
+def beyond_the_planner(problem, budget: int, with_any_run: bool, bound_time_limit_s: float = 20.0
+                       ) -> tuple[float, float | None]:
     """At a budget, on the planner's measurements: the lower bound for every plan of whole graph
     nodes and, with `with_any_run`, the cheapest plan of whole regions on any run of nodes (dp;
     None where none fits or not asked), which the planner cannot apply in general. They say why a
-    missed target is missed."""
+    missed target is missed. The bound's program stops after `bound_time_limit_s` with the bound
+    it has proven."""
     from solvers import InfeasibleBudget, recompute_lower_bound, solve
 
-    bound = recompute_lower_bound(problem, budget)
+    bound = recompute_lower_bound(problem, budget, time_limit_s=bound_time_limit_s)
     if not bound.exact:
         print(f"lower bound at {budget} bytes: the time limit stopped SCIP; {bound.recompute_ms:.1f} ms is the "
               "bound it had proven (weaker than the optimum of its program)", file=sys.stderr, flush=True)
