@@ -29,8 +29,8 @@ class TimingInterpreter(fx.Interpreter):
     On CUDA, CUDA events bracket each node (and mark its last save) and are read after one
     synchronisation; GPU work queued ahead of each node makes them time its kernels alone, as
     backward's queue hides a recomputation's launch work (`planner.clock`). The host's launch
-    time of each node goes to `launch_ms` (the longest seen), and sets how far ahead the next
-    run of the same interpreter's dict queues: pass one dict to every run.
+    time of each node is kept in `launch_ms` (the longest seen) and sets how far ahead later
+    runs queue for it: pass the same dict to every run.
     """
 
     def __init__(self, gm: fx.GraphModule, times: dict[str, list[float]], device: torch.device,
