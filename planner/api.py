@@ -20,7 +20,7 @@ from planner.measure import check_measure, measure_model, plan_device
 from planner.plan_setup import Setup, check_gb, check_trainable
 from planner.memory import preserved_state
 from planner.block_costs import selective_overhead_for_plan
-from planner.eager_check import keep_free_beyond_graph, steady_peak
+from planner.eager_check import held_outside_step, keep_free_beyond_graph, steady_peak
 from planner.measured_fit import BEYOND_PLAN, fit_to_measured
 from planner.step_costs import step_residuals
 from planner.overhead import checkpoint_overhead_ms
@@ -396,4 +396,6 @@ def _solved(model: nn.Module, sample: Any, traced: Traced, problem: Problem, sum
     runs_here = summary.measurement == "whole step" and where.local and setup.world_size == 1
     if not runs_here or not planned.solution.regions:  # (the eager check measured the unplanned step)
         return planned
-    return fit_to_measured(planned, keeping_free, lambda p: steady_peak(p.module(), sample, where.device, model))
+    outside = held_outside_step(setup.static_breakdown or {})  # room in the budget that a bare step leaves unused
+    return fit_to_measured(planned, keeping_free,
+                           lambda p: steady_peak(p.module(), sample, where.device, model) + outside)

@@ -29,6 +29,17 @@ BEYOND_GRAPH = "model's own step beyond the traced graph (measured)"
 MIN_GAP_BYTES = 1 << 20
 
 
+def held_outside_step(breakdown: dict[str, int]) -> int:
+    """The static terms a bare training step does not hold, though the budget keeps room for
+    them: the optimizer state and the reserve.
+
+    Example:
+        >>> held_outside_step({"parameters": 4096, "optimizer state": 8192, "reserved": 1024})
+        9216
+    """
+    return breakdown.get("optimizer state", 0) + breakdown.get("reserved", 0)
+
+
 def steady_peak(module: nn.Module, sample: Any, device: torch.device, owner: nn.Module | None = None) -> int:
     """The peak of a training step of `module` on `device` as `Plan.verify` measures it, with
     gradients allocated, as from the second step of training on. The state of `owner` (default
@@ -67,7 +78,7 @@ def keep_free_beyond_graph(model: nn.Module, sample: Any, problem: Problem, brea
     Example:
         >>> problem, breakdown = keep_free_beyond_graph(model, tokens, problem, breakdown, cpu, "cpu")
     """
-    predicted = peak_bytes(problem) - breakdown.get("optimizer state", 0) - breakdown.get("reserved", 0)
+    predicted = peak_bytes(problem) - held_outside_step(breakdown)
     measured, gap = eager_peak_gap(model, sample, predicted, device)
     if not gap:
         return problem, breakdown
