@@ -310,7 +310,8 @@ def plan(
     step), "no-run" measures sizes on fake tensors and runs one node at a time, "auto" (the
     default) runs the whole step only where it fits in the budget; where it runs, the plan's
     own step is measured too, and solved again if it peaks above the budget
-    (`planner.measured_fit`). The model is left as it was. `solver_options` go to the solver (for example `{"time_limit_s": 120}` for "ilp").
+    (`planner.measured_fit`). The model is left as it was. `solver_options` go to the solver
+    (for example `{"time_limit_s": 120}` for "ilp").
 
     Example:
         >>> from planner import plan
