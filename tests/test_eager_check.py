@@ -1,6 +1,7 @@
 """The model's own step against the traced graph (`planner.eager_check`)."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -102,9 +103,15 @@ def test_a_plan_whose_own_step_peaks_above_its_budget_is_solved_again_with_the_e
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # the unplanned step peaks where the graph says
         # each block one node: every region is a block whose own forward runs again (a run inside
-        # it would replay recorded calls and skip its code), whatever plan the node times favour
+        # it would replay recorded calls and skip its code)
         base = plan(model, x, budget_gb=80, optimizer=optimizer, leaves=tuple(f"blocks.{i}" for i in range(6)))
     assert BEYOND_GRAPH not in base.static_breakdown and BEYOND_PLAN not in base.static_breakdown
+    # Node times set, not measured, so that the solver's choice does not hang on the clock: the
+    # later a block, the cheaper, so plans checkpoint the last blocks, recomputed where the step
+    # peaks (plans of the first blocks recompute them when little is left, and fit as they are).
+    base.problem = dataclasses.replace(base.problem, nodes=tuple(
+        dataclasses.replace(node, compute_ms=1.0 + 0.1 * (5 - i), stop_ms=None)
+        for i, node in enumerate(base.problem.nodes)))
     every = base.with_submodules([f"blocks.{i}" for i in range(6)])
     # the budget holds the optimizer state, which a bare step does not
     outside = held_outside_step(base.static_breakdown)
@@ -112,8 +119,8 @@ def test_a_plan_whose_own_step_peaks_above_its_budget_is_solved_again_with_the_e
     # unfitted (a given plan), it goes over its predicted peak
     over = every.verify(steps=1).planned_peak_bytes + outside - every.predicted_peak_bytes
     assert over > 1 << 20
-    fitted = []
-    for extra_mib in range(8, 22, 2):  # budgets where the solver's first plan recomputes at its peak, or not
+    fitted, loose = [], []
+    for extra_mib in range(8, 22, 2):  # too tight to fit with the excess kept free, fitted, and loose
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -130,4 +137,5 @@ def test_a_plan_whose_own_step_peaks_above_its_budget_is_solved_again_with_the_e
             fitted.append(planned)
         else:
             assert BEYOND_PLAN not in planned.static_breakdown
-    assert fitted, "no budget made the solver's first plan peak above it"
+            loose.append(planned)
+    assert fitted and loose, "every budget gave the same outcome"
