@@ -387,8 +387,7 @@ def _solved(model: nn.Module, sample: Any, traced: Traced, problem: Problem, sum
         terms = dict(setup.static_breakdown or {})
         if extra:
             terms[BEYOND_PLAN] = terms.get(BEYOND_PLAN, 0) + extra
-        solution = solve(kept_free, budget_bytes, method=method, **solver_options)
-        logger.info("solved in %.2f s", solution.solve_seconds)
+        solution = solve(kept_free, budget_bytes, method=method, **solver_options)  # (the report gives its time)
         return Plan(model, sample, traced, kept_free, summary, solution, budget_bytes, reserved_bytes, method,
                     solver_options, replace(setup, static_breakdown=terms), wrapped)
 

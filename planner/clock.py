@@ -53,6 +53,29 @@ def elapsed_ms(device: torch.device, call: Callable[[], object], ahead_ms: float
     return (time.perf_counter() - started) * 1000
 
 
+def ahead_for(launch_ms: float) -> float:
+    """Milliseconds of GPU work to queue ahead of a call whose launch took the host
+    `launch_ms`: twice that, and at least `AHEAD_MS`.
+
+    Example:
+        >>> ahead_for(0.2)
+        1.0
+    """
+    return max(AHEAD_MS, 2 * launch_ms)
+
+
+def launch_ms(call: Callable[[], object]) -> float:
+    """Milliseconds the host takes to return from `call()` (on CUDA, to launch its kernels).
+
+    Example:
+        >>> launch_ms(lambda: model(x))
+        0.3
+    """
+    started = time.perf_counter()
+    call()
+    return (time.perf_counter() - started) * 1000
+
+
 def queue_ahead(device: torch.device, ms: float) -> None:
     """Queue a kernel that keeps the CUDA GPU `device` busy for about `ms` ms: the host then
     launches what follows while the GPU is still busy, as it does inside backward.
@@ -89,10 +112,9 @@ def timed_rounds(device: torch.device, calls: dict[str, Callable[[], object]], r
     """
     ahead: dict[str, float] = {}
     for name, call in calls.items():
-        launched = time.perf_counter()
-        call()
+        launched = launch_ms(call)
         if kernels_only and device.type == "cuda":
-            ahead[name] = max(AHEAD_MS, 2000 * (time.perf_counter() - launched))
+            ahead[name] = ahead_for(launched)
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
@@ -111,4 +133,4 @@ def paired_difference(times: dict[str, list[float]], slower: str, faster: str) -
     return statistics.median(a - b for a, b in zip(times[slower], times[faster]))
 
 
-__all__ = ["AHEAD_MS", "elapsed_ms", "paired_difference", "queue_ahead", "timed_rounds"]
+__all__ = ["AHEAD_MS", "ahead_for", "elapsed_ms", "launch_ms", "paired_difference", "queue_ahead", "timed_rounds"]

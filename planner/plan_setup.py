@@ -1,4 +1,5 @@
-"""What a plan is for besides its budget (`Setup`), and the checks of what the user gives: sizes in GiB, a model to train."""
+"""What a plan is for besides its budget (`Setup`), and the checks of what the user gives: sizes
+in GiB, a model to train."""
 from __future__ import annotations
 
 import math

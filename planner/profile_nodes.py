@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import logging
 import statistics
-import time
 from typing import Any, Callable
 
 import torch
@@ -33,7 +32,7 @@ from torch.utils._pytree import tree_map_only
 
 from planner.allocations import backward_temporaries, forward_scratch, memory_profile
 from planner.backward_windows import BackwardWindows
-from planner.clock import AHEAD_MS, elapsed_ms
+from planner.clock import ahead_for, elapsed_ms, launch_ms
 from planner.memory import LiveBytesTracker
 from planner.profile import COMPUTE_OPS, META_KEY, NODE_LABEL, claim_autograd_nodes, tensors_in
 from planner.profile_fake import FakeProfile, kernels_of
@@ -152,11 +151,8 @@ class _NodeRunner:
             allocated = backward_temporaries(allocations, self.device.type, numbers).get(node.name, 0)
             backward_scratch = max(0, allocated - tensors) if owners else 0
             del allocations
-            ahead = 0.0
-            if self.device.type == "cuda":  # its launch time sets how far ahead to queue (planner.clock)
-                launched = time.perf_counter()
-                function(*args, **kwargs)
-                ahead = max(AHEAD_MS, 2000 * (time.perf_counter() - launched))
+            # on CUDA its launch time sets how far ahead to queue (planner.clock)
+            ahead = ahead_for(launch_ms(lambda: function(*args, **kwargs))) if self.device.type == "cuda" else 0.0
             times = [elapsed_ms(self.device, lambda: function(*args, **kwargs), ahead)
                      for _ in range(self.warmup + self.repeats)]
         return statistics.median(times[self.warmup:]), scratch, backward_scratch

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from planner.clock import AHEAD_MS, queue_ahead
+from planner.clock import ahead_for, queue_ahead
 
 COMPUTE_OPS = ("call_function", "call_method", "call_module")
 
@@ -63,7 +63,7 @@ class TimingInterpreter(fx.Interpreter):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             if cuda:
                 start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                queue_ahead(self.device, max(AHEAD_MS, 2 * self.launch_ms.get(n.name, 0.0)))
+                queue_ahead(self.device, ahead_for(self.launch_ms.get(n.name, 0.0)))
                 start.record()
                 launched = time.perf_counter()
                 result = call(n.target, args, kwargs)
