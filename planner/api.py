@@ -366,9 +366,7 @@ def plan(
             lambda keeps: [replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, kept))
                            for region, kept in keeps],
             lambda module: training_loss(module(*args, **kwargs)).backward(), where.device)
-        problem = replace(problem, region_overhead_ms=problem.region_overhead_ms + residuals.per_call_ms,
-                          run_region_ms=residuals.per_run_ms,
-                          keep_region_ms=max(0.0, problem.keep_region_ms + residuals.per_keep_ms))
+        problem = residuals.priced(problem)
         if world_size == 1:  # (FSDP2's per-rank terms are not what one unsharded step holds)
             say("measuring the model's own step against the traced graph")
             problem, breakdown = keep_free_beyond_graph(model, sample, problem, breakdown, where.device, where.name)

@@ -1,5 +1,6 @@
-"""What a checkpoint call and a run recomputed alone cost inside the model's own training step,
-beyond the figures that price their parts (`Problem.region_overhead_ms`, `Problem.run_region_ms`).
+"""What a checkpoint call, each tensor it saves, and a run recomputed alone cost inside the
+model's own training step, beyond the figures that price their parts (`Problem.region_overhead_ms`,
+`Problem.saved_tensor_ms`, `Problem.run_region_ms`).
 
 The other figures (nodes' forward times; checkpoint's cost per call, on tiny modules, and per
 saved tensor, on a block; a run's recording per ATen call, on a block) are measured with warm
@@ -7,27 +8,31 @@ caches. Inside a step each region costs more: its recomputation in backward read
 out of cache, and what it drops is freed and allocated again. On Llama, checkpointing each
 RMSNorm cost 0.61-0.64 ms per call more than those figures predict; on ViT, the block-level
 figure for a run read 0.006 to 0.38 ms in four plans, while the runs plans chose cost 0.6-0.7 ms
-each more than predicted with it. So both residuals are measured where they are paid: the
-model's step with every call of its repeated submodule that recomputes least (a norm)
-checkpointed, with one short run alone in each call of its repeated submodules, and with
-every call of the repeated submodule that keeps most keeping all it may under its selective
-policy (on Llama, an MLP keeping two linears saved 2.1 ms of recomputation against 6.8 ms
-predicted), each against the unplanned step in paired rounds; what each adds beyond the
-problem's other figures, per region, is its residual.
+each more than predicted with it. Or less: on an H100 the block-level figure put 34-51 us on
+each saved tensor, and plans of whole blocks measured at about their nodes' kernel times alone
+(benchmarks/RESULTS.md, 2026-11-27 11:09-11:18); on this CPU, two plannings of one CNN read
+13.7 and 67.6 us per saved tensor off one block's steps. So these figures are measured where
+they are paid: the model's step with every call of its repeated submodule that recomputes
+least (a norm) checkpointed, with every call of the one that recomputes most (its blocks)
+checkpointed, with one short run alone in each call of its repeated submodules, and with every
+call of the repeated submodule that keeps most keeping all it may under its selective policy
+(on Llama, an MLP keeping two linears saved 2.1 ms of recomputation against 6.8 ms predicted),
+each against the unplanned step in paired rounds. A call's cost and a saved tensor's are the
+two unknowns of the first two (norms save few tensors per call, blocks many); each run's and
+keeping region's residual is what it costs beyond the problem's figures so corrected.
 
 Example:
     >>> found = step_residuals(model, problem, wrapped, checkpoints_of, keeping_of,
     ...                        lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
-    >>> found.per_call_ms, found.per_run_ms
-    (0.61, 0.49)
+    >>> found.per_call_ms, found.saved_tensor_ms, found.per_run_ms
+    (0.61, 0.021, 0.49)
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
@@ -46,11 +51,12 @@ STEP_ROUNDS = 9  # paired rounds of whole steps: each residual is read off a dif
 @dataclass(frozen=True)
 class StepResiduals:
     """What each region costs a training step beyond the problem's other figures: a checkpoint
-    call (at least 0; added to `Problem.region_overhead_ms`), and beyond that a run recomputed
-    alone (`Problem.run_region_ms`) and a region keeping nodes under a selective policy (added
-    to `Problem.keep_region_ms`): each its residual, at least 0, less the call's, so at least
-    `-per_call_ms`. `calls`, `runs` and `keeps` say how many each was read off (0: not
-    measured, 0.0)."""
+    call (added to `Problem.region_overhead_ms`; at least its negative, so a call costs at least
+    0), each tensor its nodes save (`saved_tensor_ms`, at least 0: replaces
+    `Problem.saved_tensor_ms`; None where not measured), a run recomputed alone beyond a call
+    (`Problem.run_region_ms`, at least minus a call's corrected cost) and a region keeping nodes
+    beyond a call (added to `Problem.keep_region_ms`). `calls`, `runs`, `keeps` and `blocks`
+    say how many regions each was read off (0: not measured)."""
 
     per_call_ms: float = 0.0
     per_run_ms: float = 0.0
@@ -58,6 +64,19 @@ class StepResiduals:
     runs: int = 0
     per_keep_ms: float = 0.0
     keeps: int = 0
+    saved_tensor_ms: float | None = None
+    blocks: int = 0
+
+    def priced(self, problem: Problem) -> Problem:
+        """`problem` with these residuals in its figures.
+
+        Example:
+            >>> StepResiduals(0.5, saved_tensor_ms=0.02).priced(problem).saved_tensor_ms
+            0.02
+        """
+        return replace(problem, region_overhead_ms=problem.region_overhead_ms + self.per_call_ms,
+                       saved_tensor_ms=problem.saved_tensor_ms if self.saved_tensor_ms is None else self.saved_tensor_ms,
+                       run_region_ms=self.per_run_ms, keep_region_ms=max(0.0, problem.keep_region_ms + self.per_keep_ms))
 
 
 def short_runs(problem: Problem, span: range) -> list[range]:
@@ -112,10 +131,25 @@ def small_calls(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> lis
         >>> [wrapped[r].module for r in small_calls(problem, wrapped)]
         ['blocks.0.norm1', 'blocks.0.norm2', 'blocks.1.norm1', 'blocks.1.norm2', 'norm']
     """
+    return _calls_ranked(problem, wrapped, 1.0)
+
+
+def large_calls(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> list[range]:
+    """As `small_calls`, the class whose calls recompute most: the model's blocks.
+
+    Example:
+        >>> [wrapped[r].module for r in large_calls(problem, wrapped)]
+        ['blocks.0', 'blocks.1']
+    """
+    return _calls_ranked(problem, wrapped, -1.0)
+
+
+def _calls_ranked(problem: Problem, wrapped: dict[range, ModuleCheckpoint], sign: float) -> list[range]:
+    """Every call of the repeated class that ranks first by `sign` times its calls' median recomputation."""
     calls = {region: () for region in wrapped
              if problem.allows_region(region.start, region.stop) and problem.region_recompute_ms(region) > 0}
     return [region for region, _ in _every_call_of_one_class(
-        calls, wrapped, lambda pairs: statistics.median(problem.region_recompute_ms(r) for r, _ in pairs))]
+        calls, wrapped, lambda pairs: sign * statistics.median(problem.region_recompute_ms(r) for r, _ in pairs))]
 
 
 def keeping_calls(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> list[tuple[range, tuple[int, ...]]]:
@@ -157,26 +191,30 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                    keeping_of: Callable[[Sequence[tuple[range, tuple[int, ...]]]], Sequence[ModuleCheckpoint]],
                    train_step: Callable[[nn.Module], None], device: torch.device,
                    rounds: int = STEP_ROUNDS) -> StepResiduals:
-    """What a checkpoint call, a run and a region keeping nodes cost a training step beyond
-    `problem`'s other figures, read off the model's own step, `train_step(module)` (forward,
-    loss, backward), on copies sharing the parameters: with `small_calls` checkpointed, with
+    """What a checkpoint call, a saved tensor, a run and a region keeping nodes cost a training
+    step beyond `problem`'s other figures, read off the model's own step, `train_step(module)`
+    (forward, loss, backward), on copies sharing the parameters: with `small_calls` and with
+    `large_calls` checkpointed (a call's cost and a saved tensor's, `call_and_tensor_ms`), with
     `lone_short_runs` recomputed (`checkpoints_of(runs)` applies them) and with `keeping_calls`
     under their selective policies (`keeping_of(pairs)`), each against the unplanned step, in
-    `rounds` paired rounds. A run's and a keeping region's residuals are what they cost beyond a
-    checkpoint call's, residual included (negative where a call's residual is the larger). The
-    model, its gradients, buffers and the RNG are left as they were.
+    `rounds` paired rounds. A run's and a keeping region's residuals are what they cost beyond
+    a checkpoint call's corrected cost. The model, its gradients, buffers and the RNG are left
+    as they were.
 
     Example:
         >>> step_residuals(model, problem, wrapped, checkpoints_of, keeping_of,
         ...                lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
-        StepResiduals(per_call_ms=0.61, per_run_ms=0.49, calls=13, runs=18, per_keep_ms=1.2, keeps=6)
+        StepResiduals(per_call_ms=0.61, per_run_ms=0.49, calls=13, runs=18, per_keep_ms=1.2, keeps=6,
+                      saved_tensor_ms=0.021, blocks=6)
     """
     calls = small_calls(problem, wrapped)
+    blocks = [region for region in large_calls(problem, wrapped) if region not in calls] if calls else []
     runs = lone_short_runs(problem, wrapped)
     keeps = keeping_calls(problem, wrapped)
     planned = {}
-    if calls:
-        planned["calls"] = apply_plan(shallow_clone(model), [wrapped[region] for region in calls])
+    for name, regions in (("calls", calls), ("blocks", blocks)):
+        if regions:
+            planned[name] = apply_plan(shallow_clone(model), [wrapped[region] for region in regions])
     if runs:
         planned["runs"] = apply_plan(shallow_clone(model), tuple(dict.fromkeys(checkpoints_of(runs))))
     if keeps:
@@ -194,29 +232,71 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     with preserved_state(model, [device]):
         times = timed_rounds(device, {"unplanned": step(model), **{name: step(m) for name, m in planned.items()}},
                              rounds)
-    per_call = _residual(problem, calls, paired_difference(times, "calls", "unplanned"), "calls") if calls else 0.0
-    unpriced = dataclasses.replace(problem, run_region_ms=0.0)
-    per_run = _residual(unpriced, runs, paired_difference(times, "runs", "unplanned"), "short runs") if runs else 0.0
-    per_keep = _residual(problem, [r for r, _ in keeps], paired_difference(times, "keeps", "unplanned"),
-                         "regions keeping nodes", [kept for _, kept in keeps]) if keeps else 0.0
-    # A run or a keeping region pays checkpoint's per-call figure too (`Problem.checkpoint_ms`),
-    # raised by `per_call`: its own residual is what it costs beyond that, negative where a
-    # call's is larger.
-    return StepResiduals(per_call, per_run - per_call, len(calls), len(runs),
-                         per_keep - per_call if keeps else 0.0, len(keeps))
+    measured = {name: paired_difference(times, name, "unplanned") for name in planned}
+    priced = replace(problem, run_region_ms=0.0)  # (a run's own figure is measured here)
+    if calls:
+        per_call, per_tensor = call_and_tensor_ms(problem, calls, measured["calls"], blocks, measured.get("blocks"))
+        priced = replace(priced, region_overhead_ms=per_call,
+                         saved_tensor_ms=problem.saved_tensor_ms if per_tensor is None else per_tensor)
+    # A run or a keeping region pays a checkpoint call's corrected cost (`Problem.checkpoint_ms`)
+    # too: its own residual is what it costs beyond that, negative where a call's is larger.
+    floor = -priced.region_overhead_ms
+    per_run = _residual(priced, runs, measured["runs"], "short runs", floor) if runs else 0.0
+    per_keep = _residual(priced, [r for r, _ in keeps], measured["keeps"], "regions keeping nodes", floor,
+                         [kept for _, kept in keeps]) if keeps else 0.0
+    return StepResiduals(priced.region_overhead_ms - problem.region_overhead_ms, per_run, len(calls), len(runs),
+                         per_keep, len(keeps), priced.saved_tensor_ms if blocks and calls else None,
+                         len(blocks) if calls else 0)
 
 
-def _residual(problem: Problem, regions: list[range], measured_ms: float, what: str,
+def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, blocks: list[range],
+                       blocks_ms: float | None) -> tuple[float, float | None]:
+    """A checkpoint call's cost and a saved tensor's in the model's step, where checkpointing
+    `calls` measured `calls_ms` and `blocks` `blocks_ms` beyond the unplanned step: what each
+    set recomputes, plus a cost per call and per tensor its nodes save, fits both (two
+    equations, two unknowns; calls few tensors each, blocks many). Neither is below 0: where
+    one would be, the other alone fits. Without blocks, the per-tensor cost is the problem's
+    (None) and the call's is what the calls leave beyond it, at least the problem's.
+
+    Example:
+        >>> call_and_tensor_ms(problem, norms, 8.0, blocks, 60.0)
+        (0.55, 0.021)
+    """
+    def beyond_recompute(regions: list[range], measured_ms: float) -> tuple[int, int, float]:
+        saved = sum(problem.nodes[i].saved_tensors for region in regions for i in region)
+        return len(regions), saved, measured_ms - sum(problem.region_recompute_ms(region) for region in regions)
+
+    n1, s1, m1 = beyond_recompute(calls, calls_ms)
+    if not blocks or blocks_ms is None:
+        per_call = max(problem.region_overhead_ms, (m1 - s1 * problem.saved_tensor_ms) / n1)
+        logger.info("%d calls in the model's step measured %+.2f ms beyond their recomputation: %.3f ms per call",
+                    n1, m1, per_call)
+        return per_call, None
+    n2, s2, m2 = beyond_recompute(blocks, blocks_ms)
+    determinant = n1 * s2 - n2 * s1
+    per_call = (m1 * s2 - m2 * s1) / determinant if determinant else -1.0
+    per_tensor = (n1 * m2 - n2 * m1) / determinant if determinant else -1.0
+    if per_tensor < 0:  # the call's cost alone, fitted to both sets (least squares)
+        per_call, per_tensor = max(0.0, (n1 * m1 + n2 * m2) / (n1 ** 2 + n2 ** 2)), 0.0
+    elif per_call < 0:  # the tensors' alone
+        per_call, per_tensor = 0.0, max(0.0, (s1 * m1 + s2 * m2) / (s1 ** 2 + s2 ** 2)) if s1 + s2 else 0.0
+    logger.info("in the model's step, %d calls saving %d tensors measured %+.2f ms beyond their recomputation and "
+                "%d calls saving %d %+.2f ms: %.3f ms per call, %.4f ms per saved tensor",
+                n1, s1, m1, n2, s2, m2, per_call, per_tensor)
+    return per_call, per_tensor
+
+
+def _residual(problem: Problem, regions: list[range], measured_ms: float, what: str, floor: float,
               kept: Sequence[tuple[int, ...]] = ()) -> float:
     """What each of `regions` (keeping `kept`, one tuple per region, where given) cost beyond
-    what `problem` predicts for it, at least 0."""
+    what `problem` predicts for it, at least `floor`."""
     kept = kept or [()] * len(regions)
     predicted_ms = sum(problem.region_cost_ms(region, nodes) for region, nodes in zip(regions, kept))
-    residual = max(0.0, (measured_ms - predicted_ms) / len(regions))
-    logger.info("%d %s in the model's step measured %+.2f ms against %.2f ms predicted: %.3f ms each beyond",
+    residual = max(floor, (measured_ms - predicted_ms) / len(regions))
+    logger.info("%d %s in the model's step measured %+.2f ms against %.2f ms predicted: %+.3f ms each beyond",
                 len(regions), what, measured_ms, predicted_ms, residual)
     return residual
 
 
-__all__ = ["STEP_ROUNDS", "StepResiduals", "keeping_calls", "lone_short_runs", "short_runs", "small_calls",
-           "step_residuals"]
+__all__ = ["STEP_ROUNDS", "StepResiduals", "call_and_tensor_ms", "keeping_calls", "large_calls", "lone_short_runs",
+           "short_runs", "small_calls", "step_residuals"]

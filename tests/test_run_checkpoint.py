@@ -226,12 +226,57 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
         keeping_of, lambda module: training_loss(module(tokens)).backward(), torch.device("cpu"), rounds=2)
     assert (found.calls, found.runs, found.keeps) == (len(calls), len(runs), len(keeps))
     assert len(cached) == len(keeps) and all(cached)  # each keeping region caches some ATen calls
-    assert found.per_call_ms >= 0 and found.per_run_ms >= -found.per_call_ms
-    assert found.per_keep_ms >= -found.per_call_ms
+    blocks = step_costs.large_calls(problem, wrapped)
+    assert {wrapped[region].module for region in blocks} == {f"blocks.{i}" for i in range(len(model.blocks))}
+    assert found.blocks == len(blocks) and found.saved_tensor_ms is not None and found.saved_tensor_ms >= 0
+    call_ms = problem.region_overhead_ms + found.per_call_ms  # a call's corrected cost: never below 0
+    assert call_ms >= 0 and found.per_run_ms >= -call_ms and found.per_keep_ms >= -call_ms
     assert len(replayed) == len(runs) * 3  # a warm-up and two rounds, every run each
     assert all(torch.equal(parameter.grad, torch.full_like(parameter, 0.5)) for parameter in model.parameters())
     assert all(torch.equal(buffer, buffers[name]) for name, buffer in model.named_buffers())
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+def _norms_and_blocks() -> tuple[Problem, list[range], list[range]]:
+    """Two blocks of four nodes (5 ms, 3 tensors saved each), each with a norm (1 ms, 1 tensor) in front."""
+    nodes = []
+    for _ in range(2):
+        nodes.append(NodeCost("norm", 1.0, output_bytes=8, saved_bytes=8, saved_tensors=1))
+        nodes.extend(NodeCost("op", 5.0, output_bytes=8, saved_bytes=8, saved_tensors=3) for _ in range(4))
+    return Problem(tuple(nodes), region_overhead_ms=0.3, saved_tensor_ms=0.05), [range(0, 1), range(5, 6)], \
+        [range(1, 5), range(6, 10)]
+
+
+@pytest.mark.parametrize("per_call, per_tensor", [(0.8, 0.02), (0.1, 0.0), (0.0, 0.04)])
+def test_a_call_and_a_saved_tensor_are_priced_by_what_norms_and_blocks_cost_in_the_step(per_call, per_tensor):
+    # Norms save one tensor per call, blocks twelve: their two measured overheads fix both
+    # figures, whichever way they differ from those measured elsewhere (0.3 ms, 50 us).
+    from planner.step_costs import call_and_tensor_ms
+
+    problem, norms, blocks = _norms_and_blocks()
+
+    def measured(regions: list[range]) -> float:
+        return sum(problem.region_recompute_ms(r) + per_call + per_tensor * sum(
+            problem.nodes[i].saved_tensors for i in r) for r in regions)
+
+    found = call_and_tensor_ms(problem, norms, measured(norms), blocks, measured(blocks))
+    assert found == (pytest.approx(per_call), pytest.approx(per_tensor, abs=1e-12))
+    # Without blocks the per-tensor figure stands, and a call costs at least what it was priced at
+    assert call_and_tensor_ms(problem, norms, measured(norms), [], None) == (
+        pytest.approx(max(0.3, per_call + per_tensor - 0.05)), None)
+
+
+def test_neither_figure_read_off_the_step_falls_below_zero():
+    from planner.step_costs import call_and_tensor_ms
+
+    problem, norms, blocks = _norms_and_blocks()
+    recompute = sum(problem.region_recompute_ms(r) for r in blocks)
+    # blocks cheaper than their recomputation, norms dearer: no tensor costs less than nothing
+    per_call, per_tensor = call_and_tensor_ms(problem, norms, 2 + 1.0, blocks, recompute - 0.5)
+    assert per_tensor == 0.0 and per_call == pytest.approx((2 * 1.0 + 2 * -0.5) / (2 ** 2 + 2 ** 2))
+    # norms cheaper than their recomputation, blocks dearer: no call costs less than nothing
+    per_call, per_tensor = call_and_tensor_ms(problem, norms, 2 - 1.0, blocks, recompute + 2.4)
+    assert per_call == 0.0 and per_tensor == pytest.approx((2 * -1.0 + 24 * 2.4) / (2 ** 2 + 24 ** 2))
 
 
 def test_plan_prices_calls_and_runs_with_the_residuals_measured_in_the_step(monkeypatch):
