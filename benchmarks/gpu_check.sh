@@ -3,7 +3,7 @@
 #   a model name: benchmarks/compare.py on CUDA for that model (a failure or a timeout costs one model);
 #   cuda_check: benchmarks/cuda_check.py (plans measured on the GPU, run and no-run, verified there);
 #   peak_gap: benchmarks/peak_gap.py $PEAK_GAP_ARGS (where measured and predicted peaks part; e.g.
-#             PEAK_GAP_ARGS="--compare gpt2,cnn --batch-scale 32" for compare.py's models).
+#             PEAK_GAP_ARGS="--device cuda --compare gpt2,cnn --batch-scale 32" for compare.py's models).
 # It stops starting steps once DEADLINE_S seconds have passed (a compare step gets at most 120 s; its lower
 # bound's program 5 s per budget: GPT's took most of 120 s at compare's default).
 # Results: RESULTS.md sections and plots in this tree, packed with the logs into one archive,
@@ -26,7 +26,11 @@ LOGS=/tmp/gpu_check_logs
 # In a 15-minute lease, 520 s (run with the device's timeout at 590 s) left 343 s for a second,
 # warm call (2026-11-27: the machine's start took about 35 s).
 DEADLINE_S=${DEADLINE_S:-520}
-STEPS=${STEPS:-gpt llama gpt2 cnn cuda_check vit bert}
+# The order of the third lease's plan: the per-call and per-tensor figures read off the model's step
+# (new since 2026-11-27 11:20) on the models that ran there, then where BERT's and ViT's predicted
+# peaks part from the measured ones on CUDA, then the rest (GPT's compare needs more than 120 s).
+STEPS=${STEPS:-cnn gpt2 llama bert vit peak_gap cuda_check gpt}
+PEAK_GAP_ARGS=${PEAK_GAP_ARGS:---device cuda --compare bert,vit --batch-scale 32}
 BATCH_SCALE=${BATCH_SCALE:-32}
 rm -rf "$LOGS"; mkdir -p "$LOGS" "$OUT"
 started=$SECONDS
@@ -40,7 +44,7 @@ for step in $STEPS; do
     if [ "$budget" -lt 60 ]; then echo "skipped $step: $budget s left" | tee -a "$LOGS/skipped.txt"; continue; fi
     case $step in
         cuda_check) timeout "$budget" "$PYTHON" benchmarks/cuda_check.py > "$LOGS/cuda_check.log" 2>&1 ;;
-        peak_gap) timeout "$budget" "$PYTHON" benchmarks/peak_gap.py ${PEAK_GAP_ARGS:-} > "$LOGS/peak_gap.log" 2>&1 ;;
+        peak_gap) timeout "$budget" "$PYTHON" benchmarks/peak_gap.py $PEAK_GAP_ARGS > "$LOGS/peak_gap.log" 2>&1 ;;
         *) [ "$budget" -gt 120 ] && budget=120
            timeout "$budget" "$PYTHON" benchmarks/compare.py --device cuda --batch-scale "$BATCH_SCALE" --rounds 15 \
                --bound-time-limit 5 --models "$step" > "$LOGS/compare_$step.log" 2>&1 ;;
