@@ -54,9 +54,10 @@ class StepResiduals:
     call (added to `Problem.region_overhead_ms`; at least its negative, so a call costs at least
     0), each tensor its nodes save (`saved_tensor_ms`, at least 0: replaces
     `Problem.saved_tensor_ms`; None where not measured), a run recomputed alone beyond a call
-    (`Problem.run_region_ms`, at least minus a call's corrected cost) and a region keeping nodes
-    beyond a call (added to `Problem.keep_region_ms`). `calls`, `runs`, `keeps` and `blocks`
-    say how many regions each was read off (0: not measured)."""
+    (`Problem.run_region_ms`) and a region keeping nodes beyond a call (added to
+    `Problem.keep_region_ms`): neither has a fixed cost below the call's, before correction or
+    after, whichever is lower. `calls`, `runs`, `keeps` and `blocks` say how many regions each
+    was read off (0: not measured)."""
 
     per_call_ms: float = 0.0
     per_run_ms: float = 0.0
@@ -236,27 +237,35 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     priced = replace(problem, run_region_ms=0.0)  # (a run's own figure is measured here)
     if calls:
         per_call, per_tensor = call_and_tensor_ms(problem, calls, measured["calls"], blocks, measured.get("blocks"))
-        priced = replace(priced, region_overhead_ms=per_call,
-                         saved_tensor_ms=problem.saved_tensor_ms if per_tensor is None else per_tensor)
+        priced = replace(priced, region_overhead_ms=per_call, saved_tensor_ms=per_tensor)
     # A run or a keeping region pays a checkpoint call's corrected cost (`Problem.checkpoint_ms`)
-    # too: its own residual is what it costs beyond that, negative where a call's is larger.
-    floor = -priced.region_overhead_ms
+    # too: its own residual is what it costs beyond that, negative where a call's is larger,
+    # but its fixed cost is no less than the call's figure before correction (or the corrected
+    # one, where that is lower): lone short runs, which cost least, would otherwise price the
+    # longer runs plans choose at nothing.
+    floor = min(priced.region_overhead_ms, problem.region_overhead_ms) - priced.region_overhead_ms
     per_run = _residual(priced, runs, measured["runs"], "short runs", floor) if runs else 0.0
     per_keep = _residual(priced, [r for r, _ in keeps], measured["keeps"], "regions keeping nodes", floor,
                          [kept for _, kept in keeps]) if keeps else 0.0
     return StepResiduals(priced.region_overhead_ms - problem.region_overhead_ms, per_run, len(calls), len(runs),
-                         per_keep, len(keeps), priced.saved_tensor_ms if blocks and calls else None,
+                         per_keep, len(keeps), priced.saved_tensor_ms if calls else None,
                          len(blocks) if calls else 0)
 
 
 def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, blocks: list[range],
-                       blocks_ms: float | None) -> tuple[float, float | None]:
+                       blocks_ms: float | None) -> tuple[float, float]:
     """A checkpoint call's cost and a saved tensor's in the model's step, where checkpointing
-    `calls` measured `calls_ms` and `blocks` `blocks_ms` beyond the unplanned step: what each
-    set recomputes, plus a cost per call and per tensor its nodes save, fits both (two
-    equations, two unknowns; calls few tensors each, blocks many). Neither is below 0: where
-    one would be, the other alone fits. Without blocks, the per-tensor cost is the problem's
-    (None) and the call's is what the calls leave beyond it, at least the problem's.
+    `calls` measured `calls_ms` and `blocks` `blocks_ms` beyond the unplanned step.
+
+    What each set recomputes, plus a cost per call and per tensor its nodes save, fits both (two
+    equations, two unknowns; calls few tensors each, blocks many; neither below 0: where one
+    would be, the other alone fits). Where that puts a saved tensor below the problem's figure
+    (read off one block's steps, which on a GPU counts host work the step's queue hides), both
+    are taken. Otherwise the problem's per-tensor figure stands: a fit above it also charges
+    to saved tensors what recomputation costs blocks beyond their node times (inputs out of
+    cache), which regions other than blocks do not pay in proportion (on this CPU, GPT-2's runs
+    were then predicted 20% low). The call's cost is then what the calls leave beyond their
+    tensors, at least the problem's. Without blocks, the same.
 
     Example:
         >>> call_and_tensor_ms(problem, norms, 8.0, blocks, 60.0)
@@ -267,23 +276,24 @@ def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, bl
         return len(regions), saved, measured_ms - sum(problem.region_recompute_ms(region) for region in regions)
 
     n1, s1, m1 = beyond_recompute(calls, calls_ms)
-    if not blocks or blocks_ms is None:
-        per_call = max(problem.region_overhead_ms, (m1 - s1 * problem.saved_tensor_ms) / n1)
-        logger.info("%d calls in the model's step measured %+.2f ms beyond their recomputation: %.3f ms per call",
-                    n1, m1, per_call)
-        return per_call, None
-    n2, s2, m2 = beyond_recompute(blocks, blocks_ms)
-    determinant = n1 * s2 - n2 * s1
-    per_call = (m1 * s2 - m2 * s1) / determinant if determinant else -1.0
-    per_tensor = (n1 * m2 - n2 * m1) / determinant if determinant else -1.0
-    if per_tensor < 0:  # the call's cost alone, fitted to both sets (least squares)
-        per_call, per_tensor = max(0.0, (n1 * m1 + n2 * m2) / (n1 ** 2 + n2 ** 2)), 0.0
-    elif per_call < 0:  # the tensors' alone
-        per_call, per_tensor = 0.0, max(0.0, (s1 * m1 + s2 * m2) / (s1 ** 2 + s2 ** 2)) if s1 + s2 else 0.0
-    logger.info("in the model's step, %d calls saving %d tensors measured %+.2f ms beyond their recomputation and "
-                "%d calls saving %d %+.2f ms: %.3f ms per call, %.4f ms per saved tensor",
-                n1, s1, m1, n2, s2, m2, per_call, per_tensor)
-    return per_call, per_tensor
+    if blocks and blocks_ms is not None:
+        n2, s2, m2 = beyond_recompute(blocks, blocks_ms)
+        determinant = n1 * s2 - n2 * s1
+        per_call = (m1 * s2 - m2 * s1) / determinant if determinant else -1.0
+        per_tensor = (n1 * m2 - n2 * m1) / determinant if determinant else -1.0
+        if per_tensor < 0:  # the call's cost alone, fitted to both sets (least squares)
+            per_call, per_tensor = max(0.0, (n1 * m1 + n2 * m2) / (n1 ** 2 + n2 ** 2)), 0.0
+        elif per_call < 0:  # the tensors' alone
+            per_call, per_tensor = 0.0, max(0.0, (s1 * m1 + s2 * m2) / (s1 ** 2 + s2 ** 2)) if s1 + s2 else 0.0
+        logger.info("in the model's step, %d calls saving %d tensors measured %+.2f ms beyond their recomputation "
+                    "and %d calls saving %d %+.2f ms: %.3f ms per call, %.4f ms per saved tensor (figure read off "
+                    "a block: %.4f ms)", n1, s1, m1, n2, s2, m2, per_call, per_tensor, problem.saved_tensor_ms)
+        if per_tensor < problem.saved_tensor_ms:
+            return per_call, per_tensor
+    per_call = max(problem.region_overhead_ms, (m1 - s1 * problem.saved_tensor_ms) / n1)
+    logger.info("%d calls in the model's step measured %+.2f ms beyond their recomputation: %.3f ms per call",
+                n1, m1, per_call)
+    return per_call, problem.saved_tensor_ms
 
 
 def _residual(problem: Problem, regions: list[range], measured_ms: float, what: str, floor: float,
