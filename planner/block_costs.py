@@ -232,9 +232,9 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     and per call recorded (`Problem.run_call_ms`, `recorded_call_ms`), measured on that block;
     else the policy's cost per call stands in for both. And checkpoint's cost per saved tensor
     (`Problem.saved_tensor_ms`): the tiny modules' unless checkpoint of that block costs more
-    than the tiny modules' figures predict for it (on this CPU, about twice as much). (What a run
-    costs beyond these, `Problem.run_region_ms`, is measured in the model's step:
-    `planner.step_costs`.)
+    than the tiny modules' figures predict for it (on this CPU, about twice as much). (Where the
+    model's whole step runs here, `planner.step_costs` reads the cost per call and per saved
+    tensor off that step instead, and what a run costs beyond them, `Problem.run_region_ms`.)
 
     Example:
         >>> selective_overhead_for_plan(model, problem, wrapped, torch.device("cpu"), True, lambda: model(x),
