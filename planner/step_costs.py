@@ -18,8 +18,9 @@ checkpointed, with one short run alone in each call of its repeated submodules, 
 call of the repeated submodule that keeps most keeping all it may under its selective policy
 (on Llama, an MLP keeping two linears saved 2.1 ms of recomputation against 6.8 ms predicted),
 each against the unplanned step in paired rounds. A call's cost and a saved tensor's are the
-two unknowns of the first two (norms save few tensors per call, blocks many); each run's and
-keeping region's residual is what it costs beyond the problem's figures so corrected.
+two unknowns of the first two (norms save few tensors per call, blocks many), taken where they
+put a saved tensor below the block's figure (`call_and_tensor_ms` says why only there); each
+run's and keeping region's residual is what it costs beyond the problem's figures so corrected.
 
 Example:
     >>> found = step_residuals(model, problem, wrapped, checkpoints_of, keeping_of,
