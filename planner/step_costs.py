@@ -249,8 +249,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     per_keep = _residual(priced, [r for r, _ in keeps], measured["keeps"], "regions keeping nodes", floor,
                          [kept for _, kept in keeps]) if keeps else 0.0
     return StepResiduals(priced.region_overhead_ms - problem.region_overhead_ms, per_run, len(calls), len(runs),
-                         per_keep, len(keeps), priced.saved_tensor_ms if calls else None,
-                         len(blocks) if calls else 0)
+                         per_keep, len(keeps), priced.saved_tensor_ms if calls else None, len(blocks))
 
 
 def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, blocks: list[range],
@@ -279,13 +278,13 @@ def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, bl
     n1, s1, m1 = beyond_recompute(calls, calls_ms)
     if blocks and blocks_ms is not None:
         n2, s2, m2 = beyond_recompute(blocks, blocks_ms)
-        determinant = n1 * s2 - n2 * s1
-        per_call = (m1 * s2 - m2 * s1) / determinant if determinant else -1.0
-        per_tensor = (n1 * m2 - n2 * m1) / determinant if determinant else -1.0
-        if per_tensor < 0:  # the call's cost alone, fitted to both sets (least squares)
+        determinant = n1 * s2 - n2 * s1  # 0 where both save as many tensors per call
+        per_call = (m1 * s2 - m2 * s1) / determinant if determinant else 0.0
+        per_tensor = (n1 * m2 - n2 * m1) / determinant if determinant else 0.0
+        if not determinant or per_tensor < 0:  # the call's cost alone, fitted to both sets (least squares)
             per_call, per_tensor = max(0.0, (n1 * m1 + n2 * m2) / (n1 ** 2 + n2 ** 2)), 0.0
         elif per_call < 0:  # the tensors' alone
-            per_call, per_tensor = 0.0, max(0.0, (s1 * m1 + s2 * m2) / (s1 ** 2 + s2 ** 2)) if s1 + s2 else 0.0
+            per_call, per_tensor = 0.0, max(0.0, (s1 * m1 + s2 * m2) / (s1 ** 2 + s2 ** 2))  # (not both 0 here)
         logger.info("in the model's step, %d calls saving %d tensors measured %+.2f ms beyond their recomputation "
                     "and %d calls saving %d %+.2f ms: %.3f ms per call, %.4f ms per saved tensor (figure read off "
                     "a block: %.4f ms)", n1, s1, m1, n2, s2, m2, per_call, per_tensor, problem.saved_tensor_ms)
