@@ -1,6 +1,6 @@
 """What a checkpoint call, each tensor it saves, and a run recomputed alone cost inside the
 model's own training step, beyond the figures that price their parts (`Problem.region_overhead_ms`,
-`Problem.saved_tensor_ms`, `Problem.run_region_ms`).
+`Problem.saved_tensor_ms`, `Problem.run_region_ms`, `Problem.recorded_call_ms`).
 
 The other figures (nodes' forward times; checkpoint's cost per call, on tiny modules, and per
 saved tensor, on a block; a run's recording per ATen call, on a block) are measured with warm
@@ -14,13 +14,16 @@ each saved tensor, and plans of whole blocks measured at about their nodes' kern
 13.7 and 67.6 us per saved tensor off one block's steps. So these figures are measured where
 they are paid: the model's step with every call of its repeated submodule that recomputes
 least (a norm) checkpointed, with every call of the one that recomputes most (its blocks)
-checkpointed, with one short run alone in each call of its repeated submodules, and with every
+checkpointed, with one short run alone in each call of its repeated submodules, with the run
+that records most calls in each block, and with every
 call of the repeated submodule that keeps most keeping all it may under its selective policy
 (on Llama, an MLP keeping two linears saved 2.1 ms of recomputation against 6.8 ms predicted),
 each against the unplanned step in paired rounds. A call's cost and a saved tensor's are the
 two unknowns of the first two (norms save few tensors per call, blocks many), taken where they
-put a saved tensor below the block's figure (`call_and_tensor_ms` says why only there); each
-run's and keeping region's residual is what it costs beyond the problem's figures so corrected.
+put a saved tensor below the block's figure (`call_and_tensor_ms` says why only there); a
+run's cost and a recorded call's are those of the short and the long runs (on Llama, runs of 17
+recorded calls cost about 0.8 ms each more than the block's figures priced them); a keeping
+region's residual is what it costs beyond the problem's figures so corrected.
 
 Example:
     >>> found = step_residuals(model, problem, wrapped, checkpoints_of, keeping_of,
@@ -42,7 +45,9 @@ from torch import nn
 from planner.apply import ModuleCheckpoint, apply_plan, shallow_clone
 from planner.clock import paired_difference, timed_rounds
 from planner.memory import preserved_state
+from planner.step_fit import fit_two
 from solvers import Problem
+from solvers.problem_index import allowed_stops, run_structure
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +62,9 @@ class StepResiduals:
     `Problem.saved_tensor_ms`; None where not measured), a run recomputed alone beyond a call
     (`Problem.run_region_ms`) and a region keeping nodes beyond a call (added to
     `Problem.keep_region_ms`): neither has a fixed cost below the call's, before correction or
-    after, whichever is lower. `calls`, `runs`, `keeps` and `blocks` say how many regions each
-    was read off (0: not measured)."""
+    after, whichever is lower. `recorded_call_ms` (at least 0; None where not measured) replaces
+    `Problem.recorded_call_ms`. `calls`, `runs`, `keeps`, `blocks` and `long_runs` say how many
+    regions each was read off (0: not measured)."""
 
     per_call_ms: float = 0.0
     per_run_ms: float = 0.0
@@ -68,6 +74,8 @@ class StepResiduals:
     keeps: int = 0
     saved_tensor_ms: float | None = None
     blocks: int = 0
+    recorded_call_ms: float | None = None
+    long_runs: int = 0
 
     def priced(self, problem: Problem) -> Problem:
         """`problem` with these residuals in its figures.
@@ -78,7 +86,9 @@ class StepResiduals:
         """
         return replace(problem, region_overhead_ms=problem.region_overhead_ms + self.per_call_ms,
                        saved_tensor_ms=problem.saved_tensor_ms if self.saved_tensor_ms is None else self.saved_tensor_ms,
-                       run_region_ms=self.per_run_ms, keep_region_ms=max(0.0, problem.keep_region_ms + self.per_keep_ms))
+                       run_region_ms=self.per_run_ms, keep_region_ms=max(0.0, problem.keep_region_ms + self.per_keep_ms),
+                       recorded_call_ms=problem.recorded_call_ms if self.recorded_call_ms is None
+                       else self.recorded_call_ms)
 
 
 def short_runs(problem: Problem, span: range) -> list[range]:
@@ -122,6 +132,43 @@ def lone_short_runs(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) ->
             found.append(run)
             taken.update(run)
     return sorted(found, key=lambda r: r.start)
+
+
+def long_runs(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> list[range]:
+    """In each call of the repeated submodule whose calls hold most nodes (the blocks), the run
+    recomputed alone that records most ATen calls (`longest_run`): set against `lone_short_runs`,
+    what a run costs per call it records.
+
+    Example:
+        >>> [(r.start, r.stop) for r in long_runs(problem, wrapped)]  # a 2-block GPT
+        [(9, 42), (44, 77)]
+    """
+    longest = {span: run for span in problem.run_spans if span in wrapped
+               and (run := longest_run(problem, span)) is not None}
+    chosen = _every_call_of_one_class({span: () for span in longest}, wrapped,
+                                      lambda pairs: -statistics.median(len(span) for span, _ in pairs))
+    return [longest[span] for span, _ in chosen]
+
+
+def longest_run(problem: Problem, span: range) -> range | None:
+    """The run recomputed alone inside the submodule call `span` (not in a smaller one) that
+    records most ATen calls and recomputes something; None where it has none.
+
+    Example:
+        >>> longest_run(problem, range(8, 43))
+        range(9, 42)
+    """
+    calls = run_structure(problem)[1]
+    best: range | None = None
+    for start in span:
+        for stop in sorted(allowed_stops(problem).get(start, ()), reverse=True):
+            run = range(start, stop)
+            if (stop <= span.stop and problem.allows_region(start, stop) and problem.run_span_of(run) == span
+                    and problem.region_recompute_ms(run) > 0):
+                if best is None or calls[stop] - calls[start] > calls[best.stop] - calls[best.start]:
+                    best = run
+                break  # (the longest from this start)
+    return best
 
 
 def small_calls(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> list[range]:
@@ -197,7 +244,8 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     step beyond `problem`'s other figures, read off the model's own step, `train_step(module)`
     (forward, loss, backward), on copies sharing the parameters: with `small_calls` and with
     `large_calls` checkpointed (a call's cost and a saved tensor's, `call_and_tensor_ms`), with
-    `lone_short_runs` recomputed (`checkpoints_of(runs)` applies them) and with `keeping_calls`
+    `lone_short_runs` and with `long_runs` recomputed (`checkpoints_of(runs)` applies them; a
+    run's cost and a recorded call's, `run_and_recorded_call_ms`) and with `keeping_calls`
     under their selective policies (`keeping_of(pairs)`), each against the unplanned step, in
     `rounds` paired rounds. A run's and a keeping region's residuals are what they cost beyond
     a checkpoint call's corrected cost. The model, its gradients, buffers and the RNG are left
@@ -207,11 +255,12 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
         >>> step_residuals(model, problem, wrapped, checkpoints_of, keeping_of,
         ...                lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
         StepResiduals(per_call_ms=0.61, per_run_ms=0.49, calls=13, runs=18, per_keep_ms=1.2, keeps=6,
-                      saved_tensor_ms=0.021, blocks=6)
+                      saved_tensor_ms=0.021, blocks=6, recorded_call_ms=0.035, long_runs=6)
     """
     calls = small_calls(problem, wrapped)
     blocks = [region for region in large_calls(problem, wrapped) if region not in calls] if calls else []
     runs = lone_short_runs(problem, wrapped)
+    longs = long_runs(problem, wrapped) if runs else []
     keeps = keeping_calls(problem, wrapped)
     planned = {}
     for name, regions in (("calls", calls), ("blocks", blocks)):
@@ -219,6 +268,8 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
             planned[name] = apply_plan(shallow_clone(model), [wrapped[region] for region in regions])
     if runs:
         planned["runs"] = apply_plan(shallow_clone(model), tuple(dict.fromkeys(checkpoints_of(runs))))
+    if longs:
+        planned["long runs"] = apply_plan(shallow_clone(model), tuple(dict.fromkeys(checkpoints_of(longs))))
     if keeps:
         planned["keeps"] = apply_plan(shallow_clone(model), list(keeping_of(keeps)))
     if not planned:
@@ -245,11 +296,16 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     # one, where that is lower): lone short runs, which cost least, would otherwise price the
     # longer runs plans choose at nothing.
     floor = min(priced.region_overhead_ms, problem.region_overhead_ms) - priced.region_overhead_ms
-    per_run = _residual(priced, runs, measured["runs"], "short runs", floor) if runs else 0.0
+    per_run, recorded = 0.0, None
+    if longs:  # (a cost per run and per call it records, from short runs and long ones)
+        per_run, recorded = run_and_recorded_call_ms(priced, runs, measured["runs"], longs, measured["long runs"], floor)
+    elif runs:
+        per_run = _residual(priced, runs, measured["runs"], "short runs", floor)
     per_keep = _residual(priced, [r for r, _ in keeps], measured["keeps"], "regions keeping nodes", floor,
                          [kept for _, kept in keeps]) if keeps else 0.0
     return StepResiduals(priced.region_overhead_ms - problem.region_overhead_ms, per_run, len(calls), len(runs),
-                         per_keep, len(keeps), priced.saved_tensor_ms if calls else None, len(blocks))
+                         per_keep, len(keeps), priced.saved_tensor_ms if calls else None, len(blocks), recorded,
+                         len(longs))
 
 
 def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, blocks: list[range],
@@ -278,13 +334,7 @@ def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, bl
     n1, s1, m1 = beyond_recompute(calls, calls_ms)
     if blocks and blocks_ms is not None:
         n2, s2, m2 = beyond_recompute(blocks, blocks_ms)
-        determinant = n1 * s2 - n2 * s1  # 0 where both save as many tensors per call
-        per_call = (m1 * s2 - m2 * s1) / determinant if determinant else 0.0
-        per_tensor = (n1 * m2 - n2 * m1) / determinant if determinant else 0.0
-        if not determinant or per_tensor < 0:  # the call's cost alone, fitted to both sets (least squares)
-            per_call, per_tensor = max(0.0, (n1 * m1 + n2 * m2) / (n1 ** 2 + n2 ** 2)), 0.0
-        elif per_call < 0:  # the tensors' alone
-            per_call, per_tensor = 0.0, max(0.0, (s1 * m1 + s2 * m2) / (s1 ** 2 + s2 ** 2))  # (not both 0 here)
+        per_call, per_tensor = fit_two([(n1, s1, m1), (n2, s2, m2)], floors=(0.0, 0.0))
         logger.info("in the model's step, %d calls saving %d tensors measured %+.2f ms beyond their recomputation "
                     "and %d calls saving %d %+.2f ms: %.3f ms per call, %.4f ms per saved tensor (figure read off "
                     "a block: %.4f ms)", n1, s1, m1, n2, s2, m2, per_call, per_tensor, problem.saved_tensor_ms)
@@ -294,6 +344,34 @@ def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, bl
     logger.info("%d calls in the model's step measured %+.2f ms beyond their recomputation: %.3f ms per call",
                 n1, m1, per_call)
     return per_call, problem.saved_tensor_ms
+
+
+def run_and_recorded_call_ms(problem: Problem, short: list[range], short_ms: float, long: list[range],
+                             long_ms: float, floor: float) -> tuple[float, float]:
+    """A run's cost beyond a checkpoint call (`Problem.run_region_ms`, at least `floor`) and per
+    ATen call it records (`Problem.recorded_call_ms`, at least 0) in the model's step, where
+    recomputing `short` runs measured `short_ms` and `long` runs `long_ms` beyond the unplanned
+    step (`step_fit.fit_two`). Replaces the recorded call's figure read off a block, whose warm
+    caches and short runs priced the runs plans chose too low: on Llama, six runs of 17
+    recorded calls each were predicted 4-5 ms under the 36 ms they measured.
+
+    Example:
+        >>> run_and_recorded_call_ms(problem, short, 4.0, long, 12.0, floor=-0.3)
+        (-0.12, 0.035)
+    """
+    unpriced = replace(problem, run_region_ms=0.0, recorded_call_ms=0.0)
+    calls = run_structure(problem)[1]
+
+    def row(runs: list[range], measured_ms: float) -> tuple[float, float, float]:
+        recorded = sum(calls[run.stop] - calls[run.start] for run in runs)
+        return len(runs), recorded, measured_ms - unpriced.recompute_ms(tuple(runs))
+
+    rows = [row(short, short_ms), row(long, long_ms)]
+    per_run, per_recorded = fit_two(rows, floors=(floor, 0.0))
+    logger.info("in the model's step, %d short runs recording %d calls measured %+.2f ms beyond their other figures "
+                "and %d long runs recording %d %+.2f ms: %+.3f ms per run, %.4f ms per recorded call (figure read "
+                "off a block: %.4f ms)", *rows[0], *rows[1], per_run, per_recorded, problem.recorded_call_ms)
+    return per_run, per_recorded
 
 
 def _residual(problem: Problem, regions: list[range], measured_ms: float, what: str, floor: float,
@@ -308,5 +386,5 @@ def _residual(problem: Problem, regions: list[range], measured_ms: float, what: 
     return residual
 
 
-__all__ = ["STEP_ROUNDS", "StepResiduals", "call_and_tensor_ms", "keeping_calls", "large_calls", "lone_short_runs",
-           "short_runs", "small_calls", "step_residuals"]
+__all__ = ["STEP_ROUNDS", "StepResiduals", "call_and_tensor_ms", "keeping_calls", "large_calls", "long_runs",
+           "lone_short_runs", "longest_run", "run_and_recorded_call_ms", "short_runs", "small_calls", "step_residuals"]

@@ -19,6 +19,7 @@ from planner.overhead import forward_calls
 from planner.run_checkpoint import counted_call
 from planner.run_recording import RunRecorder
 from solvers import NodeCost, Problem, solve
+from solvers.problem_index import run_structure
 
 
 def _block_step(block: Block, x: torch.Tensor, mask: torch.Tensor, recorder: RunRecorder | None
@@ -205,6 +206,11 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
     assert len(set(spans)) == len(spans)  # each alone in its submodule call
     assert all(first.stop <= second.start for first, second in zip(runs, runs[1:]))
     assert {wrapped[span].module for span in spans} >= {"blocks.0", "blocks.1"}
+    longs = step_costs.long_runs(problem, wrapped)  # one in each block, recording more calls than any short run
+    long_spans = [problem.run_span_of(run) for run in longs]
+    assert [wrapped[span].module for span in long_spans] == [f"blocks.{i}" for i in range(len(model.blocks))]
+    calls_in = run_structure(problem)[1]
+    assert min(calls_in[r.stop] - calls_in[r.start] for r in longs) > max(calls_in[r.stop] - calls_in[r.start] for r in runs)
     for parameter in model.parameters():
         parameter.grad = torch.full_like(parameter, 0.5)
     buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
@@ -233,7 +239,8 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
     floor = min(call_ms, problem.region_overhead_ms) - call_ms  # a run's or a keeping region's: no less than a call's
     assert call_ms >= 0 and found.per_run_ms >= floor and found.per_keep_ms >= floor
     assert found.saved_tensor_ms <= problem.saved_tensor_ms  # read off the step only where lower
-    assert len(replayed) == len(runs) * 3  # a warm-up and two rounds, every run each
+    assert len(replayed) == (len(runs) + len(longs)) * 3  # a warm-up and two rounds, every run each
+    assert found.long_runs == len(longs) and found.recorded_call_ms is not None and found.recorded_call_ms >= 0
     assert all(torch.equal(parameter.grad, torch.full_like(parameter, 0.5)) for parameter in model.parameters())
     assert all(torch.equal(buffer, buffers[name]) for name, buffer in model.named_buffers())
     assert torch.equal(torch.get_rng_state(), rng)
@@ -281,6 +288,51 @@ def test_neither_figure_read_off_the_step_falls_below_zero():
     # norms cheaper than their recomputation, blocks dearer: no call costs less than nothing
     per_call, per_tensor = call_and_tensor_ms(problem, norms, 2 - 1.0, blocks, recompute + 1.0)
     assert per_call == 0.0 and per_tensor == pytest.approx((2 * -1.0 + 24 * 1.0) / (2 ** 2 + 24 ** 2))
+
+
+def _runs_in_two_blocks() -> tuple[Problem, list[range], list[range]]:
+    """Two blocks of six nodes (each a run span; 1 ms and 3 ATen calls a node, but the third
+    makes 1 call and is no replayable run node), the short runs and the long runs of both."""
+    nodes = [NodeCost(f"op{i}", 1.0, output_bytes=8, saved_bytes=8, saved_tensors=1, aten_calls=1 if i % 6 == 2 else 3,
+                      replayable=i % 6 != 2) for i in range(12)]
+    blocks = (range(0, 6), range(6, 12))
+    problem = Problem(tuple(nodes), allowed_regions=blocks, run_spans=blocks, region_overhead_ms=0.3,
+                      recorded_call_ms=0.01)
+    from planner.step_costs import longest_run
+    return problem, [range(0, 2), range(6, 8)], [longest_run(problem, span) for span in blocks]
+
+
+def test_the_long_run_of_a_block_is_the_one_that_records_most_calls():
+    from planner.step_costs import longest_run
+
+    problem, _, longs = _runs_in_two_blocks()
+    calls = run_structure(problem)[1]
+    for span, found in zip((range(0, 6), range(6, 12)), longs):
+        candidates = [range(a, b) for a in span for b in range(a + 1, span.stop + 1)
+                      if problem.allows_region(a, b) and problem.run_span_of(range(a, b)) == span]
+        assert found in candidates
+        assert calls[found.stop] - calls[found.start] == max(calls[r.stop] - calls[r.start] for r in candidates)
+    assert longs == [range(3, 6), range(9, 12)]  # (the block itself is a region, not a run)
+    assert longest_run(problem, range(0, 1)) is None
+
+
+@pytest.mark.parametrize("per_run, per_recorded", [(0.4, 0.02), (-0.3, 0.05), (0.2, 0.0), (-0.3, 0.0)])
+def test_a_run_and_a_recorded_call_are_priced_by_what_short_and_long_runs_cost_in_the_step(per_run, per_recorded):
+    # Short runs record 6 calls each, long runs 9: their two measured overheads fix both figures;
+    # a run may cost less than a call (down to the floor), a recorded call never less than nothing.
+    from planner.step_costs import run_and_recorded_call_ms
+
+    problem, short, longs = _runs_in_two_blocks()
+    calls = run_structure(problem)[1]
+    base = replace(problem, recorded_call_ms=0.0)
+
+    def measured(runs: list[range]) -> float:
+        return sum(base.region_cost_ms(r) + per_run + per_recorded * (calls[r.stop] - calls[r.start]) for r in runs)
+
+    found = run_and_recorded_call_ms(problem, short, measured(short), longs, measured(longs), floor=-0.3)
+    assert found == (pytest.approx(per_run), pytest.approx(per_recorded, abs=1e-12))
+    below = run_and_recorded_call_ms(problem, short, measured(short) - 2.0, longs, measured(longs) - 2.0, floor=-0.3)
+    assert below[0] >= -0.3 and below[1] >= 0.0
 
 
 def test_plan_prices_calls_and_runs_with_the_residuals_measured_in_the_step(monkeypatch):

@@ -1,0 +1,47 @@
+"""Two figures at once from two sets of regions timed in the model's step: what each region
+costs beyond its recomputation, split into a cost per region and a cost per unit of what it
+holds (saved tensors for checkpoint calls, recorded ATen calls for runs).
+
+Each set gives one equation, measured_ms - predicted_ms = regions * a + units * b; the two
+sets differ in units per region (norms save few tensors, blocks many; short runs record few
+calls, long runs many), so the two equations fix both figures. Neither falls below its floor:
+where one would, it is held there and the other fitted alone, by least squares over both sets.
+
+Example:
+    >>> fit_two([(13, 26, 8.0), (6, 120, 9.6)], floors=(0.0, 0.0))  # 13 norms, 6 blocks
+    (0.506, 0.0547)
+"""
+from __future__ import annotations
+
+Row = tuple[float, float, float]  # (regions, units, measured beyond what is already priced), ms
+
+
+def fit_two(rows: list[Row], floors: tuple[float, float]) -> tuple[float, float]:
+    """The per-region and per-unit figures (a, b) that fit both rows, each at least its floor.
+
+    Example:
+        >>> fit_two([(2, 2, 3.0), (2, 24, 7.4)], floors=(0.0, 0.0))
+        (1.3, 0.2)
+    """
+    (n1, s1, m1), (n2, s2, m2) = rows
+    floor_a, floor_b = floors
+    determinant = n1 * s2 - n2 * s1  # 0 where both sets hold as many units per region
+    if determinant:
+        a = (m1 * s2 - m2 * s1) / determinant
+        b = (n1 * m2 - n2 * m1) / determinant
+        if a >= floor_a and b >= floor_b:
+            return a, b
+    if not determinant or b < floor_b:  # the per-region figure alone beyond the units' floor
+        return max(floor_a, _least_squares(rows, 0, 1, floor_b)), floor_b
+    return floor_a, max(floor_b, _least_squares(rows, 1, 0, floor_a))
+
+
+def _least_squares(rows: list[Row], fitted: int, held: int, value: float) -> float:
+    """The figure in column `fitted` that best fits the rows with column `held`'s at `value`."""
+    denominator = sum(row[fitted] ** 2 for row in rows)
+    if not denominator:
+        return 0.0
+    return sum(row[fitted] * (row[2] - row[held] * value) for row in rows) / denominator
+
+
+__all__ = ["Row", "fit_two"]
