@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import warnings
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -45,7 +46,7 @@ from torch import nn
 from planner.apply import ModuleCheckpoint, apply_plan, shallow_clone
 from planner.clock import paired_difference, timed_rounds
 from planner.memory import preserved_state
-from planner.step_fit import fit_two
+from planner.step_fit import fit_two, node_times_high
 from solvers import Problem
 from solvers.problem_index import allowed_stops, run_structure
 
@@ -286,6 +287,9 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
         times = timed_rounds(device, {"unplanned": step(model), **{name: step(m) for name, m in planned.items()}},
                              rounds)
     measured = {name: paired_difference(times, name, "unplanned") for name in planned}
+    if blocks and (high := node_times_high(sum(map(problem.region_recompute_ms, blocks)), measured["blocks"],
+                                           len(blocks))):
+        warnings.warn(high)
     priced = replace(problem, run_region_ms=0.0)  # (a run's own figure is measured here)
     if calls:
         per_call, per_tensor = call_and_tensor_ms(problem, calls, measured["calls"], blocks, measured.get("blocks"))

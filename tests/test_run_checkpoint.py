@@ -246,6 +246,27 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
     assert torch.equal(torch.get_rng_state(), rng)
 
 
+def test_node_times_far_above_what_the_step_measured_are_reported():
+    # Node times three times the clock's (a machine busy while they were timed): checkpointing
+    # every block then measures far below what they say its recomputation costs, and plan()
+    # says so rather than pricing plans on them in silence.
+    from planner import step_costs
+    from planner.graph import run_checkpoints
+    from planner.step_fit import node_times_high
+    from planner.verify import training_loss
+
+    assert node_times_high(100.0, 86.0, 6) is None and node_times_high(100.0, 84.0, 6) is not None
+    model, tokens = small_gpt()
+    p = plan(model, tokens, budget_gb=80, repeats=1)
+    slow = tuple(replace(node, compute_ms=3 * node.compute_ms, stop_ms=None if node.stop_ms is None else 3 * node.stop_ms)
+                 for node in p.problem.nodes)
+    problem = replace(p.problem, nodes=slow)
+    with pytest.warns(UserWarning, match="forward times give for recomputing them"):
+        step_costs.step_residuals(
+            model, problem, p.wrapped, lambda regions: run_checkpoints(p.traced.gm, problem, regions, p.wrapped).values(),
+            lambda pairs: [], lambda module: training_loss(module(tokens)).backward(), torch.device("cpu"), rounds=2)
+
+
 def _norms_and_blocks() -> tuple[Problem, list[range], list[range]]:
     """Two blocks of four nodes (5 ms, 3 tensors saved each), each with a norm (1 ms, 1 tensor) in front."""
     nodes = []
