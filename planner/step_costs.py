@@ -144,11 +144,9 @@ def long_runs(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> list[
         >>> [(r.start, r.stop) for r in long_runs(problem, wrapped)]  # a 2-block GPT
         [(9, 42), (44, 77)]
     """
-    longest = {span: run for span in problem.run_spans if span in wrapped
-               and (run := longest_run(problem, span)) is not None}
-    chosen = _every_call_of_one_class({span: () for span in longest}, wrapped,
+    blocks = _every_call_of_one_class({span: () for span in problem.run_spans if span in wrapped}, wrapped,
                                       lambda pairs: -statistics.median(len(span) for span, _ in pairs))
-    return [longest[span] for span, _ in chosen]
+    return [run for span, _ in blocks if (run := longest_run(problem, span)) is not None]
 
 
 def longest_run(problem: Problem, span: range) -> range | None:
@@ -357,7 +355,7 @@ def run_and_recorded_call_ms(problem: Problem, short: list[range], short_ms: flo
     recomputing `short` runs measured `short_ms` and `long` runs `long_ms` beyond the unplanned
     step (`step_fit.fit_two`). Replaces the recorded call's figure read off a block, whose warm
     caches and short runs priced the runs plans chose too low: on Llama, six runs of 17
-    recorded calls each were predicted 4-5 ms under the 36 ms they measured.
+    recorded calls each were predicted 4.4 and 5.5 ms under the 36 ms they measured.
 
     Example:
         >>> run_and_recorded_call_ms(problem, short, 4.0, long, 12.0, floor=-0.3)

@@ -1,6 +1,7 @@
-"""Two figures at once from two sets of regions timed in the model's step: what each region
-costs beyond its recomputation, split into a cost per region and a cost per unit of what it
-holds (saved tensors for checkpoint calls, recorded ATen calls for runs).
+"""Reading figures off regions timed in the model's step. Two figures at once from two sets of
+regions (`fit_two`): what each region costs beyond its recomputation, split into a cost per
+region and a cost per unit of what it holds (saved tensors for checkpoint calls, recorded ATen
+calls for runs). And whether the step says the node times are too high (`node_times_high`).
 
 Each set gives one equation, measured_ms - predicted_ms = regions * a + units * b; the two
 sets differ in units per region (norms save few tensors, blocks many; short runs record few
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 Row = tuple[float, float, float]  # (regions, units, measured beyond what is already priced), ms
 
-# Recomputing every block costs a step at least its nodes' forward times (on this CPU 2-20% more,
+# Recomputing every block costs a step at least its nodes' forward times (on this CPU 7-13% more,
 # on an H100 about as much): a step that measured this share less says the node times are high.
 NODE_TIMES_HIGH = 0.15
 
