@@ -53,7 +53,7 @@ def node_times_high(recompute_ms: float, measured_ms: float, blocks: int) -> str
     """A warning where checkpointing `blocks` blocks measured `measured_ms` in the model's step,
     more than `NODE_TIMES_HIGH` below `recompute_ms`, what their nodes' forward times say their
     recomputation costs; else None. (On this CPU, ViT planned while the machine was busy had
-    node times summing to a 400 ms forward against 230-250 ms otherwise.)
+    node times summing to a 400 ms forward, against 218 ms on a quiet one.)
 
     Example:
         >>> node_times_high(285.0, 166.0, 6) is not None
