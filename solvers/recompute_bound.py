@@ -16,12 +16,15 @@ output made (the rest of its `compute_ms`). What a plan cannot change:
   at the backward of each node that saved it.
 Past that, a node's saved tensors go only if it is recomputed (x_j); so does its output, but
 while the backward of a later node that saved it is still to come, only if it is recomputed in
-full (f_j): that node's recomputation reads it, so recomputation does not stop at it.
+full (f_j) and that node lies in its region: its recomputation reads the output, so does not
+stop at it, and a saver in no region holds what it saved from forward, one in another region
+holds it as that region's input.
 
 Recomputation needs its inputs. A node j recomputed reads the output of each node i it uses:
 either i is recomputed in full before it, or i's output is kept from forward (a region's input,
 or a node the region keeps) and so alive when forward ends. Where the unplanned step frees i's
-output during forward, keeping it (a_i) adds its bytes to every forward step after that. So
+output during forward, keeping it (a_i, at least k_i below) adds its bytes to every forward step
+after that. So
 
     static + fixed(s) + sum_j dropped by x_j or f_j (1 - x_j or f_j) + sum_i a_i kept_i(s) <= budget,
     x_j <= f_i + a_i for each i that j uses,
@@ -33,14 +36,20 @@ input were still there.
 Regions cost more than their recomputation, and on a CPU that can be most of a plan built of
 many small regions. Each node is in a region (y_j) where it is recomputed (x_j), kept by the
 region's policy (k_j, keepable nodes) or past the region's last saving node (t_j, recomputation
-stopped before it): y_j = x_j + k_j + t_j. A region starts (s_j) wherever y_j follows a node
-in none, and also where a node recomputed or kept follows one past the last saving node (no
-region recomputes beyond its stop). Each start costs at least a checkpoint call (`region_overhead_ms`,
-less a run's negative `run_region_ms` where runs are allowed), each node in a region
-`saved_tensor_ms` per tensor it saves, each kept node `kept_node_ms` and `keep_call_ms` per ATen
-call. A node j in a region that reads an output i from outside it (some node in i+1..j does not
-share a region with the one before it, b_m) makes i the region's input: checkpoint keeps it until
-the region's backward is done, so a freed output is held at every backward step up to j's too.
+stopped before it; so it saves nothing): y_j = x_j + k_j + t_j. A region starts (s_j) wherever
+y_j follows a node in none, and also where a node recomputed or kept follows one past the last
+saving node (no region recomputes beyond its stop). Each start costs at least a checkpoint call
+(`region_overhead_ms`, less a run's negative `run_region_ms` where runs are allowed), each node
+in a region `saved_tensor_ms` per tensor it saves, each kept node `kept_node_ms`. A region that
+keeps a node pays its selective policy (p_j: j lies in one): `keep_region_ms` once, and
+`keep_call_ms` per ATen call of each of its nodes in forward and of each its recomputation
+reaches. Inside a region, recomputation runs in full every node before the last it reaches (so
+at most one node per region is recomputed short of its output, and none it reaches follows a
+node past the stop), and a recomputed node reads each input made in its region from that
+recomputation or from the policy. A node j in a region that reads an output i from outside it
+(some node in i+1..j does not share a region with the one before it, b_m) makes i the region's
+input: checkpoint keeps it until the region's backward is done, so a freed output is held at
+every backward step up to j's too.
 Every real plan maps onto 0/1 values of these variables at no more than its cost, so the least
 cost of this integer program is the bound: SCIP's proven bound, once within `MIP_GAP` of its best
 plan or at the time limit; the linear relaxation where SCIP finds nothing in time.
@@ -56,8 +65,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from solvers.bound_rows import Droppable, held_until, kept_inputs, memory_rows, split_buffers
 from solvers.problem import Problem
-from solvers.simulate import Buffers, plan_buffers
+from solvers.simulate import plan_buffers
 
 # SCIP and GLOP stop within feasibility tolerances of about 1e-7 to 1e-6 per row: shave this
 # share off before calling an objective a bound.
@@ -66,7 +76,6 @@ BOUND_TOLERANCE = 1e-6
 # is valid either way, and closing the last percent can take minutes on a model's graph.
 MIP_GAP = 0.02
 
-Droppable = tuple[str, int]  # ("x", node): its saved tensors; ("f", node): its output
 
 
 @dataclass(frozen=True)
@@ -100,17 +109,17 @@ def recompute_lower_bound(problem: Problem, budget_bytes: int, time_limit_s: flo
     from ortools.linear_solver import pywraplp
 
     buffers = plan_buffers(problem, ())
-    fixed, droppable = _split_buffers(problem, buffers)
+    fixed, droppable = split_buffers(problem, buffers)
     dropped_at_most = [sum(bytes_by_key.values()) for bytes_by_key in droppable]
     allowance = budget_bytes - problem.static_bytes
     if all(most + bytes_fixed <= allowance for most, bytes_fixed in zip(dropped_at_most, fixed)):
         return RecomputeBound(0.0)
-    kept_inputs = _kept_inputs(problem, buffers)
-    held_until = _held_until(problem, buffers.backward_step, kept_inputs)
-    rows = _memory_rows(fixed, dropped_at_most, kept_inputs, held_until, allowance, len(problem) - 1)
+    freed = kept_inputs(problem, buffers)
+    held_to = held_until(problem, buffers.backward_step, freed)
+    rows = memory_rows(fixed, dropped_at_most, freed, held_to, allowance, len(problem) - 1)
     if any(dropped_at_most[step] < need for step, need in rows):
         return RecomputeBound(math.inf)
-    program = _Program(problem, droppable, kept_inputs, held_until, buffers.backward_step, rows)
+    program = _Program(problem, droppable, freed, held_to, buffers.backward_step, rows)
     for backend in ("SCIP", "GLOP"):  # GLOP: the linear relaxation, where SCIP found nothing in time
         solver = pywraplp.Solver.CreateSolver(backend)
         solver.SetTimeLimit(int(time_limit_s * 1000))
@@ -143,6 +152,7 @@ class _Program:
         their linear relaxation."""
         self.solver = solver
         self.integral = integral
+        self.gone: dict[Droppable, object] = {}
         nodes = self.problem.nodes
         end_of_forward = len(nodes) - 1
         recomputed = {j: self.variable(f"x{j}") for j, node in enumerate(nodes) if node.recomputable}
@@ -155,11 +165,15 @@ class _Program:
                 if i in kept:
                     solver.Add(x <= in_full.get(i, 0.0) + kept[i])
         region_cost = self.regions(recomputed)
+        self.inside_regions(recomputed, in_full)
+        for i, k in self.keeps.items():  # a policy holds what it keeps until recomputation
+            if i in kept:
+                solver.Add(kept[i] >= k)
         held = self.held_inputs()
         for step, need in self.rows:
             # bytes dropped at this step, less those kept for recomputation, >= what the step
             # is over by (in units of the largest term: the solvers want coefficients near 1)
-            terms = [(size, variables[kind][owner]) for (kind, owner), size in self.droppable[step].items()]
+            terms = [(size, self.dropped(key, variables)) for key, size in self.droppable[step].items()]
             terms += [(-size, kept[i]) for i, (after, size) in self.kept_inputs.items()
                       if after < step <= end_of_forward]
             terms += [(-self.kept_inputs[i][1], alive) for i, alive in held.get(step, {}).items()]
@@ -168,6 +182,21 @@ class _Program:
         recompute = sum(nodes[j].stop_cost_ms * x + (nodes[j].compute_ms - nodes[j].stop_cost_ms) * in_full[j]
                         for j, x in recomputed.items())
         solver.Minimize(recompute + region_cost)
+
+    def dropped(self, key: Droppable, variables: dict) -> object:
+        """Whether the bytes of `key` are gone: its node recomputed (x) or recomputed in full
+        (f), and each node that saved it and has yet to run its backward in its region (one in
+        none holds what it saved from forward, one in another region holds it as its input)."""
+        kind, owner, savers = key
+        if not savers:
+            return variables[kind][owner]
+        found = self.gone.get(key)
+        if found is None:
+            found = self.gone[key] = self.bounded(f"d{owner}_{len(self.gone)}")
+            self.solver.Add(found <= variables[kind][owner])
+            for m in range(owner + 1, max(savers) + 1):  # the owner in each saver's region
+                self.solver.Add(found <= 1 - self.apart[m] if m in self.apart else found <= 0)
+        return found
 
     def variable(self, name: str):
         return self.solver.BoolVar(name) if self.integral else self.solver.NumVar(0.0, 1.0, name)
@@ -186,22 +215,91 @@ class _Program:
         per_start = problem.region_overhead_ms + (min(0.0, problem.run_region_ms) if problem.run_spans else 0.0)
         self.in_region = {j: self.variable(f"y{j}") for j in recomputed}
         kept = {j: self.variable(f"k{j}") for j in recomputed if nodes[j].keepable}
-        past_stop = {j: self.variable(f"t{j}") for j in recomputed}
+        # (a node that saves a tensor is at or before its region's stop)
+        past_stop = {j: self.variable(f"t{j}") if not nodes[j].saves_for_backward else 0.0 for j in recomputed}
         self.apart: dict[int, object] = {}
+        self.starts: dict[int, object] = {}
         cost = 0.0
         for j, x in recomputed.items():
             y = self.in_region[j]
             solver.Add(y == x + kept.get(j, 0.0) + past_stop[j])
             start = self.bounded(f"s{j}")
             solver.Add(start >= y - self.in_region.get(j - 1, 0.0))
-            if j - 1 in past_stop:  # past the stop, the rest of the region is too
+            if j - 1 in past_stop and not isinstance(past_stop[j - 1], float):  # past the stop, the rest of the region is too
                 solver.Add(start >= y - past_stop[j] + past_stop[j - 1] - 1)
             self.apart[j] = self.bounded(f"b{j}")
             solver.Add(self.apart[j] >= start)
             solver.Add(self.apart[j] >= 1 - y)
+            solver.Add(start >= self.apart[j] + y - 1)  # in a region, apart from j - 1: it starts one
+            self.starts[j] = start
             cost += per_start * start + problem.saved_tensor_ms * nodes[j].saved_tensors * y
+        self.keeps, self.past_stop = kept, past_stop
         for j, k in kept.items():
-            cost += (problem.kept_node_ms + problem.keep_call_ms * nodes[j].aten_calls) * k
+            cost += problem.kept_node_ms * k
+        if kept and (problem.keep_region_ms or problem.keep_call_ms):
+            cost += self.policies(recomputed, kept, past_stop)
+        return cost
+
+    def inside_regions(self, recomputed: dict, in_full: dict) -> None:
+        """What recomputation inside one region implies. It runs each node it reaches in full
+        up to the last one it reaches: g_j says it reaches some node after j in j's region
+        (recomputed or kept), and then j is in full (f_j >= x_j + g_j - 1) and not past the
+        stop (t_j <= 1 - g_j). At most one node per region is recomputed short of its output,
+        so up to any node there are as many region starts. And a recomputed node reads
+        each input made inside its region from that recomputation or from the region's
+        policy: x_j <= f_i + k_i + (i and j apart)."""
+        solver, nodes = self.solver, self.problem.nodes
+        goes_on: dict[int, object] = {}
+        for j in sorted(recomputed, reverse=True):
+            if j + 1 not in recomputed:
+                continue
+            goes_on[j] = self.bounded(f"g{j}")
+            reached = recomputed[j + 1] + self.keeps.get(j + 1, 0.0)
+            solver.Add(goes_on[j] >= reached - self.starts[j + 1])
+            if j + 1 in goes_on:
+                solver.Add(goes_on[j] >= goes_on[j + 1] - self.starts[j + 1] - (1 - self.in_region[j + 1]))
+            solver.Add(in_full[j] >= recomputed[j] + goes_on[j] - 1)
+            solver.Add(self.past_stop[j] <= 1 - goes_on[j])
+        slack = 0.0
+        for j in sorted(recomputed):
+            slack = slack + self.starts[j] - (recomputed[j] - in_full[j])
+            solver.Add(slack >= 0)
+            named = solver.NumVar(0.0, solver.infinity(), f"c{j}")
+            solver.Add(named == slack)
+            slack = named
+        for j, x in recomputed.items():
+            for i in set(nodes[j].uses):
+                # i in no region, or a region starting after it: i and j are apart
+                if i < j and all(m in self.starts for m in range(i, j + 1)):
+                    from_inside = in_full[i] + self.keeps.get(i, 0.0)
+                    solver.Add(x <= from_inside + 1 - self.in_region[i]
+                               + sum(self.starts[m] for m in range(i + 1, j + 1)))
+                    solver.Add(x <= from_inside + sum(self.apart[m] for m in range(i + 1, j + 1)))
+
+    def policies(self, recomputed: dict, kept: dict, past_stop: dict) -> object:
+        """What selective-checkpoint policies cost at least: a region that keeps a node pays
+        `keep_region_ms` once and `keep_call_ms` per ATen call of each of its nodes in forward
+        and of each it recomputes or keeps. p_j: node j lies in such a region (1 where it keeps
+        j, and the same for two nodes not apart); q_j: such a region starts at j; r_j: j is in
+        one and reached by its recomputation."""
+        solver, problem = self.solver, self.problem
+        calls = {j: problem.nodes[j].aten_calls for j in recomputed}
+        policy = {j: self.bounded(f"p{j}") for j in recomputed}
+        cost = 0.0
+        for j, p in policy.items():
+            if j in kept:
+                solver.Add(p >= kept[j])
+            if j - 1 in policy:  # one region, one policy
+                solver.Add(p >= policy[j - 1] - self.apart[j])
+                solver.Add(policy[j - 1] >= p - self.apart[j])
+            starts_policy = self.bounded(f"q{j}")
+            solver.Add(starts_policy >= p + self.starts[j] - 1)
+            solver.Add(starts_policy >= p - policy.get(j - 1, 0.0))
+            reached = self.bounded(f"r{j}")
+            solver.Add(reached >= p - past_stop[j] + self.in_region[j] - 1)
+            if j in kept:
+                solver.Add(reached >= kept[j])
+            cost += problem.keep_region_ms * starts_policy + problem.keep_call_ms * calls[j] * (p + reached)
         return cost
 
     def held_inputs(self) -> dict[int, dict[int, object]]:
@@ -236,93 +334,3 @@ class _Program:
         for m in range(i + 1, j + 1):
             self.solver.Add(outside >= self.apart[m])
         return outside
-
-
-def _split_buffers(problem: Problem, buffers: Buffers) -> tuple[list[int], list[dict[Droppable, int]]]:
-    """Per step of the unplanned timeline: the bytes no plan can drop, and the bytes a plan
-    may drop by recomputing a node (keyed by the variable that drops them)."""
-    nodes = problem.nodes
-    end_of_forward = len(nodes) - 1
-    fixed = list(buffers.transient)
-    droppable: list[dict[Droppable, int]] = [defaultdict(int) for _ in fixed]
-    savers: dict[int, list[int]] = defaultdict(list)  # owner -> the nodes that save its output
-    forward_until = list(range(len(nodes)))  # owner -> the last step forward references its output
-    for k, node in enumerate(nodes):
-        for owner in node.saves:
-            savers[owner].append(k)
-        for owner in (*node.uses, *node.holds, *node.arguments):
-            forward_until[owner] = max(forward_until[owner], k)
-        if node.is_output:
-            forward_until[k] = end_of_forward
-    for owner, kind, size, first, last in buffers.held:
-        if owner < 0 or not nodes[owner].recomputable or kind not in ("output", "saved"):
-            for step in range(first, last + 1):
-                fixed[step] += size
-            continue
-        forced = _forced_steps(buffers.backward_step, owner, kind, savers.get(owner, []))
-        kept_until = forward_until[owner] if kind == "output" else first
-        # While a later node's backward still needs it, an output dropped comes back only from
-        # a recomputation that goes on past it (in full); after that, only its own backward
-        # needs it, also from a recomputation that stops at it.
-        later_needs = max((buffers.backward_step[k] for k in savers.get(owner, []) if k != owner), default=-1)
-        for step in range(first, last + 1):
-            if step <= kept_until or step in forced:
-                fixed[step] += size
-            else:
-                key = ("f" if kind == "output" and step < later_needs else "x", owner)
-                droppable[step][key] += size
-    return fixed, droppable
-
-
-def _kept_inputs(problem: Problem, buffers: Buffers) -> dict[int, tuple[int, int]]:
-    """Nodes whose output the unplanned step frees before forward ends, as node -> (the last
-    step it is alive, its bytes): kept for a recomputation, it stays until forward ends."""
-    end_of_forward = len(problem) - 1
-    freed: dict[int, tuple[int, int]] = {}
-    for owner, kind, size, _first, last in buffers.held:
-        if kind == "output" and owner >= 0 and last < end_of_forward:
-            freed[owner] = (last, size)
-    return freed
-
-
-def _held_until(problem: Problem, backward_step: tuple[int, ...],
-                kept_inputs: dict[int, tuple[int, int]]) -> dict[int, int]:
-    """Kept input i -> the last unplanned step at which a region may still hold it: the
-    backward of the last recomputable node that reads it (a region's input stays until the
-    region's backward is done)."""
-    until: dict[int, int] = {}
-    for j, node in enumerate(problem.nodes):
-        if node.recomputable:
-            for i in {*node.uses, *node.arguments}:
-                if i in kept_inputs and i < j:
-                    until[i] = max(until.get(i, -1), backward_step[j])
-    return until
-
-
-def _memory_rows(fixed: list[int], dropped_at_most: list[int], kept_inputs: dict[int, tuple[int, int]],
-                 held_until: dict[int, int], allowance: int, end_of_forward: int) -> list[tuple[int, int]]:
-    """(step, bytes over the allowance in the unplanned step) for each step that could go over
-    it: over already, or a step where keeping every freed output a plan may keep would."""
-    kept_after = [0] * (len(fixed) + 1)  # step -> bytes of freed outputs a plan may keep there
-    for i, (after, size) in kept_inputs.items():
-        last = max(end_of_forward, held_until.get(i, -1))
-        kept_after[after + 1] += size
-        kept_after[last + 1] -= size
-    for step in range(1, len(fixed)):
-        kept_after[step] += kept_after[step - 1]
-    rows = []
-    for step, bytes_fixed in enumerate(fixed):
-        need = dropped_at_most[step] + bytes_fixed - allowance
-        if need > 0 or need + kept_after[step] > 0:
-            rows.append((step, need))
-    return rows
-
-
-def _forced_steps(backward_step: tuple[int, ...], owner: int, kind: str, savers: list[int]) -> set[int]:
-    """The unplanned steps at which a buffer of `owner` is alive even if `owner` is recomputed:
-    its saved tensors at its own backward, its output at the backward of each node that saved it
-    (`savers`). Between two of those it may be gone: savers in different regions, or outside
-    any, each keep their own copy."""
-    if kind == "saved":
-        return {backward_step[owner]}
-    return {backward_step[k] for k in savers}

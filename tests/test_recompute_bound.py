@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_solver_properties import SETTINGS, Truth, budgets, module_problems, problems
 
-from solvers import NodeCost, Problem, minimum_peak_bytes, peak_bytes
+from solvers import NodeCost, Problem, minimum_peak_bytes, peak_bytes, solve
 from solvers.recompute_bound import recompute_lower_bound
 
 
@@ -122,3 +124,47 @@ def test_an_input_across_a_node_no_region_holds_is_always_held():
     budget = peak_bytes(problem, ()) - 10
     assert minimum_peak_bytes(problem) > budget
     assert recompute_lower_bound(problem, budget).recompute_ms == math.inf
+
+
+def test_a_node_outside_every_region_holds_what_it_saved():
+    # `big`'s output (10 bytes) is saved by `user`, which keeps it from forward to its backward
+    # unless `user` is recomputed too (50 ms): recomputing `big` (5 ms) alone frees nothing.
+    nodes = (NodeCost("big", compute_ms=5.0, output_bytes=10),
+             NodeCost("user", compute_ms=50.0, output_bytes=1, uses=(0,), saves=(0,)),
+             NodeCost("head", compute_ms=0.1, output_bytes=1, backward_transient_bytes=30, uses=(1,), is_output=True))
+    problem = Problem(nodes)
+    budget = peak_bytes(problem, ()) - 10
+    optimum = solve(problem, budget, method="brute_force").recompute_ms
+    assert optimum == 55.0
+    assert recompute_lower_bound(problem, budget).recompute_ms == optimum * (1 - 1e-6)
+
+
+def test_a_region_recomputes_in_full_what_its_later_nodes_read():
+    # `a` saves 10 bytes and stops early (0.1 ms; 3 ms in full); `b` reads and saves its
+    # output and saves 10 bytes of its own. Both 10s must go. One region recomputes `a` in
+    # full, since `b`'s recomputation reads its output (3 + 1 + one 2 ms call); two regions
+    # stop `a` early but pay two calls (0.1 + 1 + 2 * 2): 5.1 ms, not 0.1 + 1 + 2.
+    nodes = (NodeCost("a", compute_ms=3.0, stop_ms=0.1, output_bytes=1, saved_bytes=10),
+             NodeCost("b", compute_ms=1.0, output_bytes=1, saved_bytes=10, uses=(0,), saves=(0,)),
+             NodeCost("head", compute_ms=0.1, output_bytes=1, backward_transient_bytes=30, uses=(1,), is_output=True))
+    problem = Problem(nodes, region_overhead_ms=2.0)
+    budget = peak_bytes(problem, ()) - 20
+    optimum = solve(problem, budget, method="brute_force").recompute_ms
+    assert optimum == pytest.approx(5.1)
+    assert recompute_lower_bound(problem, budget).recompute_ms == pytest.approx(optimum * (1 - 1e-6))
+
+
+def test_a_region_that_keeps_pays_for_its_policy():
+    # `w`'s output (10 bytes) is saved by `x` (10 ms, keepable). Dropping it means recomputing
+    # `x` (in a region with `w`: 1 + 10 ms) or keeping `x` under a selective policy while `w` is
+    # recomputed: 1 ms and the policy's 3 ms per region, 0.5 ms per ATen call of its nodes in
+    # forward and again in recomputation (2 calls each way) and 0.5 ms per kept node.
+    nodes = (NodeCost("w", compute_ms=1.0, output_bytes=10, aten_calls=1),
+             NodeCost("x", compute_ms=10.0, output_bytes=2, uses=(0,), saves=(0,), keepable=True, aten_calls=1),
+             NodeCost("y", compute_ms=1.0, output_bytes=1, uses=(1,), saves=(1,), aten_calls=1),
+             NodeCost("head", compute_ms=0.1, output_bytes=1, backward_transient_bytes=30, uses=(2,), is_output=True))
+    problem = Problem(nodes, keep_region_ms=3.0, keep_call_ms=0.5, kept_node_ms=0.5)
+    budget = peak_bytes(problem, ()) - 10
+    plan = solve(problem, budget, method="brute_force")
+    assert plan.kept == (1,) and plan.recompute_ms == 1.0 + 3.0 + 0.5 * 4 + 0.5
+    assert recompute_lower_bound(problem, budget).recompute_ms == pytest.approx(plan.recompute_ms * (1 - 1e-6))
