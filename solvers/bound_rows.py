@@ -40,19 +40,17 @@ def split_buffers(problem: Problem, buffers: Buffers) -> tuple[list[int], list[d
             continue
         forced = forced_steps(buffers.backward_step, owner, kind, savers.get(owner, []))
         kept_until = forward_until[owner] if kind == "output" else first
-        # While a later node's backward still needs it, an output dropped comes back only from
-        # a recomputation that goes on past it (in full); after that, only its own backward
-        # needs it, also from a recomputation that stops at it.
-        later_needs = max((buffers.backward_step[k] for k in savers.get(owner, []) if k != owner), default=-1)
         for step in range(first, last + 1):
+            # While a later node that saved the output has its backward to come, the output
+            # dropped comes back only from a recomputation that goes on past it (in full) and
+            # reaches that node; after that, only its own backward needs it, also from a
+            # recomputation that stops at it.
             pending = tuple(k for k in savers.get(owner, []) if kind == "output" and k != owner
                             and buffers.backward_step[k] > step)
             if step <= kept_until or step in forced or not all(nodes[k].recomputable for k in pending):
                 fixed[step] += size
-            elif kind == "output" and step < later_needs:
-                droppable[step][("f", owner, pending)] += size
             else:
-                droppable[step][("x", owner, ())] += size
+                droppable[step][("f", owner, pending) if pending else ("x", owner, ())] += size
     return fixed, droppable
 
 

@@ -215,18 +215,18 @@ class _Program:
         per_start = problem.region_overhead_ms + (min(0.0, problem.run_region_ms) if problem.run_spans else 0.0)
         self.in_region = {j: self.variable(f"y{j}") for j in recomputed}
         kept = {j: self.variable(f"k{j}") for j in recomputed if nodes[j].keepable}
-        # (a node that saves a tensor is at or before its region's stop)
-        past_stop = {j: self.variable(f"t{j}") if not nodes[j].saves_for_backward else 0.0 for j in recomputed}
+        # (only a node that saves no tensor can be past its region's stop)
+        past_stop = {j: self.variable(f"t{j}") for j in recomputed if not nodes[j].saves_for_backward}
         self.apart: dict[int, object] = {}
         self.starts: dict[int, object] = {}
         cost = 0.0
         for j, x in recomputed.items():
             y = self.in_region[j]
-            solver.Add(y == x + kept.get(j, 0.0) + past_stop[j])
+            solver.Add(y == x + kept.get(j, 0.0) + past_stop.get(j, 0.0))
             start = self.bounded(f"s{j}")
             solver.Add(start >= y - self.in_region.get(j - 1, 0.0))
-            if j - 1 in past_stop and not isinstance(past_stop[j - 1], float):  # past the stop, the rest of the region is too
-                solver.Add(start >= y - past_stop[j] + past_stop[j - 1] - 1)
+            if j - 1 in past_stop:  # past the stop, the rest of the region is too
+                solver.Add(start >= y - past_stop.get(j, 0.0) + past_stop[j - 1] - 1)
             self.apart[j] = self.bounded(f"b{j}")
             solver.Add(self.apart[j] >= start)
             solver.Add(self.apart[j] >= 1 - y)
@@ -259,11 +259,11 @@ class _Program:
             if j + 1 in goes_on:
                 solver.Add(goes_on[j] >= goes_on[j + 1] - self.starts[j + 1] - (1 - self.in_region[j + 1]))
             solver.Add(in_full[j] >= recomputed[j] + goes_on[j] - 1)
-            solver.Add(self.past_stop[j] <= 1 - goes_on[j])
+            if j in self.past_stop:
+                solver.Add(self.past_stop[j] <= 1 - goes_on[j])
         slack = 0.0
         for j in sorted(recomputed):
             slack = slack + self.starts[j] - (recomputed[j] - in_full[j])
-            solver.Add(slack >= 0)
             named = solver.NumVar(0.0, solver.infinity(), f"c{j}")
             solver.Add(named == slack)
             slack = named
@@ -296,7 +296,7 @@ class _Program:
             solver.Add(starts_policy >= p + self.starts[j] - 1)
             solver.Add(starts_policy >= p - policy.get(j - 1, 0.0))
             reached = self.bounded(f"r{j}")
-            solver.Add(reached >= p - past_stop[j] + self.in_region[j] - 1)
+            solver.Add(reached >= p - past_stop.get(j, 0.0) + self.in_region[j] - 1)
             if j in kept:
                 solver.Add(reached >= kept[j])
             cost += problem.keep_region_ms * starts_policy + problem.keep_call_ms * calls[j] * (p + reached)
