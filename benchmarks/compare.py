@@ -47,6 +47,7 @@ import argparse
 import copy
 import functools
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -279,6 +280,9 @@ def main() -> int:
     unknown = [key for key in keys if key not in SPECS]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {sorted(SPECS)}")
+    # The step-read checkpoint figures' rows (`planner.step_costs`), which say why a figure was kept.
+    logging.basicConfig(format="%(name)s: %(message)s")
+    logging.getLogger("planner.step_costs").setLevel(logging.INFO)
     args.rounds = args.rounds or (1 if args.quick else 7)
     args.solvers = [name.strip() for name in args.solvers.split(",") if name.strip()]
     args.fractions = (0.4, 0.6, 0.8)
