@@ -97,7 +97,8 @@ def solve_ilp(
     The plan chooses which candidates each region keeps (any subset of `Problem.keep_candidates`)
     as well; not a block's "all but a run" of `Problem.keep_choices`, nor the runs inside
     submodule calls of `Problem.run_spans`, which `dp` also searches (it solves the problem
-    without them).
+    without them). Where the warm start's dp plan keeps "all but a run" and costs less than
+    CP-SAT's best, that plan is returned (optimal where dp proved it).
 
     Raises InfeasibleBudget with the proven minimum peak when no plan fits.
 
@@ -123,6 +124,7 @@ def solve_ilp(
     built = None if live_budget < 0 else build_model(problem, live_budget, live_budget)
     warm_plan: Plan | None = None
     optimum: Plan | None = None  # a plan dp proved optimal, if any
+    dp_plan: Plan | None = None  # dp's plan, which may keep what the model cannot
     lp_bound: float | None = None  # the LP's (with its branch), where the LP-guided warm start ran
 
     def cheaper(plan: Plan | None) -> bool:
@@ -138,7 +140,7 @@ def solve_ilp(
         except InfeasibleBudget:
             warm = None
         if warm is not None:
-            warm_plan = warm.regions, warm.kept
+            warm_plan = dp_plan = warm.regions, warm.kept
             if warm.status == Status.OPTIMAL:
                 optimum = warm_plan
         if optimum is None:  # dp's plan may be far from optimal: try one-node regions too
@@ -173,13 +175,18 @@ def solve_ilp(
             solver.parameters.absolute_gap_limit = max(solver.parameters.absolute_gap_limit, float(slack))
         status = solver.solve(built.model)
         logger.debug("ilp: CP-SAT %s in %.2f s", solver.status_name(status), solver.wall_time)
+    if (built is None or status == cp_model.INFEASIBLE) and dp_plan is not None:
+        return _dp_plan_solution(problem, dp_plan, optimum is not None, budget_bytes, started)  # (it fits)
     if built is None or status == cp_model.INFEASIBLE:
         from solvers.dp import minimum_peak_plan_dp  # the warm start
 
-        dp_minimum, _, dp_plan, dp_kept = minimum_peak_plan_dp(problem)
-        minimum, proven = minimum_peak_ilp(problem, time_limit_s, workers, hint=dp_plan, hint_kept=dp_kept)
+        dp_minimum, dp_exact, peak_regions, peak_kept = minimum_peak_plan_dp(problem)
+        minimum, proven = minimum_peak_ilp(problem, time_limit_s, workers, hint=peak_regions, hint_kept=peak_kept)
+        if hint is True and dp_minimum < minimum:
+            # dp's plan keeps what the model cannot (a block's "all but a run"); warm-started
+            # from dp, ilp returns such plans at budgets that fit them
+            minimum, proven = dp_minimum, dp_exact
         if not proven:
-            minimum = min(minimum, dp_minimum)
             logger.warning("ilp: minimum peak %d bytes is the best found, not proven", minimum)
         raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "ilp", proven=proven)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -202,5 +209,17 @@ def solve_ilp(
     else:
         gap = max(0.0, (objective - bound) / objective) if bound > -math.inf else None
     result = Status.OPTIMAL if status == cp_model.OPTIMAL else Status.TIME_LIMIT
+    if dp_plan is not None and problem.recompute_ms(*dp_plan) < problem.recompute_ms(regions, kept) - 1e-9:
+        return _dp_plan_solution(problem, dp_plan, optimum is not None, budget_bytes, started)
     solution = make_solution(problem, regions, budget_bytes, result, "ilp", started, kept)
     return dataclasses.replace(solution, gap=gap)
+
+
+def _dp_plan_solution(problem: Problem, plan: Plan, proven: bool, budget_bytes: int, started: float) -> Solution:
+    """ilp's answer where its dp warm start fits and CP-SAT's plans do not, or cost more: dp's
+    plan keeps what the model cannot (a block's "all but a run" of `Problem.keep_choices`), so
+    it was no hint. Optimal where dp proved it (over all the problem's choices), else with no
+    known gap (CP-SAT's bound covers its own choices only)."""
+    logger.info("ilp: dp's plan, keeping what the model cannot, fits or costs less than CP-SAT's: returned")
+    status, gap = (Status.OPTIMAL, 0.0) if proven else (Status.FEASIBLE, None)
+    return dataclasses.replace(make_solution(problem, plan[0], budget_bytes, status, "ilp", started, plan[1]), gap=gap)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from solvers import InfeasibleBudget, NodeCost, Problem, Status, minimum_peak_bytes, peak_bytes, solve
 import solvers.problem
-from solvers.brute_force import all_plans, all_plans_with_keeps
+from solvers.brute_force import all_plans_with_keeps
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
@@ -543,6 +543,51 @@ def test_ilp_equals_brute_force_over_subsets_of_keep_candidates(problem: Problem
             set(plan[1]) & set(region) <= set(problem.keep_candidates(region)) for region in plan[0])])
         for budget in budgets(subsets, data):
             check_against_truth(problem, subsets, budget, "ilp", hint=False)
+
+
+def _all_but_a_run_cases() -> list[Problem]:
+    """Two problems (found by hypothesis) whose optimum, under `small_keep_limits`, keeps all
+    but a run: the cheapest plan at 7 bytes, and the smallest peak (7 bytes, where plans
+    keeping subsets of the candidates reach 9)."""
+    flags = dict(is_output=True, random=True)
+    cheapest = Problem((
+        NodeCost("n0", 0.0, saves=(0,), keepable=True, recomputable=False, **flags),
+        NodeCost("n1", 0.25, uses=(0,), grad_aliases=(0,), keepable=True, **flags),
+        NodeCost("n2", 0.25, shared_grads=((0, 4),), uses=(1,), grad_aliases=(1,), keepable=True, **flags),
+        NodeCost("n3", 0.0, saved_bytes=2, shared_grads=((0, 4),), uses=(2,), grad_aliases=(2,), keepable=True,
+                 **flags),
+        NodeCost("n4", 0.0, transient_bytes=7, uses=(3,), saves=(3, 4), mutates=(3,), grad_aliases=(3,),
+                 recomputable=False, **flags),
+    ), allowed_regions=(range(0, 5), range(1, 4)), measured_gradients=())
+    smallest = Problem((
+        NodeCost("n0", 0.0, saves=(0,), keepable=True, recomputable=False, **flags),
+        NodeCost("n1", 0.0, uses=(0,), grad_aliases=(0,), keepable=True, recomputable=False, **flags),
+        NodeCost("n2", 0.0, saved_bytes=2, shared_grads=((0, 4),), uses=(1,), grad_aliases=(1,), keepable=True,
+                 **flags),
+        NodeCost("view3", 0.0, uses=(2,), mutates=(2,)),
+        NodeCost("n4", 0.0, transient_bytes=7, uses=(3,), saves=(4,), grad_aliases=(3,), arguments=(0,),
+                 keepable=True, **flags),
+    ), allowed_regions=(range(0, 1), range(2, 5)), measured_gradients=())
+    return [cheapest, smallest]
+
+
+@pytest.mark.parametrize("case", [0, 1])
+def test_ilp_returns_dp_plan_keeping_all_but_a_run(case: int) -> None:
+    # CP-SAT's model keeps subsets of the candidates only; its dp warm start may keep all but a
+    # run, and where that is cheaper (or reaches a smaller peak) ilp returns it
+    problem = _all_but_a_run_cases()[case]
+    with small_keep_limits():
+        check_against_truth(problem, Truth.of(problem), 7, "ilp")
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(problem=module_problems(max_nodes=8, keep_spans=True, keepable_odds=1), data=st.data())
+def test_ilp_equals_brute_force_keeping_all_but_a_run(problem: Problem, data: st.DataObject) -> None:
+    # as above, on random problems: ilp with its dp warm start is the optimum over every choice
+    with small_keep_limits():
+        truth = Truth.of(problem)
+        for budget in budgets(truth, data):
+            check_against_truth(problem, truth, budget, "ilp")
 
 
 def test_keep_choices_tiers() -> None:
