@@ -528,10 +528,14 @@ def small_keep_limits() -> Iterator[None]:
 @settings(max_examples=200, **SETTINGS)
 @given(problem=module_problems(max_nodes=9, keep_spans=True, keepable_odds=1), data=st.data())
 def test_dp_equals_brute_force_keeping_all_but_a_run(problem: Problem, data: st.DataObject) -> None:
+    check_keeping_all_but_a_run(problem, data, "dp")
+
+
+def check_keeping_all_but_a_run(problem: Problem, data: st.DataObject, method: str) -> None:
     with small_keep_limits():
         truth = Truth.of(problem)
         for budget in budgets(truth, data):
-            check_against_truth(problem, truth, budget, "dp")
+            check_against_truth(problem, truth, budget, method)
 
 
 @settings(max_examples=40, **SETTINGS)
@@ -584,10 +588,7 @@ def test_ilp_returns_dp_plan_keeping_all_but_a_run(case: int) -> None:
 @given(problem=module_problems(max_nodes=8, keep_spans=True, keepable_odds=1), data=st.data())
 def test_ilp_equals_brute_force_keeping_all_but_a_run(problem: Problem, data: st.DataObject) -> None:
     # as above, on random problems: ilp with its dp warm start is the optimum over every choice
-    with small_keep_limits():
-        truth = Truth.of(problem)
-        for budget in budgets(truth, data):
-            check_against_truth(problem, truth, budget, "ilp")
+    check_keeping_all_but_a_run(problem, data, "ilp")
 
 
 def test_keep_choices_tiers() -> None:
