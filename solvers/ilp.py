@@ -97,8 +97,8 @@ def solve_ilp(
     The plan chooses which candidates each region keeps (any subset of `Problem.keep_candidates`)
     as well; not a block's "all but a run" of `Problem.keep_choices`, nor the runs inside
     submodule calls of `Problem.run_spans`, which `dp` also searches (it solves the problem
-    without them). Where the warm start's dp plan keeps "all but a run" and costs less than
-    CP-SAT's best, that plan is returned (optimal where dp proved it).
+    without them). Where the warm start's dp plan keeps "all but a run" and fits where CP-SAT's
+    plans do not, or costs less, that plan is returned (optimal where dp proved it).
 
     Raises InfeasibleBudget with the proven minimum peak when no plan fits.
 
@@ -187,6 +187,7 @@ def solve_ilp(
             # from dp, ilp returns such plans at budgets that fit them
             minimum, proven = dp_minimum, dp_exact
         if not proven:
+            minimum = min(minimum, dp_minimum)
             logger.warning("ilp: minimum peak %d bytes is the best found, not proven", minimum)
         raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "ilp", proven=proven)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
