@@ -49,7 +49,12 @@ node past the stop), and a recomputed node reads each input made in its region f
 recomputation or from the policy. A node j in a region that reads an output i from outside it
 (some node in i+1..j does not share a region with the one before it, b_m) makes i the region's
 input: checkpoint keeps it until the region's backward is done, so a freed output is held at
-every backward step up to j's too.
+every backward step up to j's too. Backward recomputes a region at its last node that saves,
+so a node the region keeps holds its output until then (at the backward of the nodes past the
+region), and from then on what the recomputation made is back: a recomputed node's saved
+tensors until its own backward, an output until the backward of the nodes of the region that
+saved it (`solvers.bound_backward`, within `REVIVAL_WINDOW` nodes; before, a bound could count
+a region's tensors as gone at the backward of its own nodes).
 Every real plan maps onto 0/1 values of these variables at no more than its cost, so the least
 cost of this integer program is the bound: SCIP's proven bound, once within `MIP_GAP` of its best
 plan or at the time limit; the linear relaxation where SCIP finds nothing in time.
@@ -62,9 +67,9 @@ Example:
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 
+from solvers.bound_backward import BackwardHolds
 from solvers.bound_rows import Droppable, held_until, kept_inputs, memory_rows, split_buffers
 from solvers.problem import Problem
 from solvers.simulate import plan_buffers
@@ -137,7 +142,7 @@ def recompute_lower_bound(problem: Problem, budget_bytes: int, time_limit_s: flo
 
 
 @dataclass
-class _Program:
+class _Program(BackwardHolds):
     """The program of the module docstring, built into an OR-Tools solver."""
 
     problem: Problem
@@ -156,6 +161,7 @@ class _Program:
         nodes = self.problem.nodes
         end_of_forward = len(nodes) - 1
         recomputed = {j: self.variable(f"x{j}") for j, node in enumerate(nodes) if node.recomputable}
+        self.recomputed = recomputed
         in_full = {j: self.variable(f"f{j}") for j in recomputed}
         kept = {i: self.variable(f"a{i}") for i in self.kept_inputs}
         variables = {"x": recomputed, "f": in_full}
@@ -170,10 +176,15 @@ class _Program:
             if i in kept:
                 solver.Add(kept[i] >= k)
         held = self.held_inputs()
+        self.recomputed_by = self.reached_back()
+        node_at = {step: j for j, step in enumerate(self.backward_step)}
         for step, need in self.rows:
             # bytes dropped at this step, less those kept for recomputation, >= what the step
             # is over by (in units of the largest term: the solvers want coefficients near 1)
-            terms = [(size, self.dropped(key, variables)) for key, size in self.droppable[step].items()]
+            terms = [(size, self.dropped(key, variables, node_at.get(step)))
+                     for key, size in self.droppable[step].items()]
+            if step in node_at:
+                terms += self.recomputed_saved(node_at[step], self.droppable[step])
             terms += [(-size, kept[i]) for i, (after, size) in self.kept_inputs.items()
                       if after < step <= end_of_forward]
             terms += [(-self.kept_inputs[i][1], alive) for i, alive in held.get(step, {}).items()]
@@ -183,10 +194,12 @@ class _Program:
                         for j, x in recomputed.items())
         solver.Minimize(recompute + region_cost)
 
-    def dropped(self, key: Droppable, variables: dict) -> object:
+    def dropped(self, key: Droppable, variables: dict, backward_of: int | None = None) -> object:
         """Whether the bytes of `key` are gone: its node recomputed (x) or recomputed in full
         (f), and each node that saved it and has yet to run its backward in its region (one in
-        none holds what it saved from forward, one in another region holds it as its input)."""
+        none holds what it saved from forward, one in another region holds it as its input).
+        At the backward of node `backward_of`, such an output is back once its region has been
+        recomputed (`recomputed_before`): held until those savers' backward."""
         kind, owner, savers = key
         if not savers:
             return variables[kind][owner]
@@ -196,7 +209,13 @@ class _Program:
             self.solver.Add(found <= variables[kind][owner])
             for m in range(owner + 1, max(savers) + 1):  # the owner in each saver's region
                 self.solver.Add(found <= 1 - self.apart[m] if m in self.apart else found <= 0)
-        return found
+        recomputed_by = None if backward_of is None else self.recomputed_before(owner, backward_of)
+        if recomputed_by is None:
+            return found
+        still_gone = self.bounded(f"d{owner}_{backward_of}")
+        self.solver.Add(still_gone <= found)
+        self.solver.Add(still_gone <= 1 - recomputed_by)
+        return still_gone
 
     def variable(self, name: str):
         return self.solver.BoolVar(name) if self.integral else self.solver.NumVar(0.0, 1.0, name)
@@ -218,6 +237,7 @@ class _Program:
         # (only a node that saves no tensor can be past its region's stop)
         past_stop = {j: self.variable(f"t{j}") for j in recomputed if not nodes[j].saves_for_backward}
         self.apart: dict[int, object] = {}
+        self.apart_after: dict[int, list] = {}  # i -> `outside(i, j)` for j = i + 1, i + 2, ...
         self.starts: dict[int, object] = {}
         cost = 0.0
         for j, x in recomputed.items():
@@ -301,36 +321,3 @@ class _Program:
                 solver.Add(reached >= kept[j])
             cost += problem.keep_region_ms * starts_policy + problem.keep_call_ms * calls[j] * (p + reached)
         return cost
-
-    def held_inputs(self) -> dict[int, dict[int, object]]:
-        """Backward row step -> {kept input i: whether a region still holds it}. A node j in a
-        region that reads i from outside it makes i the region's input, which checkpoint keeps
-        until the region's backward is done, past j's: alive at every row up to j's backward."""
-        solver, nodes = self.solver, self.problem.nodes
-        end_of_forward = len(nodes) - 1
-        backward_rows = sorted(step for step, _ in self.rows if step > end_of_forward)
-        held: dict[int, dict[int, object]] = defaultdict(dict)
-        for i, until in self.held_until.items():
-            steps = [step for step in backward_rows if step <= until]
-            for step in steps:
-                held[step][i] = self.bounded(f"h{i}_{step}")
-            for earlier, later in zip(steps, steps[1:]):  # held over one interval
-                solver.Add(held[earlier][i] >= held[later][i])
-        for j, node in enumerate(nodes):
-            reached = [step for step in backward_rows if step <= self.backward_step[j]]
-            if j not in self.in_region or not reached:
-                continue
-            for i in {*node.uses, *node.arguments} & self.held_until.keys():
-                if i < j:
-                    solver.Add(held[reached[-1]][i] >= self.in_region[j] + self.outside(i, j) - 1)
-        return held
-
-    def outside(self, i: int, j: int):
-        """1 where node i lies in no region with node j (a later node): some node in i+1..j does
-        not share a region with the one before it (always so where one of them is in none)."""
-        if any(m not in self.apart for m in range(i + 1, j + 1)):
-            return 1.0
-        outside = self.bounded(f"o{i}_{j}")
-        for m in range(i + 1, j + 1):
-            self.solver.Add(outside >= self.apart[m])
-        return outside

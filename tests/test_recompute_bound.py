@@ -168,3 +168,36 @@ def test_a_region_that_keeps_pays_for_its_policy():
     plan = solve(problem, budget, method="brute_force")
     assert plan.kept == (1,) and plan.recompute_ms == 1.0 + 3.0 + 0.5 * 4 + 0.5
     assert recompute_lower_bound(problem, budget).recompute_ms == pytest.approx(plan.recompute_ms * (1 - 1e-6))
+
+
+def test_a_kept_output_stays_until_backward_recomputes_its_region():
+    # `gelu`'s output (20 bytes) is saved by `fc2` (10 ms, keepable), whose own output (5 bytes)
+    # forward frees after `add`. Keeping `fc2` in a region [gelu, fc2] recomputes only `gelu`
+    # (1 ms) but caches `fc2`'s output until backward reaches the region, through the head's
+    # backward, the peak: 15 bytes gone, not 20. The cheapest plan that fits runs the region on
+    # to `norm`, which drops `add`'s output too (3 ms). Before, the bound said 1 ms.
+    nodes = (NodeCost("gelu", compute_ms=1.0, output_bytes=20, aten_calls=1),
+             NodeCost("fc2", compute_ms=10.0, output_bytes=5, uses=(0,), saves=(0,), keepable=True, aten_calls=1),
+             NodeCost("add", compute_ms=1.0, output_bytes=5, uses=(1,), aten_calls=1),
+             NodeCost("norm", compute_ms=1.0, output_bytes=1, uses=(2,), saves=(2,), aten_calls=1),
+             NodeCost("head", compute_ms=0.1, output_bytes=1, backward_transient_bytes=40, uses=(3,), is_output=True))
+    problem = Problem(nodes)
+    budget = peak_bytes(problem, ()) - 20
+    assert peak_bytes(problem, (range(0, 2),), kept=(1,)) > budget
+    plan = solve(problem, budget, method="brute_force")
+    assert plan.regions == (range(0, 4),) and plan.kept == (1,) and plan.recompute_ms == 3.0
+    assert recompute_lower_bound(problem, budget).recompute_ms == pytest.approx(3.0 * (1 - 1e-6))
+
+
+def test_recomputation_brings_back_what_the_region_dropped():
+    # Region [a, b] drops `a`'s output and saved tensors and `b`'s output until backward reaches
+    # `b`, which recomputes them all: at `b`'s backward (its parameter gradients, the gradient
+    # from the head) they are back, as in the unplanned step. So nothing frees 14 bytes there,
+    # and no plan fits; before, the bound priced [a, b] at 2 ms as if they were still gone.
+    nodes = (NodeCost("a", compute_ms=1.0, output_bytes=8, saved_bytes=5, grad_bytes=2),
+             NodeCost("b", compute_ms=1.0, output_bytes=2, uses=(0,), saves=(0, 1), param_grad_bytes=3),
+             NodeCost("head", compute_ms=1.0, output_bytes=16, grad_bytes=2, uses=(1,), saves=(2,), is_output=True))
+    problem = Problem(nodes)
+    budget = peak_bytes(problem, ()) - 14
+    assert minimum_peak_bytes(problem) == budget + 1
+    assert recompute_lower_bound(problem, budget).recompute_ms == math.inf
