@@ -22,9 +22,9 @@ REVIVAL_WINDOW = 12
 
 class BackwardHolds:
     """Rows and variables of `recompute_bound._Program` for what backward holds; the program
-    provides `solver`, `problem`, `rows`, `held_until`, `backward_step`, `bounded`, the
-    variables `recomputed`, `in_region`, `apart` and `keeps`, and `apart_after` (an empty dict
-    that `outside` fills)."""
+    provides `solver`, `problem`, `rows`, `held_until`, `backward_step`, `node_at` (backward
+    step -> its node), `bounded`, the variables `recomputed`, `in_region`, `apart` and `keeps`,
+    and `apart_after` (an empty dict that `outside` fills)."""
 
     def held_inputs(self) -> dict[int, dict[int, object]]:
         """Backward row step -> {kept input i: whether a region still holds it}. A node j in a
@@ -50,11 +50,10 @@ class BackwardHolds:
             for i in {*node.uses, *node.arguments} & self.held_until.keys():
                 if i < j:
                     solver.Add(held[reached[-1]][i] >= self.in_region[j] + self.outside(i, j) - 1)
-        node_at = {step: j for j, step in enumerate(self.backward_step)}
         for i, keeps in self.keeps.items():
             for step, alive in held.items():
-                if i in alive and i < node_at[step] <= i + REVIVAL_WINDOW:
-                    solver.Add(alive[i] >= keeps + self.outside(i, node_at[step]) - 1)
+                if i in alive and i < self.node_at[step] <= i + REVIVAL_WINDOW:
+                    solver.Add(alive[i] >= keeps + self.outside(i, self.node_at[step]) - 1)
         return held
 
     def outside(self, i: int, j: int):

@@ -175,9 +175,9 @@ class _Program(BackwardHolds):
         for i, k in self.keeps.items():  # a policy holds what it keeps until recomputation
             if i in kept:
                 solver.Add(kept[i] >= k)
+        node_at = self.node_at = {step: j for j, step in enumerate(self.backward_step)}
         held = self.held_inputs()
         self.recomputed_by = self.reached_back()
-        node_at = {step: j for j, step in enumerate(self.backward_step)}
         for step, need in self.rows:
             # bytes dropped at this step, less those kept for recomputation, >= what the step
             # is over by (in units of the largest term: the solvers want coefficients near 1)
