@@ -74,8 +74,8 @@ def _solve_auto(problem: Problem, budget_bytes: int, time_limit_s: float = AUTO_
         try:
             candidates.append(solve_ilp(problem, budget_bytes, time_limit_s=time_limit_s, hint=dp.regions,
                                         hint_kept=dp.kept))
-        except InfeasibleBudget:  # ilp searches no runs inside submodule calls: dp's plan may need them
-            logger.info("auto: ilp found no plan without dp's runs; dp's plan stands")
+        except InfeasibleBudget:  # ilp keeps no block's "all but a run": dp's plan may need it
+            logger.info("auto: ilp found no plan keeping what dp's keeps; dp's plan stands")
     if candidates[-1].status != Status.OPTIMAL:
         try:
             candidates.append(solve_sqrt(problem, budget_bytes))

@@ -94,11 +94,12 @@ def solve_ilp(
             regions to use those (no bound), or False for none.
         hint_kept: with a tuple of regions, the nodes they keep (selective checkpointing).
 
-    The plan chooses which candidates each region keeps (any subset of `Problem.keep_candidates`)
-    as well; not a block's "all but a run" of `Problem.keep_choices`, nor the runs inside
-    submodule calls of `Problem.run_spans`, which `dp` also searches (it solves the problem
-    without them). Where the warm start's dp plan keeps "all but a run" and fits where CP-SAT's
-    plans do not, or costs less, that plan is returned (optimal where dp proved it).
+    The plan chooses its regions among the allowed ones and the runs inside submodule calls
+    (`Problem.run_spans`, each paying its recording, `Problem.run_ms`), and which candidates each
+    region keeps (any subset of `Problem.keep_candidates`); not a block's "all but a run" of
+    `Problem.keep_choices`, which `dp` also searches. Where the warm start's dp plan keeps "all
+    but a run" and fits where CP-SAT's plans do not, or costs less, that plan is returned
+    (optimal where dp proved it).
 
     Raises InfeasibleBudget with the proven minimum peak when no plan fits.
 
@@ -111,11 +112,6 @@ def solve_ilp(
         raise TypeError(f"ilp got unknown options {sorted(options)}")
     started = time.perf_counter()
     cp_model = load_cp_model()
-    if problem.run_spans:
-        logger.info("ilp: regions are the allowed ones only, not the runs inside %d submodule calls",
-                    len(problem.run_spans))
-        problem = dataclasses.replace(problem, run_spans=())
-        hint = hint if isinstance(hint, bool) else tuple(r for r in hint if problem.allows_region(r.start, r.stop))
     if peak_bytes(problem) <= budget_bytes:  # nothing to recompute
         return dataclasses.replace(
             make_solution(problem, (), budget_bytes, Status.OPTIMAL, "ilp", started), gap=0.0
@@ -190,6 +186,8 @@ def solve_ilp(
             minimum = min(minimum, dp_minimum)
             logger.warning("ilp: minimum peak %d bytes is the best found, not proven", minimum)
         raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "ilp", proven=proven)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE) and optimum is not None:
+        return _dp_plan_solution(problem, optimum, True, budget_bytes, started)  # (CP-SAT found none in time)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if warm_plan is None:
             raise TimeoutError(
@@ -210,6 +208,8 @@ def solve_ilp(
     else:
         gap = max(0.0, (objective - bound) / objective) if bound > -math.inf else None
     result = Status.OPTIMAL if status == cp_model.OPTIMAL else Status.TIME_LIMIT
+    if optimum is not None and problem.recompute_ms(regions, kept) <= problem.recompute_ms(*optimum) + 1e-9:
+        result, gap = Status.OPTIMAL, 0.0  # as cheap as dp's plan, proven optimal over more plans
     if dp_plan is not None and problem.recompute_ms(*dp_plan) < problem.recompute_ms(regions, kept) - 1e-9:
         return _dp_plan_solution(problem, dp_plan, optimum is not None, budget_bytes, started)
     solution = make_solution(problem, regions, budget_bytes, result, "ilp", started, kept)
@@ -217,10 +217,10 @@ def solve_ilp(
 
 
 def _dp_plan_solution(problem: Problem, plan: Plan, proven: bool, budget_bytes: int, started: float) -> Solution:
-    """ilp's answer where its dp warm start fits and CP-SAT's plans do not, or cost more: dp's
-    plan keeps what the model cannot (a block's "all but a run" of `Problem.keep_choices`), so
-    it was no hint. Optimal where dp proved it (over all the problem's choices), else with no
-    known gap (CP-SAT's bound covers its own choices only)."""
-    logger.info("ilp: dp's plan, keeping what the model cannot, fits or costs less than CP-SAT's: returned")
+    """ilp's answer where its dp warm start fits and CP-SAT found no plan in time, or only dearer
+    ones (dp's plan may keep what the model cannot, a block's "all but a run" of
+    `Problem.keep_choices`, so that it was no hint). Optimal where dp proved it (over all the
+    problem's choices), else with no known gap (CP-SAT's bound covers its own choices only)."""
+    logger.info("ilp: dp's plan returned: CP-SAT found none as cheap within the time limit")
     status, gap = (Status.OPTIMAL, 0.0) if proven else (Status.FEASIBLE, None)
     return dataclasses.replace(make_solution(problem, plan[0], budget_bytes, status, "ilp", started, plan[1]), gap=gap)

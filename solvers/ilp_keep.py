@@ -21,26 +21,27 @@ So where a region may keep, its recomputation peak is not one number: `recompute
 the constraint at its last saving node by steps, around its keep candidates (`KeepSteps`): the
 steps between two of them, each candidate's own step, and the steps after the last one, each
 group plus what the nodes kept after it hold (one constraint per group and candidate c, over
-the regions that may end there). A region without candidates (`keep_reach`) keeps the one term
-of its largest step. A group around a candidate c that a region does not hold (it starts after
-c) weighs less than that region's first step, which holds at least what its first node
-allocates and what it keeps after it: no constraint cuts off a plan, and together they give
-each region's exact peak for each choice of kept nodes.
+the regions that may end there). A region without candidates (a run inside a submodule call,
+or one holding too many keepable nodes) keeps the one term of its largest step. A group around
+a candidate c that a region does not hold (it starts after c) weighs less than that region's
+first step, which holds at least what its first node allocates and what it keeps after it: no
+constraint cuts off a plan, and together they give each region's exact peak for each choice of
+kept nodes.
 
-Validity: keep[j][s] <= [j's region holds s but not the next saving node, nor the first node
-past its keep reach]; a region that cannot fit whatever it keeps has no keep variables.
+Validity: keep[j][s] <= [the plan has a region that has j among its keep candidates and s
+as its last saving node]; a region that cannot fit whatever it keeps has no keep variables.
 
 Example:
-    >>> keep_reach(Problem(nodes=(NodeCost("mm", 1.0, keepable=True),)))  # ending before node 1, it may keep
-    [1]
+    >>> ends = keep_ends(problem, Structure.of(problem), backward_table, live_budget)
+    >>> keep = add_keep_variables(model, problem, member, in_region, ends)
 """
 from __future__ import annotations
 
 import dataclasses
-from bisect import bisect_left
 from typing import Any, Callable
 
-from solvers.problem import MAX_KEEP_CANDIDATES, Problem
+import solvers.problem as problem_module
+from solvers.problem import Problem
 from solvers.structure import Structure
 
 
@@ -66,18 +67,6 @@ class KeepEnd:
     steps: KeepSteps
     rng_bytes: int
     fits: bool
-
-
-def keep_reach(problem: Problem) -> list[int]:
-    """Per node a, the first node m such that [a, m] holds more than MAX_KEEP_CANDIDATES
-    keepable nodes (n if none): a region from a has keep candidates only if it ends before m."""
-    keepable = [i for i, node in enumerate(problem.nodes) if node.keepable]
-    n = len(problem)
-    reach = []
-    for a in range(n):
-        index = bisect_left(keepable, a) + MAX_KEEP_CANDIDATES
-        reach.append(keepable[index] if index < len(keepable) else n)
-    return reach
 
 
 class RecomputeSteps:
@@ -159,15 +148,10 @@ def kept_step_change(problem: Problem, node: int, saver: int) -> int:
     return (problem.nodes[node].output_bytes if made_anyway else 0) - problem.nodes[node].transient_bytes
 
 
-def keep_steps(problem: Problem, steps: RecomputeSteps, saver: int) -> KeepSteps | None:
-    """The recomputation of the region from `steps.start` with last saving node `saver`,
-    grouped around its keep candidates; None if it has none. (Where it holds too many keepable
-    nodes past `saver`, it has none: see `keep_reach`.)"""
-    start = steps.start
-    candidates = problem.keep_candidates(range(start, saver + 1))
-    if not candidates:
-        return None
-    values = steps.stop_at(saver)
+def keep_steps(problem: Problem, values: list[int], start: int, saver: int,
+               candidates: tuple[int, ...]) -> KeepSteps:
+    """The recomputation of a region from `start` with last saving node `saver` (its step
+    values, `RecomputeSteps.stop_at`), grouped around its keep `candidates` (at least one)."""
 
     def most(low: int, high: int) -> int:  # over the steps of nodes low..high - 1
         return max(values[low - start:high - start], default=0)
@@ -189,9 +173,10 @@ def keep_steps(problem: Problem, steps: RecomputeSteps, saver: int) -> KeepSteps
 def keep_ends(
     problem: Problem, structure: Structure, backward_table: list[dict[int, int]], limit: int
 ) -> list[dict[int, KeepEnd]]:
-    """Per node e, per start a: the regions [a, e] of the model that have keep candidates (see
-    `keep_reach`, `keep_steps`). `fits` is False where no choice of kept nodes fits `limit` with
-    the region's inputs and the gradients in flight held.
+    """Per node e, per start a: the regions [a, e] of the model that have keep candidates
+    (`Problem.keep_candidates` of that very region: none for a run inside a submodule call), and
+    their recomputation's steps (`keep_steps`). `fits` is False where no choice of kept nodes fits `limit` with the region's inputs and the
+    gradients in flight held.
 
     Example:
         >>> ends = keep_ends(problem, Structure.of(problem), backward_table, live_budget)
@@ -202,27 +187,37 @@ def keep_ends(
     ends: list[dict[int, KeepEnd]] = [{} for _ in range(n)]
     if not any(node.keepable for node in problem.nodes):
         return ends
-    reach = keep_reach(problem)
     for a in range(n):
         inputs: set[int] = set()
         inputs_bytes = 0
         random = False
         saver = -1
         scan = RecomputeSteps(problem, structure, a)
-        steps: KeepSteps | None = None
-        for e in range(a, reach[a]):
+        values: list[int] | None = None  # the steps up to `saver`, once asked for
+        grouped: dict[tuple[int, ...], KeepSteps] = {}  # per candidate set, for this saver
+        free = 0  # keepable nodes without a keep span in [a, e]
+        for e in range(a, n):
+            free += problem.nodes[e].keepable and problem.nodes[e].keep_span is None
             if a not in backward_table[e]:
                 break
+            if problem.allowed_regions is None and free > problem_module.MAX_KEEP_CANDIDATES:
+                break  # no longer region from a has candidates (`Problem.keep_candidates`)
             for j in structure.uses_before[e]:
                 if j < a and j not in inputs:
                     inputs.add(j)
                     inputs_bytes += structure.output_bytes[j]
             random = random or problem.nodes[e].random
             if structure.saves_for_backward[e]:
-                saver = e
-                steps = keep_steps(problem, scan, e)
-            if steps is None:
+                saver, values, grouped = e, None, {}
+            if saver < 0 or not problem.allows_region(a, e + 1):
                 continue
+            candidates = problem.keep_candidates(range(a, e + 1))
+            if not candidates:
+                continue
+            if candidates not in grouped:
+                values = scan.stop_at(saver) if values is None else values
+                grouped[candidates] = keep_steps(problem, values, a, saver, candidates)
+            steps = grouped[candidates]
             rng_bytes = problem.rng_state_bytes if random else 0
             needs = steps.lowest + rng_bytes + structure.gradient_recompute[saver + 1] + inputs_bytes
             ends[e][a] = KeepEnd(saver, steps, rng_bytes, needs <= limit)
@@ -237,42 +232,32 @@ def add_keep_variables(
     ends: list[dict[int, KeepEnd]],
 ) -> dict[int, dict[int, Any]]:
     """keep[j][s] for each node j and saving node s such that j is a keep candidate of some
-    region that may have s as its last saving node and fit, with `keep[j][s] <= [j's region
-    starts at such a start, holds s, and neither the next saving node nor the first node past
-    its keep reach]`.
+    region [a, e] that has s as its last saving node and may fit (`keep_ends`), with
+    `keep[j][s] <= [the plan has one of those regions]` (a region ends at e where node e is in
+    it and node e + 1 is not).
 
     Example:
         >>> keep = add_keep_variables(model, problem, member, in_region, ends)
         >>> sorted(keep[3])  # node 3 may be kept by a region whose last saving node is 4 or 6
         [4, 6]
     """
-    nodes = problem.nodes
-    n = len(nodes)
-    reach = keep_reach(problem)
-    fitting = {(a, end.saver): end.steps.candidates for row in ends for a, end in row.items() if end.fits}
-    next_saver = [n] * (n + 1)  # the first saving node >= i (n: none)
-    for i in reversed(range(n)):
-        next_saver[i] = i if nodes[i].saves_for_backward else next_saver[i + 1]
+    n = len(problem.nodes)
+    holders: dict[tuple[int, int], list[Any]] = {}  # (kept node, saver) -> the regions' end indicators
+    for e in range(n):
+        following = member[e + 1] if e + 1 < n else {}
+        for a, end in ends[e].items():
+            if not end.fits:
+                continue
+            ending = member[e][a] - following.get(a, 0)
+            for j in end.steps.candidates:
+                holders.setdefault((j, end.saver), []).append(ending)
     keep: dict[int, dict[int, Any]] = {}
-    for j in range(n):
-        if not nodes[j].keepable:
-            continue
-        row: dict[int, Any] = {}
-        s = next_saver[j]
-        while s < n and any(a <= j for a in member[s]):
-            after = next_saver[s + 1]  # a region whose last saving node is s stops before it
-            terms = []
-            for a, var in member[s].items():
-                if a <= j and j in fitting.get((a, s), ()):
-                    end = min(after, reach[a])  # the region from a holds s but not this node
-                    terms.append(var - (member[end].get(a, 0) if end < n else 0))
-            if terms:
-                row[s] = model.new_bool_var(f"keep_{j}_{s}")
-                model.add(row[s] <= sum(terms))
-            s = after
-        if row:
-            model.add(sum(row.values()) <= in_region[j])
-            keep[j] = row
+    for (j, s), terms in sorted(holders.items()):
+        var = model.new_bool_var(f"keep_{j}_{s}")
+        model.add(var <= sum(terms))
+        keep.setdefault(j, {})[s] = var
+    for j, row in keep.items():
+        model.add(sum(row.values()) <= in_region[j])
     return keep
 
 

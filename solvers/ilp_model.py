@@ -36,7 +36,8 @@ Memory: linear constraints, no big-M:
 
 Cost: a node's time counts where it is recomputed and not kept: `recomputed[i]` is
 in_region[i] for a saving node, and for another node at least recomputed[i + 1] unless a
-region starts at i + 1; a region that keeps pays its policy (`solvers.ilp_parts`).
+region starts at i + 1; a region that keeps pays its policy, and a run inside a submodule call
+(`Problem.run_spans`: a region that is no allowed one) its recording (`solvers.ilp_parts`).
 
 Valid inequalities: on graphs whose nodes save their own outputs (the literature's), two nodes
 of a producer-consumer triangle can both have their outputs freed only if they share a region
@@ -57,7 +58,7 @@ from typing import Any, Collection
 
 from solvers.ilp_keep import add_keep_variables, held_saved, keep_ends, keep_hints, kept_of, recompute_loads
 from solvers.ilp_parts import (add_triangle_cuts, objective_scale, recompute_terms, region_tables, rng_states,
-                               selective_terms)
+                               run_terms, selective_terms)
 from solvers.problem import Problem
 from solvers.structure import Structure
 
@@ -284,8 +285,10 @@ def build_model(
     kept_cost = round(problem.kept_node_ms * scale) if keep else 0
     call_costs = [round(node.aten_calls * problem.keep_call_ms * scale) if keep else 0 for node in nodes]
     pack_costs = [round(node.saved_tensors * problem.saved_tensor_ms * scale) for node in nodes]
-    # member[a][a]: node a starts its region; each region pays checkpoint's fixed cost once.
-    starts = [member[a][a] for a in range(n) if a in member[a]] if region_cost else []
+    runs, start_shares = run_terms(model, problem, member, scale) if live_budget is not None else ([], {})
+    # member[a][a]: node a starts its region; each region pays checkpoint's fixed cost once (and
+    # its share of its runs' recording).
+    starts = [(region_cost + start_shares.get(a, 0), member[a][a]) for a in range(n) if a in member[a]]
     if live_budget is None:
         objective = budget
     else:
@@ -293,7 +296,8 @@ def build_model(
         terms += selective_terms(model, member, in_region, keep, keep_region_cost, call_costs)
         terms += [(kept_cost, kept_of(keep, j)) for j in keep] if kept_cost else []
         terms += [(cost, in_region[i]) for i, cost in enumerate(pack_costs)]  # checkpoint's hooks
-        objective = sum(cost * var for cost, var in terms if cost) + sum(region_cost * start for start in starts)
+        terms += runs + starts
+        objective = sum(cost * var for cost, var in terms if cost)
     model.minimize(objective)
     return IlpModel(model, member, in_region, alive, into_backward, prefix, scale, budget, costs,
                     objective, region_cost, problem, stop_costs, keep, keep_region_cost, call_costs, pack_costs,
@@ -313,6 +317,8 @@ def scaled_cost(built: IlpModel, regions: tuple[range, ...], kept: Collection[in
     total = built.region_cost * len(regions)
     for region in regions:
         total += sum(built.pack_costs[i] for i in region) if built.pack_costs else 0
+        if problem.run_span_of(region) is not None:
+            total += round(problem.run_ms(region) * built.objective_scale)
         recomputed = problem.recomputed(region)
         if recomputed:
             last = recomputed.stop - 1

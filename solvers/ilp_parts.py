@@ -1,5 +1,5 @@
 """Parts of the CP-SAT model of `solvers.ilp_model`: the tables of the regions it may choose,
-the cost terms of its objective, the RNG states regions keep, and the triangle cuts.
+the cost terms of its objective (recomputation, selective policies, runs' recording), the RNG states regions keep, and the triangle cuts.
 
 Example:
     >>> terms = recompute_terms(model, problem, member, in_region, costs, stop_costs, {})
@@ -78,11 +78,16 @@ def region_tables(
 def objective_scale(problem: Problem, keeps: bool) -> float:
     """The power of two that scales times in ms to the model's integer costs: the largest that
     keeps the objective under 2^40 (each node's time, its region's fixed costs and, where
-    regions may keep, the selective policy's per region and per call, twice)."""
+    regions may keep, the selective policy's per region and per call, twice; where runs may be
+    chosen, a run's recording)."""
     n = len(problem.nodes)
     largest = max([node.compute_ms for node in problem.nodes] + [problem.region_overhead_ms, 1e-12]
                   + [node.saved_tensors * problem.saved_tensor_ms for node in problem.nodes])
     terms_per_node = 3
+    if problem.run_spans:  # a run's recording: once per region, at most the whole graph's calls
+        calls = sum(node.aten_calls for node in problem.nodes)
+        largest = max(largest, abs(problem.run_region_ms) + (problem.run_call_ms + problem.recorded_call_ms) * calls)
+        terms_per_node += 1
     if keeps and (problem.keep_region_ms or problem.keep_call_ms or problem.kept_node_ms):
         most_calls = max(node.aten_calls for node in problem.nodes)
         largest = max(largest, problem.keep_region_ms, 2 * most_calls * problem.keep_call_ms, problem.kept_node_ms)
@@ -178,6 +183,39 @@ def selective_terms(model: Any, member: list[dict[int, Any]], in_region: list[An
         if cost:
             terms += [(cost, found[k]) for found in (inside, recomputing) if k in found]
     return terms
+
+
+def run_terms(model: Any, problem: Problem, member: list[dict[int, Any]],
+              scale: float) -> tuple[list[tuple[int, Any]], dict[int, int]]:
+    """(scaled cost, 0/1 variable) terms whose sum, with each region start's share, is what
+    recording the plan's runs inside submodule calls costs (`Problem.run_ms`), and per start the
+    share its region pays on `member[a][a]` (at most 0; added to checkpoint's cost per region).
+
+    A run's cost can be below 0 (`Problem.run_region_ms`, down to minus checkpoint's cost per
+    call), so each start pays the least of its runs' costs, and each region [a, e] from it what
+    it costs beyond that, on a variable `ends` at least "node e is in the region from a and node
+    e + 1 is not": every coefficient of the objective stays at least 0, which lets CP-SAT read
+    its lower bound (dp's cost, `bound_by_optimum`) off the objective at once."""
+    if not problem.run_spans:
+        return [], {}
+    n = len(member)
+    regions: dict[tuple[int, int], int] = {}  # (a, e) -> scaled run cost (0: an allowed region)
+    for e in range(n):
+        for a in member[e]:
+            if problem.allows_region(a, e + 1):
+                run = problem.run_span_of(range(a, e + 1)) is not None
+                regions[a, e] = round(problem.run_ms(range(a, e + 1)) * scale) if run else 0
+    shares: dict[int, int] = {}
+    for (a, _), cost in regions.items():
+        shares[a] = min(shares.get(a, 0), cost)
+    terms: list[tuple[int, Any]] = []
+    for (a, e), cost in sorted(regions.items()):
+        extra = cost - shares[a]
+        if extra:
+            ends = model.new_bool_var(f"run_cost_{a}_{e}")
+            model.add(ends >= member[e][a] - (member[e + 1].get(a, 0) if e + 1 < n else 0))
+            terms.append((extra, ends))
+    return terms, {a: share for a, share in shares.items() if share}
 
 
 def rng_states(problem: Problem, member: list[dict[int, Any]], unit: int) -> list[Any]:

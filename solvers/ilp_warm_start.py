@@ -114,7 +114,10 @@ def search_restricted(
     # Only a plan that fits: CP-SAT 9.15 aborts the process ("Check failed:
     # heuristics.fixed_search != nullptr") on a hinted model that its loading finds
     # infeasible with interleaved workers, and a plan that fits proves the model feasible.
-    if hint is not None and peak_bytes(problem, *hint) <= budget_bytes:
+    # (A rounded LP plan may hold a region the problem does not allow: no hint then.)
+    allowed = hint is not None and all(problem.allows_region(r.start, r.stop) and problem.can_start_region(r.start)
+                                       for r in hint[0])
+    if hint is not None and allowed and peak_bytes(problem, *hint) <= budget_bytes:
         hint_plan(built, problem, *hint)
     solver = cp_sat_solver(max(0.0, time_limit_s - (time.perf_counter() - began)), workers)
     solver.parameters.subsolvers.append("max_lp")

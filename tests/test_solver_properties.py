@@ -494,8 +494,8 @@ def test_dp_equals_brute_force_with_runs_inside_calls(problem: Problem, data: st
 
 @settings(max_examples=40, **SETTINGS)
 @given(problem=module_problems(max_nodes=8, run_spans=True), data=st.data())
-def test_ilp_equals_brute_force_over_allowed_regions_leaving_out_runs(problem: Problem, data: st.DataObject) -> None:
-    truth = Truth.of(replace(problem, run_spans=()))  # ilp does not search the runs inside calls
+def test_ilp_equals_brute_force_with_runs_inside_calls(problem: Problem, data: st.DataObject) -> None:
+    truth = Truth.of(problem)
     for budget in budgets(truth, data):
         check_against_truth(problem, truth, budget, "ilp", hint=False)
 

@@ -5,6 +5,7 @@ import ast
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -234,6 +235,31 @@ def test_branching_node_parts_a_mix_of_plans_at_its_long_regions_costliest_node(
     long, short = values((range(0, 6),)), values((range(2, 6),))
     assert _branching_node(built, tuple(long)) is None  # an integral solution: nothing to part
     assert _branching_node(built, tuple(0.5 * a + 0.5 * b for a, b in zip(long, short))) == 1
+
+
+def test_restricted_search_ignores_a_rounded_hint_that_is_no_plan():
+    # The LP's rounded plan may hold a region the problem does not allow (here [1, 2) of a call
+    # [0, 3) with no runs); the search goes on without the hint rather than fail on it.
+    from solvers.ilp_warm_start import search_restricted
+
+    problem = replace(chain([10, 10, 10, 10], [5.0, 1.0, 1.0, 1.0]), allowed_regions=(range(0, 3), range(1, 3)))
+    assert not problem.allows_region(1, 2)
+    (regions, kept), proven = search_restricted(problem, 40, 3, frozenset(), ((range(1, 2),), ()), 10.0, 1)
+    assert regions == (range(1, 3),) and kept == () and proven
+
+
+def test_ilp_recomputes_a_run_inside_a_call_and_pays_its_recording():
+    # The call [0, 4) may recompute its run [1, 3) alone: the cheapest plan at budget 40 (as in
+    # test_chain_picks_the_cheap_region), at 2 ms of recomputation, 0.5 ms per region and the
+    # run's recording: 0.25 per call of the call's forward and 0.125 per call of the run.
+    nodes = chain([10, 10, 10, 10], [5.0, 1.0, 1.0, 1.0]).nodes
+    problem = Problem(tuple(replace(n, aten_calls=2) for n in nodes), allowed_regions=(range(0, 4),),
+                      run_spans=(range(0, 4),), region_overhead_ms=0.5, run_call_ms=0.25, recorded_call_ms=0.125)
+    assert problem.run_span_of(range(1, 3)) == range(0, 4)
+    for method in EXACT:
+        solution = solve(problem, 40, method=method, **({"hint": False} if method == "ilp" else {}))
+        assert solution.regions == (range(1, 3),), method
+        assert solution.recompute_ms == 2.0 + 0.5 + 0.25 * 8 + 0.125 * 4 and solution.status == Status.OPTIMAL
 
 
 # The graph files of the rematerialization literature (../shared/data/remat-graphs).
