@@ -247,9 +247,12 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
 
 
 def test_node_times_far_above_what_the_step_measured_are_reported():
-    # Node times three times the clock's (a machine busy while they were timed): checkpointing
+    # Node times far above the clock's (a machine busy while they were timed): checkpointing
     # every block then measures far below what they say its recomputation costs, and plan()
-    # says so rather than pricing plans on them in silence.
+    # says so rather than pricing plans on them in silence. Fifty times, not a plausible three:
+    # on this small model the checkpoint calls' own cost puts the blocks' measured overhead at
+    # 2-3 times their nodes' recompute (2.0-3.0 in seven runs), so with three the warning's
+    # threshold (2.55) was a coin toss and CI missed it once.
     from planner import step_costs
     from planner.graph import run_checkpoints
     from planner.step_fit import node_times_high
@@ -258,7 +261,7 @@ def test_node_times_far_above_what_the_step_measured_are_reported():
     assert node_times_high(100.0, 86.0, 6) is None and node_times_high(100.0, 84.0, 6) is not None
     model, tokens = small_gpt()
     p = plan(model, tokens, budget_gb=80, repeats=1)
-    slow = tuple(replace(node, compute_ms=3 * node.compute_ms, stop_ms=None if node.stop_ms is None else 3 * node.stop_ms)
+    slow = tuple(replace(node, compute_ms=50 * node.compute_ms, stop_ms=None if node.stop_ms is None else 50 * node.stop_ms)
                  for node in p.problem.nodes)
     problem = replace(p.problem, nodes=slow)
     with pytest.warns(UserWarning, match="forward times give for recomputing them"):
