@@ -175,8 +175,8 @@ def keep_ends(
 ) -> list[dict[int, KeepEnd]]:
     """Per node e, per start a: the regions [a, e] of the model that have keep candidates
     (`Problem.keep_candidates` of that very region: none for a run inside a submodule call), and
-    their recomputation's steps (`keep_steps`). `fits` is False where no choice of kept nodes fits `limit` with the region's inputs and the
-    gradients in flight held.
+    their recomputation's steps (`keep_steps`). `fits` is False where no choice of kept nodes
+    fits `limit` with the region's inputs and the gradients in flight held.
 
     Example:
         >>> ends = keep_ends(problem, Structure.of(problem), backward_table, live_budget)

@@ -317,8 +317,7 @@ def scaled_cost(built: IlpModel, regions: tuple[range, ...], kept: Collection[in
     total = built.region_cost * len(regions)
     for region in regions:
         total += sum(built.pack_costs[i] for i in region) if built.pack_costs else 0
-        if problem.run_span_of(region) is not None:
-            total += round(problem.run_ms(region) * built.objective_scale)
+        total += round(problem.run_ms(region) * built.objective_scale)  # (0 where it is no run)
         recomputed = problem.recomputed(region)
         if recomputed:
             last = recomputed.stop - 1

@@ -1,5 +1,6 @@
 """Parts of the CP-SAT model of `solvers.ilp_model`: the tables of the regions it may choose,
-the cost terms of its objective (recomputation, selective policies, runs' recording), the RNG states regions keep, and the triangle cuts.
+the cost terms of its objective (recomputation, selective policies, runs' recording), the RNG
+states regions keep, and the triangle cuts.
 
 Example:
     >>> terms = recompute_terms(model, problem, member, in_region, costs, stop_costs, {})
@@ -203,8 +204,7 @@ def run_terms(model: Any, problem: Problem, member: list[dict[int, Any]],
     for e in range(n):
         for a in member[e]:
             if problem.allows_region(a, e + 1):
-                run = problem.run_span_of(range(a, e + 1)) is not None
-                regions[a, e] = round(problem.run_ms(range(a, e + 1)) * scale) if run else 0
+                regions[a, e] = round(problem.run_ms(range(a, e + 1)) * scale)
     shares: dict[int, int] = {}
     for (a, _), cost in regions.items():
         shares[a] = min(shares.get(a, 0), cost)

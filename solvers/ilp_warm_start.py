@@ -114,10 +114,7 @@ def search_restricted(
     # Only a plan that fits: CP-SAT 9.15 aborts the process ("Check failed:
     # heuristics.fixed_search != nullptr") on a hinted model that its loading finds
     # infeasible with interleaved workers, and a plan that fits proves the model feasible.
-    # (A rounded LP plan may hold a region the problem does not allow: no hint then.)
-    allowed = hint is not None and all(problem.allows_region(r.start, r.stop) and problem.can_start_region(r.start)
-                                       for r in hint[0])
-    if hint is not None and allowed and peak_bytes(problem, *hint) <= budget_bytes:
+    if hint is not None and peak_bytes(problem, *hint) <= budget_bytes:
         hint_plan(built, problem, *hint)
     solver = cp_sat_solver(max(0.0, time_limit_s - (time.perf_counter() - began)), workers)
     solver.parameters.subsolvers.append("max_lp")
@@ -220,9 +217,13 @@ def lp_guided_plan(
 
 
 def rounded_plan(built: IlpModel, values: tuple[float, ...]) -> tuple[range, ...]:
-    """The regions that an LP solution puts each node in at more than one half (it may not
-    fit: a hint for a search, not a plan)."""
-    return regions_of([next((a for a, var in row.items() if values[var.index] > 0.5), None) for row in built.member])
+    """The regions that an LP solution puts each node in at more than one half, less those the
+    problem does not allow (halves of two regions from one start can round to a third, such as
+    a run of a call that has none): a plan, which may not fit (a hint for a search)."""
+    problem = built.problem
+    assert problem is not None
+    rounded = regions_of([next((a for a, var in row.items() if values[var.index] > 0.5), None) for row in built.member])
+    return tuple(r for r in rounded if problem.allows_region(r.start, r.stop) and problem.can_start_region(r.start))
 
 
 def branching_node(built: IlpModel, values: tuple[float, ...]) -> int | None:

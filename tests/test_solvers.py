@@ -237,14 +237,26 @@ def test_branching_node_parts_a_mix_of_plans_at_its_long_regions_costliest_node(
     assert _branching_node(built, tuple(0.5 * a + 0.5 * b for a, b in zip(long, short))) == 1
 
 
-def test_restricted_search_ignores_a_rounded_hint_that_is_no_plan():
-    # The LP's rounded plan may hold a region the problem does not allow (here [1, 2) of a call
-    # [0, 3) with no runs); the search goes on without the hint rather than fail on it.
-    from solvers.ilp_warm_start import search_restricted
+def test_rounded_lp_plan_leaves_out_regions_the_problem_does_not_allow():
+    # LP values can round to a region the problem does not allow (here [1, 2) of a call [0, 3)
+    # with no runs): the rounded plan leaves it out, so the search it hints does not fail on it.
+    from solvers.ilp_model import build_model
+    from solvers.ilp_warm_start import rounded_plan, search_restricted
 
     problem = replace(chain([10, 10, 10, 10], [5.0, 1.0, 1.0, 1.0]), allowed_regions=(range(0, 3), range(1, 3)))
     assert not problem.allows_region(1, 2)
-    (regions, kept), proven = search_restricted(problem, 40, 3, frozenset(), ((range(1, 2),), ()), 10.0, 1)
+    built = build_model(problem, 40, 40)
+
+    def values(*members: tuple[int, int]) -> tuple[float, ...]:
+        vector = [0.0] * len(built.model.proto.variables)
+        for i, a in members:
+            vector[built.member[i][a].index] = 1.0
+        return tuple(vector)
+
+    assert rounded_plan(built, values((1, 1), (2, 1))) == (range(1, 3),)
+    hint = rounded_plan(built, values((1, 1))), ()
+    assert hint == ((), ())
+    (regions, kept), proven = search_restricted(problem, 40, 3, frozenset(), hint, 10.0, 1)
     assert regions == (range(1, 3),) and kept == () and proven
 
 
