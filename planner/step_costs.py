@@ -92,10 +92,25 @@ class StepResiduals:
                        else self.recorded_call_ms)
 
 
+def frees_saved(problem: Problem, run: range) -> bool:
+    """Whether a run on `run` frees a storage it saves, and so replays in backward: one of its
+    nodes saves a storage that one of its nodes owns. A run keeps what its nodes save of its
+    inputs (`planner.run_checkpoint`); where that is all they save (GPT-2's GELU: `x * 0.5`,
+    then `x.pow(3)`, which saves x), it frees nothing and replays nothing (or a view of an
+    input), though `Problem.region_recompute_ms` prices it up to its last saving node. Such
+    runs would tell the step's fit that runs cost less than they are priced at.
+
+    Example:
+        >>> frees_saved(problem, range(39, 41))  # GPT-2's mul and pow_1: pow_1 saves its input
+        False
+    """
+    return any(problem.nodes[k].saved_bytes or any(j in run for j in problem.nodes[k].saves) for k in run)
+
+
 def short_runs(problem: Problem, span: range) -> list[range]:
     """Runs of two nodes recomputed alone inside the submodule call `span` (not in a smaller
-    one), one after another from its start, each recomputing something: the runs plans pick
-    (a norm and the next linear's input, an activation).
+    one), one after another from its start, each recomputing something and replaying
+    (`frees_saved`): the runs plans pick (a norm and the next linear's input, an activation).
 
     Example:
         >>> short_runs(problem, range(8, 43))
@@ -106,7 +121,7 @@ def short_runs(problem: Problem, span: range) -> list[range]:
     while start + 2 <= span.stop:
         run = range(start, start + 2)
         if (problem.allows_region(run.start, run.stop) and problem.run_span_of(run) == span
-                and problem.region_recompute_ms(run) > 0):
+                and problem.region_recompute_ms(run) > 0 and frees_saved(problem, run)):
             found.append(run)
             start += 2
         else:
@@ -151,7 +166,8 @@ def long_runs(problem: Problem, wrapped: dict[range, ModuleCheckpoint]) -> list[
 
 def longest_run(problem: Problem, span: range) -> range | None:
     """The run recomputed alone inside the submodule call `span` (not in a smaller one) that
-    records most ATen calls and recomputes something; None where it has none.
+    records most ATen calls, recomputes something and replays (`frees_saved`); None where it
+    has none.
 
     Example:
         >>> longest_run(problem, range(8, 43))
@@ -163,7 +179,7 @@ def longest_run(problem: Problem, span: range) -> range | None:
         for stop in sorted(allowed_stops(problem).get(start, ()), reverse=True):
             run = range(start, stop)
             if (stop <= span.stop and problem.allows_region(start, stop) and problem.run_span_of(run) == span
-                    and problem.region_recompute_ms(run) > 0):
+                    and problem.region_recompute_ms(run) > 0 and frees_saved(problem, run)):
                 if best is None or calls[stop] - calls[start] > calls[best.stop] - calls[best.start]:
                     best = run
                 break  # (the longest from this start)
@@ -388,5 +404,5 @@ def _residual(problem: Problem, regions: list[range], measured_ms: float, what: 
     return residual
 
 
-__all__ = ["STEP_ROUNDS", "StepResiduals", "call_and_tensor_ms", "keeping_calls", "large_calls", "long_runs",
+__all__ = ["STEP_ROUNDS", "StepResiduals", "call_and_tensor_ms", "frees_saved", "keeping_calls", "large_calls", "long_runs",
            "lone_short_runs", "longest_run", "run_and_recorded_call_ms", "short_runs", "small_calls", "step_residuals"]
