@@ -189,24 +189,24 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
     # short run (two nodes) alone in each call of a repeated submodule recomputed, in the model's
     # own training step as a plan applies them: every run records and replays in each timed step,
     # and the model's gradients, buffers and RNG are left as they were.
-    from planner import step_costs
+    from planner import step_costs, step_regions
     from planner.graph import run_checkpoints, saved_calls
     from planner.verify import training_loss
 
     model, tokens = small_gpt()
     p = plan(model, tokens, budget_gb=80, repeats=1)
     problem, wrapped = p.problem, p.wrapped
-    calls = step_costs.small_calls(problem, wrapped)
+    calls = step_regions.small_calls(problem, wrapped)
     assert len(calls) >= 2 and len({wrapped[call].module_class for call in calls}) == 1
     assert all(problem.region_recompute_ms(call) > 0 for call in calls)
     assert all(first.stop <= second.start for first, second in zip(calls, calls[1:]))
-    runs = step_costs.lone_short_runs(problem, wrapped)
+    runs = step_regions.lone_short_runs(problem, wrapped)
     spans = [problem.run_span_of(run) for run in runs]
     assert len(runs) >= 2 and all(len(run) == 2 for run in runs)
     assert len(set(spans)) == len(spans)  # each alone in its submodule call
     assert all(first.stop <= second.start for first, second in zip(runs, runs[1:]))
     assert {wrapped[span].module for span in spans} >= {"blocks.0", "blocks.1"}
-    longs = step_costs.long_runs(problem, wrapped)  # one in each block, recording more calls than any short run
+    longs = step_regions.long_runs(problem, wrapped)  # one in each block, recording more calls than any short run
     long_spans = [problem.run_span_of(run) for run in longs]
     assert [wrapped[span].module for span in long_spans] == [f"blocks.{i}" for i in range(len(model.blocks))]
     calls_in = run_structure(problem)[1]
@@ -215,7 +215,7 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
         parameter.grad = torch.full_like(parameter, 0.5)
     buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
     rng = torch.get_rng_state()
-    keeps = step_costs.keeping_calls(problem, wrapped)
+    keeps = step_regions.keeping_calls(problem, wrapped)
     assert len(keeps) >= 2 and all(kept and set(kept) <= set(region) for region, kept in keeps)
     assert len({wrapped[region].module_class for region, _ in keeps}) == 1
     replayed = _count_replays(monkeypatch)
@@ -232,7 +232,7 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
         keeping_of, lambda module: training_loss(module(tokens)).backward(), torch.device("cpu"), rounds=2)
     assert (found.calls, found.runs, found.keeps) == (len(calls), len(runs), len(keeps))
     assert len(cached) == len(keeps) and all(cached)  # each keeping region caches some ATen calls
-    blocks = step_costs.large_calls(problem, wrapped)
+    blocks = step_regions.large_calls(problem, wrapped)
     assert {wrapped[region].module for region in blocks} == {f"blocks.{i}" for i in range(len(model.blocks))}
     assert found.blocks == len(blocks) and found.saved_tensor_ms is not None and found.saved_tensor_ms >= 0
     call_ms = problem.region_overhead_ms + found.per_call_ms  # a call's corrected cost: never below 0
@@ -252,7 +252,7 @@ def test_the_runs_the_step_is_read_off_each_replay(monkeypatch):
     # the step among the others, such runs made runs look cheaper than they are; the runs the
     # fit uses now each replay, and one of GPT-2's calls would otherwise have given one.
     from models_hf import gpt2
-    from planner import step_costs
+    from planner import step_regions
     from planner.apply import apply_plan, shallow_clone
     from planner.graph import run_checkpoints
     from planner.verify import training_loss
@@ -261,12 +261,12 @@ def test_the_runs_the_step_is_read_off_each_replay(monkeypatch):
     model, sample = gpt2()
     p = plan(model, sample, budget_gb=80, repeats=1)
     problem, wrapped = p.problem, p.wrapped
-    runs = [*step_costs.lone_short_runs(problem, wrapped), *step_costs.long_runs(problem, wrapped)]
-    assert len(runs) >= 4 and all(step_costs.frees_saved(problem, run) for run in runs)
+    runs = [*step_regions.lone_short_runs(problem, wrapped), *step_regions.long_runs(problem, wrapped)]
+    assert len(runs) >= 4 and all(step_regions.frees_saved(problem, run) for run in runs)
     phantom = [run for span in problem.run_spans if wrapped[span].module.endswith("mlp.act")
                for run in [range(start, start + 2) for start in span if start + 2 <= span.stop]
                if problem.allows_region(run.start, run.stop) and problem.run_span_of(run) == span
-               and problem.region_recompute_ms(run) > 0 and not step_costs.frees_saved(problem, run)]
+               and problem.region_recompute_ms(run) > 0 and not step_regions.frees_saved(problem, run)]
     assert phantom  # (GELU's `mul` and `pow`: before, the first run of each GELU call)
     replayed = _count_replays(monkeypatch)
     for run in [*runs, phantom[0]]:
@@ -352,12 +352,12 @@ def _runs_in_two_blocks() -> tuple[Problem, list[range], list[range]]:
     blocks = (range(0, 6), range(6, 12))
     problem = Problem(tuple(nodes), allowed_regions=blocks, run_spans=blocks, region_overhead_ms=0.3,
                       recorded_call_ms=0.01)
-    from planner.step_costs import longest_run
+    from planner.step_regions import longest_run
     return problem, [range(0, 2), range(6, 8)], [longest_run(problem, span) for span in blocks]
 
 
 def test_the_long_run_of_a_block_is_the_one_that_records_most_calls():
-    from planner.step_costs import longest_run
+    from planner.step_regions import longest_run
 
     problem, _, longs = _runs_in_two_blocks()
     calls = run_structure(problem)[1]
