@@ -131,20 +131,12 @@ def within_tolerance(predicted_ms: float, measured_ms: float) -> bool:
 
 
 def overhead_interval_ms(result: ModelResult, config: Config) -> tuple[float, float] | None:
-    """A 95% interval for the configuration's overhead from its rounds: the order statistics
-    around the median of its per-round differences with none's step (a distribution-free
-    interval for a median; rounds are paired, so the machine's drift between rounds cancels).
-    None with fewer than 6 rounds, where no such interval reaches 95%."""
-    from math import comb
+    """A 95% interval for the configuration's overhead from its rounds (`clock.paired_interval`:
+    rounds are paired with none's, so the machine's drift between rounds cancels). None with
+    fewer than 6 rounds, where no such interval reaches 95%."""
+    from planner.clock import paired_interval
 
-    differences = sorted(a - b for a, b in zip(config.times_ms, result.configs[0].times_ms))
-    n = len(differences)
-    below = 0  # the largest k with P(Binomial(n, 1/2) < k) <= 2.5%
-    while sum(comb(n, i) for i in range(below + 1)) / 2 ** n <= 0.025:
-        below += 1
-    if below == 0:
-        return None
-    return differences[below - 1], differences[n - below]
+    return paired_interval({"config": config.times_ms, "none": result.configs[0].times_ms}, "config", "none")
 
 
 def table(result: ModelResult) -> str:

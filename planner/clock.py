@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 import time
 from typing import Callable
@@ -133,4 +134,24 @@ def paired_difference(times: dict[str, list[float]], slower: str, faster: str) -
     return statistics.median(a - b for a, b in zip(times[slower], times[faster]))
 
 
-__all__ = ["AHEAD_MS", "ahead_for", "elapsed_ms", "launch_ms", "paired_difference", "queue_ahead", "timed_rounds"]
+def paired_interval(times: dict[str, list[float]], slower: str, faster: str) -> tuple[float, float] | None:
+    """A 95% interval for `paired_difference`: the order statistics around the median of the
+    per-round differences (a distribution-free interval for a median: the k-th smallest and
+    largest, k the largest with P(Binomial(n, 1/2) < k) <= 2.5%). None with fewer than 6
+    rounds, where no such interval reaches 95%.
+
+    Example:
+        >>> paired_interval({"a": [3, 5, 4, 6, 4, 5], "b": [2, 4, 3, 4, 3, 4]}, "a", "b")
+        (1, 2)
+    """
+    differences = sorted(a - b for a, b in zip(times[slower], times[faster]))
+    n = len(differences)
+    below = 0
+    while sum(math.comb(n, i) for i in range(below + 1)) / 2 ** n <= 0.025:
+        below += 1
+    if below == 0:
+        return None
+    return differences[below - 1], differences[n - below]
+
+
+__all__ = ["AHEAD_MS", "ahead_for", "elapsed_ms", "launch_ms", "paired_difference", "paired_interval", "queue_ahead", "timed_rounds"]
