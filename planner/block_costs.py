@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.apply import ModuleCheckpoint
-from planner.clock import paired_difference, timed_rounds
+from planner.clock import paired_difference, paired_interval, reading_or_price, timed_rounds
 from planner.keep_policy import keep_contexts
 from planner.memory import preserved_state
 from planner.overhead import FINE_ROUNDS, forward_calls, selective_contexts, selective_overhead_ms
@@ -68,8 +68,10 @@ class SelectiveCost:
     # could not be recorded whole)
     per_counted_call_ms: float = 0.0
     per_recorded_call_ms: float | None = 0.0
-    # checkpoint's own cost for one call of the submodule (no policy), beyond its forward
+    # checkpoint's own cost for one call of the submodule (no policy), beyond its forward, and
+    # its 95% interval (`clock.paired_interval`; None: too few rounds)
     checkpoint_ms: float | None = None
+    checkpoint_interval_ms: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,7 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     forward_ms = statistics.median(times["bare"]) / _FORWARDS  # what node times predict a recomputation at
     # checkpoint itself: a checkpointed step against an unchecked one, less the recomputation
     checkpoint_ms = paired_difference(times, "plain", "unchecked") - forward_ms
+    interval = paired_interval(times, "plain", "unchecked")
     counted_calls = max(1, _FORWARDS * len(names))
     per_counted = max(0.0, paired_difference(times, "counted", "bare") / counted_calls)
     # Beyond counting: the calls' recomputation as node times predict it (forwards with grad),
@@ -184,7 +187,8 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     per_kept = 0.0
     if "keeping" in times and kept is not None:
         per_kept = max(0.0, (paired_difference(times, "keeping", "selective") + kept.skipped_ms) / len(kept.nodes))
-    return SelectiveCost(per_call, per_kept, per_counted, per_recorded, checkpoint_ms)
+    return SelectiveCost(per_call, per_kept, per_counted, per_recorded, checkpoint_ms,
+                         None if interval is None else (interval[0] - forward_ms, interval[1] - forward_ms))
 
 
 def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,
@@ -266,7 +270,12 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
             per_recorded = per_call if cost.per_recorded_call_ms is None else cost.per_recorded_call_ms
             saved = sum(problem.nodes[i].saved_tensors for i in region)
             if cost.checkpoint_ms is not None and saved:
-                calibrated = (cost.checkpoint_ms - problem.region_overhead_ms) / saved
+                # (where its rounds cannot tell it from the tiny modules' price, that stands)
+                checkpoint_ms = reading_or_price(
+                    cost.checkpoint_ms, cost.checkpoint_interval_ms,
+                    problem.region_overhead_ms + saved * problem.saved_tensor_ms,
+                    f"checkpoint of {wrapped[region].module} beyond its forward")
+                calibrated = (checkpoint_ms - problem.region_overhead_ms) / saved
                 logger.info("checkpoint of %s measured %.3f ms beyond its forward (%d saved tensors): %.4f ms per "
                             "saved tensor, tiny modules %.4f ms", wrapped[region].module, cost.checkpoint_ms, saved,
                             calibrated, problem.saved_tensor_ms)

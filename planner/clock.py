@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import statistics
 import time
@@ -26,6 +27,8 @@ from typing import Callable
 
 import torch
 
+
+logger = logging.getLogger(__name__)
 
 AHEAD_MS = 1.0  # GPU work queued ahead of a timed node: more than the host's launch of most nodes
 
@@ -154,4 +157,25 @@ def paired_interval(times: dict[str, list[float]], slower: str, faster: str) -> 
     return differences[below - 1], differences[n - below]
 
 
-__all__ = ["AHEAD_MS", "ahead_for", "elapsed_ms", "launch_ms", "paired_difference", "paired_interval", "queue_ahead", "timed_rounds"]
+def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, price_ms: float, what: str) -> float:
+    """`measured_ms`, a cost read off timed rounds (a median of paired differences), or
+    `price_ms`, what the figures held so far price it at, where that lies inside the reading's
+    95% `interval` (`paired_interval`; None: too few rounds for one): the rounds cannot tell the
+    two apart, and a figure read off such a difference is the machine's noise. (On a busy CPU
+    two plannings of GPT-2 in a row read a run's cost off its step as +1.59 and -1.58 ms.)
+
+    Example:
+        >>> reading_or_price(12.0, (-30.0, 51.0), 20.0, "24 runs")  # the price stands
+        20.0
+        >>> reading_or_price(31.0, (28.0, 35.0), 20.0, "24 runs")
+        31.0
+    """
+    if interval is not None and interval[0] <= price_ms <= interval[1]:
+        logger.info("%s measured %+.2f ms (95%%: %+.2f to %+.2f), which cannot be told from the %.2f ms the figures "
+                    "so far price it at: those stand", what, measured_ms, *interval, price_ms)
+        return price_ms
+    return measured_ms
+
+
+__all__ = ["AHEAD_MS", "ahead_for", "elapsed_ms", "launch_ms", "paired_difference", "paired_interval", "queue_ahead",
+           "reading_or_price", "timed_rounds"]

@@ -25,7 +25,7 @@ run's cost and a recorded call's are those of the short and the long runs (on Ll
 recorded calls cost about 0.8 ms each more than the block's figures priced them); a keeping
 region's residual is what it costs beyond the problem's figures so corrected. Where a set's
 rounds cannot tell what it measured from what the figures held so far price it at, the price
-stands (`step_reading`): on a busy machine such differences are noise.
+stands (`clock.reading_or_price`): on a busy machine such differences are noise.
 
 Example:
     >>> found = step_residuals(model, problem, wrapped, checkpoints_of, keeping_of,
@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, shallow_clone
-from planner.clock import paired_difference, paired_interval, timed_rounds
+from planner.clock import paired_difference, paired_interval, reading_or_price, timed_rounds
 from planner.memory import preserved_state
 from planner.step_fit import fit_two, node_times_high
 from planner.step_regions import keeping_calls, large_calls, lone_short_runs, long_runs, small_calls
@@ -107,7 +107,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     under their selective policies (`keeping_of(pairs)`), each against the unplanned step, in
     `rounds` paired rounds. A run's and a keeping region's residuals are what they cost beyond
     a checkpoint call's corrected cost. A set whose rounds cannot tell its measurement from its
-    price under the figures held so far is taken at that price (`step_reading`). The model, its
+    price under the figures held so far is taken at that price (`clock.reading_or_price`). The model, its
     gradients, buffers and the RNG are left as they were.
 
     Example:
@@ -149,7 +149,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
 
     def reading(name: str, regions: list[range], pricing: Problem, kept: Sequence[tuple[int, ...]] = ()) -> float:
         price_ms = sum(pricing.region_cost_ms(region, nodes) for region, nodes in zip(regions, kept or [()] * len(regions)))
-        return step_reading(measured[name], intervals[name], price_ms, f"{len(regions)} {name}")
+        return reading_or_price(measured[name], intervals[name], price_ms, f"{len(regions)} {name} in the model's step")
 
     if blocks and (high := node_times_high(sum(map(problem.region_recompute_ms, blocks)),
                                            intervals["blocks"][1] if intervals["blocks"] else measured["blocks"],
@@ -179,27 +179,6 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     return StepResiduals(priced.region_overhead_ms - problem.region_overhead_ms, per_run, len(calls), len(runs),
                          per_keep, len(keeps), priced.saved_tensor_ms if calls else None, len(blocks), recorded,
                          len(longs))
-
-
-def step_reading(measured_ms: float, interval: tuple[float, float] | None, price_ms: float, what: str) -> float:
-    """What a set of regions added to the model's step, `measured_ms` (median of the rounds'
-    paired differences), or `price_ms`, what the figures held so far price them at, where that
-    lies inside the measurement's 95% `interval` (`clock.paired_interval`; None: too few rounds
-    for one): the rounds cannot tell the two apart, and figures read off such a difference are
-    the machine's noise. (On a busy CPU two plannings of GPT-2 in a row read a run's figure as
-    +1.59 and -1.58 ms, and a checkpoint call's as 1.07 and 1.93 ms.)
-
-    Example:
-        >>> step_reading(12.0, (-30.0, 51.0), 20.0, "24 runs")  # the price stands
-        20.0
-        >>> step_reading(31.0, (28.0, 35.0), 20.0, "24 runs")
-        31.0
-    """
-    if interval is not None and interval[0] <= price_ms <= interval[1]:
-        logger.info("%s in the model's step measured %+.2f ms (95%%: %+.2f to %+.2f), which cannot be told from "
-                    "the %.2f ms their figures price them at: those stand", what, measured_ms, *interval, price_ms)
-        return price_ms
-    return measured_ms
 
 
 def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, blocks: list[range],
@@ -280,5 +259,4 @@ def _residual(problem: Problem, regions: list[range], measured_ms: float, what: 
     return residual
 
 
-__all__ = ["STEP_ROUNDS", "StepResiduals", "call_and_tensor_ms", "run_and_recorded_call_ms", "step_reading",
-           "step_residuals"]
+__all__ = ["STEP_ROUNDS", "StepResiduals", "call_and_tensor_ms", "run_and_recorded_call_ms", "step_residuals"]

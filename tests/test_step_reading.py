@@ -9,7 +9,7 @@ import torch
 
 from conftest import small_gpt
 from planner import plan
-from planner.clock import paired_interval
+from planner.clock import paired_interval, reading_or_price
 
 
 @pytest.mark.parametrize("n", range(1, 40))
@@ -27,11 +27,9 @@ def test_the_paired_interval_is_the_distribution_free_95_percent_interval_of_a_m
 
 
 def test_a_reading_inside_its_interval_of_the_price_keeps_the_price():
-    from planner.step_costs import step_reading
-
-    assert step_reading(12.0, (-30.0, 51.0), 20.0, "runs") == 20.0
-    assert step_reading(31.0, (28.0, 35.0), 20.0, "runs") == 31.0
-    assert step_reading(31.0, None, 20.0, "runs") == 31.0  # (too few rounds for an interval)
+    assert reading_or_price(12.0, (-30.0, 51.0), 20.0, "runs") == 20.0
+    assert reading_or_price(31.0, (28.0, 35.0), 20.0, "runs") == 31.0
+    assert reading_or_price(31.0, None, 20.0, "runs") == 31.0  # (too few rounds for an interval)
 
 
 def _fake_rounds(differences: list[float]):
@@ -41,7 +39,13 @@ def _fake_rounds(differences: list[float]):
     return timed_rounds
 
 
-def test_figures_stand_where_the_steps_rounds_cannot_tell_them_from_their_price(monkeypatch):
+@pytest.fixture(scope="module")
+def planned_gpt():
+    model, tokens = small_gpt()
+    return model, tokens, plan(model, tokens, budget_gb=80, repeats=1)
+
+
+def test_figures_stand_where_the_steps_rounds_cannot_tell_them_from_their_price(monkeypatch, planned_gpt):
     # A machine so busy that each configuration's step, less the unplanned one, spreads over
     # +-1 s: every set's price lies inside its reading's interval, so every figure stays what
     # it was (before, each came out at its floor: the median difference, 0, priced nothing).
@@ -50,8 +54,7 @@ def test_figures_stand_where_the_steps_rounds_cannot_tell_them_from_their_price(
     from planner.graph import run_checkpoints, saved_calls
     from planner.verify import training_loss
 
-    model, tokens = small_gpt()
-    p = plan(model, tokens, budget_gb=80, repeats=1)
+    model, tokens, p = planned_gpt
     problem = replace(p.problem, region_overhead_ms=0.3, saved_tensor_ms=0.05, run_region_ms=0.2,
                       recorded_call_ms=0.01, keep_region_ms=0.4)
     wrapped = p.wrapped
@@ -78,3 +81,24 @@ def test_figures_stand_where_the_steps_rounds_cannot_tell_them_from_their_price(
     assert agreed.per_call_ms > 1.0  # (8 calls at +1 s: about 125 ms each)
     assert (agreed.per_run_ms, agreed.recorded_call_ms) != pytest.approx((0.2, 0.01))
     assert abs(agreed.per_keep_ms) > 1.0
+
+
+def test_a_blocks_checkpoint_cost_inside_its_noise_leaves_the_tiny_modules_figure(monkeypatch, planned_gpt):
+    # The block's checkpoint measured 20 ms beyond its forward. Where its rounds' interval holds
+    # what the tiny modules' figures price it at (0.3 ms a call, 10 us a saved tensor), their
+    # per-tensor figure stands; where the interval is clear of it, the block's is read.
+    from planner import block_costs
+    from planner.graph import saved_calls
+
+    model, tokens, p = planned_gpt
+    problem = replace(p.problem, region_overhead_ms=0.3, saved_tensor_ms=0.01)
+
+    def saved_tensor_ms(interval: tuple[float, float]) -> float:
+        cost = block_costs.SelectiveCost(0.01, 0.0, 0.0, 0.0, 20.0, interval)
+        monkeypatch.setattr(block_costs, "selective_costs_in_model", lambda *args, **kwargs: cost)
+        return block_costs.selective_overhead_for_plan(
+            model, problem, p.wrapped, torch.device("cpu"), True, lambda: model(tokens),
+            lambda region, kept: saved_calls(p.traced.gm, region, kept)).saved_tensor_ms
+
+    assert saved_tensor_ms((-5.0, 40.0)) == pytest.approx(0.01)
+    assert saved_tensor_ms((15.0, 25.0)) > 0.01
