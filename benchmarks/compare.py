@@ -280,9 +280,12 @@ def main() -> int:
     unknown = [key for key in keys if key not in SPECS]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {sorted(SPECS)}")
-    # The step-read checkpoint figures' rows (`planner.step_costs`), which say why a figure was kept.
+    # The checkpoint figures read off the model's step and block (`planner.step_costs`,
+    # `planner.block_costs`), and readings their rounds could not tell from the price
+    # (`planner.clock.reading_or_price`): they say why a figure was kept.
     logging.basicConfig(format="%(name)s: %(message)s")
-    logging.getLogger("planner.step_costs").setLevel(logging.INFO)
+    for name in ("planner.step_costs", "planner.block_costs", "planner.clock"):
+        logging.getLogger(name).setLevel(logging.INFO)
     args.rounds = args.rounds or (1 if args.quick else 7)
     args.solvers = [name.strip() for name in args.solvers.split(",") if name.strip()]
     args.fractions = (0.4, 0.6, 0.8)
