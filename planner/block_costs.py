@@ -176,6 +176,7 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     # checkpoint itself: a checkpointed step against an unchecked one, less the recomputation
     checkpoint_ms = paired_difference(times, "plain", "unchecked") - forward_ms
     interval = paired_interval(times, "plain", "unchecked")
+    checkpoint_interval = None if interval is None else (interval[0] - forward_ms, interval[1] - forward_ms)
     counted_calls = max(1, _FORWARDS * len(names))
     per_counted = max(0.0, paired_difference(times, "counted", "bare") / counted_calls)
     # Beyond counting: the calls' recomputation as node times predict it (forwards with grad),
@@ -187,8 +188,7 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     per_kept = 0.0
     if "keeping" in times and kept is not None:
         per_kept = max(0.0, (paired_difference(times, "keeping", "selective") + kept.skipped_ms) / len(kept.nodes))
-    return SelectiveCost(per_call, per_kept, per_counted, per_recorded, checkpoint_ms,
-                         None if interval is None else (interval[0] - forward_ms, interval[1] - forward_ms))
+    return SelectiveCost(per_call, per_kept, per_counted, per_recorded, checkpoint_ms, checkpoint_interval)
 
 
 def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,

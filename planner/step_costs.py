@@ -173,9 +173,11 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                                                      reading("long runs", longs, runs_as_were), floor)
     elif runs:
         per_run = _residual(priced, runs, reading("runs", runs, runs_as_were), "short runs", floor)
-    per_keep = _residual(priced, [r for r, _ in keeps], reading("keeps", [r for r, _ in keeps], priced,
-                                                                [kept for _, kept in keeps]),
-                         "regions keeping nodes", floor, [kept for _, kept in keeps]) if keeps else 0.0
+    per_keep = 0.0
+    if keeps:
+        regions, kept = [r for r, _ in keeps], [nodes for _, nodes in keeps]
+        per_keep = _residual(priced, regions, reading("keeps", regions, priced, kept), "regions keeping nodes", floor,
+                             kept)
     return StepResiduals(priced.region_overhead_ms - problem.region_overhead_ms, per_run, len(calls), len(runs),
                          per_keep, len(keeps), priced.saved_tensor_ms if calls else None, len(blocks), recorded,
                          len(longs))
