@@ -20,7 +20,7 @@ import functools
 import logging
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -68,10 +68,21 @@ class SelectiveCost:
     # could not be recorded whole)
     per_counted_call_ms: float = 0.0
     per_recorded_call_ms: float | None = 0.0
-    # checkpoint's own cost for one call of the submodule (no policy), beyond its forward, and
-    # its 95% interval (`clock.paired_interval`; None: too few rounds)
+    # checkpoint's own cost for one call of the submodule (no policy), beyond its forward
     checkpoint_ms: float | None = None
-    checkpoint_interval_ms: tuple[float, float] | None = None
+    # each figure's 95% interval, by field name, in its own units (`clock.paired_interval`,
+    # before the floor at 0; absent: too few rounds for one)
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def figure(self, name: str, price_ms: float, what: str) -> float:
+        """The figure `name`, or `price_ms` where its interval holds that price: its rounds
+        cannot tell the two apart (`clock.reading_or_price`).
+
+        Example:
+            >>> SelectiveCost(0.03, intervals={"per_call_ms": (-0.01, 0.08)}).figure("per_call_ms", 0.02, "calls")
+            0.02
+        """
+        return reading_or_price(getattr(self, name), self.intervals.get(name), price_ms, what)
 
 
 @dataclass(frozen=True)
@@ -110,8 +121,8 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     alone with and without a `RunRecorder`; per call recorded, a step recording every call (its
     backward replays them) against one only counting, less a forward's time (what node times
     predict the replay at). Checkpoint's own cost per call: a checkpointed step against an
-    unchecked one, less a forward. Differences are medians over
-    rounds of paired times. The caller restores the module's state (buffers, RNG).
+    unchecked one, less a forward. Differences are medians over rounds of paired times, each
+    with its 95% interval (`SelectiveCost.intervals`). The caller restores the module's state (buffers, RNG).
 
     Example:
         >>> selective_costs_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu")).per_call_ms
@@ -171,24 +182,30 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
     # On a GPU, kernel time alone, as `planner.overhead` measures: backward's queue hides host work.
     times = timed_rounds(device, steps, FINE_ROUNDS, kernels_only=True)
-    per_call = max(0.0, (paired_difference(times, "selective", "plain") - per_region_ms) / max(1, calls_per_step))
+    intervals: dict[str, tuple[float, float]] = {}
+
+    def read(name: str, slower: str, faster: str, offset_ms: float, units: int) -> float:
+        # (the paired difference less `offset_ms`, per unit; its interval kept under `name`)
+        interval = paired_interval(times, slower, faster)
+        if interval is not None:
+            intervals[name] = ((interval[0] - offset_ms) / units, (interval[1] - offset_ms) / units)
+        return (paired_difference(times, slower, faster) - offset_ms) / units
+
+    per_call = max(0.0, read("per_call_ms", "selective", "plain", per_region_ms, max(1, calls_per_step)))
     forward_ms = statistics.median(times["bare"]) / _FORWARDS  # what node times predict a recomputation at
     # checkpoint itself: a checkpointed step against an unchecked one, less the recomputation
-    checkpoint_ms = paired_difference(times, "plain", "unchecked") - forward_ms
-    interval = paired_interval(times, "plain", "unchecked")
-    checkpoint_interval = None if interval is None else (interval[0] - forward_ms, interval[1] - forward_ms)
-    counted_calls = max(1, _FORWARDS * len(names))
-    per_counted = max(0.0, paired_difference(times, "counted", "bare") / counted_calls)
+    checkpoint_ms = read("checkpoint_ms", "plain", "unchecked", forward_ms, 1)
+    per_counted = max(0.0, read("per_counted_call_ms", "counted", "bare", 0.0, max(1, _FORWARDS * len(names))))
     # Beyond counting: the calls' recomputation as node times predict it (forwards with grad),
     # and what recording and replay add per call.
     per_recorded = None
     if "recorded step" in times:
-        replayed_ms = paired_difference(times, "recorded step", "counted step") - forward_ms
-        per_recorded = max(0.0, replayed_ms / max(1, len(names)))
+        per_recorded = max(0.0, read("per_recorded_call_ms", "recorded step", "counted step", forward_ms,
+                                     max(1, len(names))))
     per_kept = 0.0
     if "keeping" in times and kept is not None:
-        per_kept = max(0.0, (paired_difference(times, "keeping", "selective") + kept.skipped_ms) / len(kept.nodes))
-    return SelectiveCost(per_call, per_kept, per_counted, per_recorded, checkpoint_ms, checkpoint_interval)
+        per_kept = max(0.0, read("per_kept_ms", "keeping", "selective", -kept.skipped_ms, len(kept.nodes)))
+    return SelectiveCost(per_call, per_kept, per_counted, per_recorded, checkpoint_ms, intervals)
 
 
 def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,
@@ -236,7 +253,9 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     and per call recorded (`Problem.run_call_ms`, `recorded_call_ms`), measured on that block;
     else the policy's cost per call stands in for both. And checkpoint's cost per saved tensor
     (`Problem.saved_tensor_ms`): the tiny modules' unless checkpoint of that block costs more
-    than the tiny modules' figures predict for it (on this CPU, about twice as much). (Where the
+    than the tiny modules' figures predict for it (on this CPU, about twice as much). Each figure
+    read off the block stands only where its rounds tell it from the tiny modules' price (per
+    kept node: 0); else that price does (`SelectiveCost.figure`). (Where the
     model's whole step runs here, `planner.step_costs` reads the cost per call and per saved
     tensor off that step instead, and what a run costs beyond them, `Problem.run_region_ms`.)
 
@@ -265,19 +284,22 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
         try:
             with preserved_state(model, [device]):
                 cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept)
-            per_call, per_kept = cost.per_call_ms, cost.per_kept_ms
-            per_counted = cost.per_counted_call_ms
-            per_recorded = per_call if cost.per_recorded_call_ms is None else cost.per_recorded_call_ms
+            # Each figure as read, unless its rounds cannot tell it from what the tiny modules
+            # price it at (per kept node: nothing); then that price stands.
+            name = wrapped[region].module
+            tiny_call = per_call
+            per_call = cost.figure("per_call_ms", tiny_call, f"a selective policy per ATen call in {name}")
+            per_kept = cost.figure("per_kept_ms", 0.0, f"a selective policy per node kept in {name}")
+            per_counted = cost.figure("per_counted_call_ms", tiny_call, f"counting runs per ATen call in {name}")
+            per_recorded = per_call if cost.per_recorded_call_ms is None else cost.figure(
+                "per_recorded_call_ms", tiny_call, f"recording and replaying runs per ATen call in {name}")
             saved = sum(problem.nodes[i].saved_tensors for i in region)
             if cost.checkpoint_ms is not None and saved:
-                # (where its rounds cannot tell it from the tiny modules' price, that stands)
-                checkpoint_ms = reading_or_price(
-                    cost.checkpoint_ms, cost.checkpoint_interval_ms,
-                    problem.region_overhead_ms + saved * problem.saved_tensor_ms,
-                    f"checkpoint of {wrapped[region].module} beyond its forward")
+                checkpoint_ms = cost.figure("checkpoint_ms", problem.region_overhead_ms + saved * problem.saved_tensor_ms,
+                                            f"checkpoint of {name} beyond its forward")
                 calibrated = (checkpoint_ms - problem.region_overhead_ms) / saved
                 logger.info("checkpoint of %s measured %.3f ms beyond its forward (%d saved tensors): %.4f ms per "
-                            "saved tensor, tiny modules %.4f ms", wrapped[region].module, cost.checkpoint_ms, saved,
+                            "saved tensor, tiny modules %.4f ms", name, cost.checkpoint_ms, saved,
                             calibrated, problem.saved_tensor_ms)
                 per_saved_tensor = max(per_saved_tensor, calibrated)
         except RuntimeError as error:  # a forward that cannot run alone under checkpoint

@@ -91,10 +91,10 @@ def test_a_blocks_checkpoint_cost_inside_its_noise_leaves_the_tiny_modules_figur
     from planner.graph import saved_calls
 
     model, tokens, p = planned_gpt
-    problem = replace(p.problem, region_overhead_ms=0.3, saved_tensor_ms=0.01)
+    problem = replace(p.problem, region_overhead_ms=0.3, saved_tensor_ms=0.01, run_region_ms=0.0)  # (not as measured)
 
     def saved_tensor_ms(interval: tuple[float, float]) -> float:
-        cost = block_costs.SelectiveCost(0.01, 0.0, 0.0, 0.0, 20.0, interval)
+        cost = block_costs.SelectiveCost(0.01, 0.0, 0.0, 0.0, 20.0, {"checkpoint_ms": interval})
         monkeypatch.setattr(block_costs, "selective_costs_in_model", lambda *args, **kwargs: cost)
         return block_costs.selective_overhead_for_plan(
             model, problem, p.wrapped, torch.device("cpu"), True, lambda: model(tokens),
@@ -102,3 +102,45 @@ def test_a_blocks_checkpoint_cost_inside_its_noise_leaves_the_tiny_modules_figur
 
     assert saved_tensor_ms((-5.0, 40.0)) == pytest.approx(0.01)
     assert saved_tensor_ms((15.0, 25.0)) > 0.01
+
+
+def test_a_blocks_policy_and_recording_figures_inside_their_noise_leave_the_tiny_modules_prices(
+        monkeypatch, planned_gpt):
+    # The block's rounds, each configuration spread over +-1 s: every figure read off them
+    # (per ATen call under a policy, per kept node, per call counted and per call recorded)
+    # is the tiny modules' price (per kept node: nothing). Before, each was max(0, the noise).
+    # Rounds that agree are read as measured.
+    from planner import block_costs
+    from planner.graph import saved_calls
+    from planner.overhead import selective_overhead_ms
+
+    model, tokens, p = planned_gpt
+    assert any(node.keepable for node in p.problem.nodes)
+    # each configuration's step (ms), and its noise where noisy: every paired difference the
+    # figures are read off spreads symmetrically over about +-1 s
+    base = {"unchecked": 1000.0, "plain": 1030.0, "selective": 1090.0, "keeping": 1190.0, "bare": 20.0,
+            "counted": 60.0, "counted step": 1000.0, "recorded step": 1160.0}
+    spread = [-1000.0, -700.0, -400.0, -200.0, -100.0, -50.0, -20.0, 0.0, 20.0, 50.0, 100.0, 200.0, 400.0, 700.0,
+              1000.0]  # (as many as the block's rounds)
+    noise = {"plain": spread, "unchecked": spread[::-1], "keeping": spread, "bare": spread, "counted step": spread}
+
+    def costs(noisy: bool) -> block_costs.MeasuredCosts:
+        def timed_rounds(device, calls, rounds, kernels_only=False):
+            assert set(calls) <= set(base) and rounds == len(spread), set(calls) - set(base)
+            return {name: [base[name] + (noise.get(name, [0.0] * rounds)[i] if noisy else 0.0) for i in range(rounds)]
+                    for name in calls}
+        monkeypatch.setattr(block_costs, "timed_rounds", timed_rounds)
+        return block_costs.selective_overhead_for_plan(
+            model, p.problem, p.wrapped, torch.device("cpu"), True, lambda: model(tokens),
+            lambda region, kept: saved_calls(p.traced.gm, region, kept))
+
+    tiny_call = selective_overhead_ms(torch.device("cpu"))[1]
+    noisy = costs(noisy=True)
+    assert noisy.keep_call_ms == pytest.approx(tiny_call)
+    assert noisy.kept_node_ms == 0.0
+    assert noisy.run_call_ms == pytest.approx(tiny_call) and noisy.recorded_call_ms == pytest.approx(tiny_call)
+    assert noisy.saved_tensor_ms == pytest.approx(p.problem.saved_tensor_ms)
+    agreed = costs(noisy=False)
+    assert agreed.keep_call_ms != pytest.approx(tiny_call) and agreed.kept_node_ms > 1.0
+    assert agreed.run_call_ms != pytest.approx(tiny_call) and agreed.recorded_call_ms != pytest.approx(tiny_call)
+    assert agreed.saved_tensor_ms > p.problem.saved_tensor_ms
