@@ -7,7 +7,7 @@ import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_solver_properties import SETTINGS, Truth, budgets, module_problems, problems
+from solver_strategies import SETTINGS, Truth, budgets, module_problems, problems
 
 from solvers import NodeCost, Problem, minimum_peak_bytes, peak_bytes, solve
 from solvers.recompute_bound import recompute_lower_bound
