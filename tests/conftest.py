@@ -1,4 +1,5 @@
 import copy
+import os
 from typing import Any, Callable
 
 import pytest
@@ -7,6 +8,11 @@ from torch import nn
 
 from planner import plan
 from planner.examples import SmallCNN, TinyGPT, cnn, mlp
+
+# Under pytest-xdist (`.ci/run`: one worker per core) each worker keeps to one core, so two
+# workers do not both spread their kernels over both.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 def small_gpt() -> tuple[nn.Module, torch.Tensor]:
