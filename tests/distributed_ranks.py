@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -171,7 +172,17 @@ def _ddp(name: str, rank: int, plan_path: str) -> dict[str, Any]:
     return result
 
 
-JOBS = {"fsdp2": _fsdp2, "ddp": _ddp}
+def _fsdp2_warned(name: str, rank: int, plan_path: str) -> dict[str, Any]:
+    """`_fsdp2`, noting every warning (a planned submodule whose ATen calls under fully_shard
+    differ from the planned ones keeps, or recomputes, less than its plan says)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = _fsdp2(name, rank, plan_path)
+    result["warnings"] = [str(w.message) for w in caught]
+    return result
+
+
+JOBS = {"fsdp2": _fsdp2, "ddp": _ddp, "fsdp2_warned": _fsdp2_warned}
 
 
 def _rank_main(rank: int, port: int, job: str, name: str, plan_path: str, out_dir: str) -> None:
@@ -271,21 +282,6 @@ def check(results: list[dict[str, Any]]) -> None:
                                        msg=lambda m, key=key: f"step {step} grad {key} differs between ranks: {m}")
     # the SGD step changed the model: the second step's gradients are not the first's
     assert any(not torch.equal(first["grads"][0][key], first["grads"][1][key]) for key in first["grads"][0])
-
-
-def _fsdp2_warned(name: str, rank: int, plan_path: str) -> dict[str, Any]:
-    """`_fsdp2`, noting every warning (a planned submodule whose ATen calls under fully_shard
-    differ from the planned ones keeps, or recomputes, less than its plan says)."""
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = _fsdp2(name, rank, plan_path)
-    result["warnings"] = [str(w.message) for w in caught]
-    return result
-
-
-JOBS["fsdp2_warned"] = _fsdp2_warned
 
 
 def warned(results: list[dict[str, Any]], phrase: str) -> list[list[str]]:
