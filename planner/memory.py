@@ -35,19 +35,25 @@ def storage_key(tensor: torch.Tensor) -> int:
 def draws_random_numbers(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether an ATen call draws from the random generator: an op tagged
     `nondeterministic_seeded` (dropout, bernoulli, rand*, attention with dropout), unless its
-    dropout probability is 0 or its `train` flag is off, which draw nothing. Decided from the
-    call alone, so it works on fake tensors too, where the generator is never touched.
+    dropout probability is 0 or its `train` flag is off, which draw nothing. An argument the
+    call leaves out takes its schema default: attention called without `dropout_p` (as
+    `F.scaled_dot_product_attention` calls it at 0) draws nothing. Decided from the call alone,
+    so it works on fake tensors too, where the generator is never touched.
 
     Example:
         >>> draws_random_numbers(torch.ops.aten.native_dropout.default, (x, 0.0, True), {})
+        False
+        >>> draws_random_numbers(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, (q, k, v), {})
         False
     """
     if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
         return False
     try:
-        bound = dict(zip((a.name for a in func._schema.arguments), args)) | dict(kwargs)
+        schema_arguments = func._schema.arguments
     except AttributeError:
         return True
+    bound = {a.name: a.default_value for a in schema_arguments if a.has_default_value()}
+    bound |= dict(zip((a.name for a in schema_arguments), args)) | dict(kwargs)
     probability = bound.get("dropout_p", bound.get("p"))
     if isinstance(probability, (int, float)) and probability == 0:
         return False

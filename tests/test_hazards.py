@@ -62,6 +62,37 @@ def test_rng_state_is_kept_only_for_regions_that_draw_random_numbers(frontend):
     assert_same_step(model, p.module(), tokens)
 
 
+class AttentionBlock(nn.Module):
+    """Attention through `F.scaled_dot_product_attention`, with dropout or without (then
+    called as most models call it: no `dropout_p`, which the ATen call leaves out)."""
+
+    def __init__(self, width: int, dropout: float):
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 2, c // 2).permute(2, 0, 3, 1, 4)
+        if self.dropout:
+            h = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout)
+        else:
+            h = nn.functional.scaled_dot_product_attention(q, k, v)
+        return x + self.out(h.transpose(1, 2).reshape(b, t, c))
+
+
+def test_attention_without_dropout_draws_nothing_and_may_be_kept():
+    model = nn.Sequential(AttentionBlock(32, 0.0), AttentionBlock(32, 0.2))
+    x = torch.randn(2, 64, 32)
+    p = plan(model, x, budget_gb=80, repeats=1)
+    attention = [n for n in p.problem.nodes if n.name.startswith("scaled_dot_product_attention")]
+    assert [(n.random, n.keepable) for n in attention] == [(False, True), (True, False)]
+    kept = p.with_submodules(["0", "1"], kept=["scaled_dot_product_attention"])
+    assert [c.wrapped.random for c in kept.checkpoints] == [False, True]
+    assert_same_step(model, kept.module(), x)
+
+
 @pytest.mark.parametrize("frontend", ["fx", "export"])
 def test_batchnorm_statistics_are_updated_once(frontend):
     model, images = small_cnn()
