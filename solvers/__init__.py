@@ -74,7 +74,7 @@ def _solve_auto(problem: Problem, budget_bytes: int, time_limit_s: float = AUTO_
         try:
             candidates.append(solve_ilp(problem, budget_bytes, time_limit_s=time_limit_s, hint=dp.regions,
                                         hint_kept=dp.kept))
-        except InfeasibleBudget:  # ilp keeps no block's "all but a run": dp's plan may need it
+        except InfeasibleBudget:  # ilp keeps no block's k costliest or "all but a run": dp's may
             logger.info("auto: ilp found no plan keeping what dp's keeps; dp's plan stands")
     if candidates[-1].status != Status.OPTIMAL:
         try:

@@ -13,9 +13,11 @@ from solvers.problem_index import (allowed_set, allowed_stops, forbidden_starts,
 
 # What a region may keep (a selective-checkpoint policy), `Problem.keep_choices`: any subset of
 # its keepable nodes where it holds at most MAX_KEEP_CANDIDATES (the solvers try each); in a
-# larger allowed region (a block), any subset of its KEEP_COSTLIEST costliest ones, or all of
-# them but a run of consecutive ones (recomputing a run inside the block: its norm and the next
-# linear's input, an activation), this last where it holds at most MAX_RUN_CANDIDATES.
+# larger allowed region (a block), any subset of its KEEP_COSTLIEST costliest ones, and, where
+# it holds at most MAX_RUN_CANDIDATES, its k costliest for every k (keeping every matmul and
+# the attention, recomputing the norms, adds and activations between them) or all of them but
+# a run of consecutive ones (recomputing a run inside the block: its norm and the next linear's
+# input, an activation).
 MAX_KEEP_CANDIDATES = 8
 KEEP_COSTLIEST = 5
 MAX_RUN_CANDIDATES = 40
@@ -286,14 +288,18 @@ class Problem:
         keepable = self.keepable_in(region)
         if len(keepable) <= MAX_KEEP_CANDIDATES:
             return tuple(keepable)
-        costliest = sorted(keepable, key=lambda i: (-self.nodes[i].compute_ms, i))[:KEEP_COSTLIEST]
-        return tuple(sorted(costliest))
+        return tuple(sorted(self._by_cost(keepable)[:KEEP_COSTLIEST]))
+
+    def _by_cost(self, nodes: list[int]) -> list[int]:
+        """`nodes` costliest first (by forward time, then position)."""
+        return sorted(nodes, key=lambda i: (-self.nodes[i].compute_ms, i))
 
     def keep_choices(self, region: range) -> list[tuple[int, ...]]:
         """Every set of nodes `region` may keep (sorted tuples, each once, the empty one first):
         the subsets of its `keep_candidates` and, in an allowed region with over
-        `MAX_KEEP_CANDIDATES` and at most `MAX_RUN_CANDIDATES` `keepable_in` nodes, those nodes
-        less each run of consecutive ones (the empty run too).
+        `MAX_KEEP_CANDIDATES` and at most `MAX_RUN_CANDIDATES` `keepable_in` nodes, its k
+        costliest of those for every k, and those nodes less each run of consecutive ones (the
+        empty run too).
 
         Example:
             >>> problem.keep_choices(range(0, 2))
@@ -305,10 +311,13 @@ class Problem:
         count = len(keepable)
         if self.allowed_regions is None or not MAX_KEEP_CANDIDATES < count <= MAX_RUN_CANDIDATES:
             return choices
+        by_cost = self._by_cost(keepable)
+        costliest = [tuple(sorted(by_cost[:size])) for size in range(KEEP_COSTLIEST + 1, count)]
         runs = [(first, stop) for first in range(count) for stop in range(first + 1, count + 1)]
+        # (the empty run keeps them all)
+        all_but_runs = [(*keepable[:first], *keepable[stop:]) for first, stop in [*runs, (count, count)]]
         seen = set(choices)
-        for first, stop in [*runs, (count, count)]:  # (the empty run keeps them all)
-            keep = (*keepable[:first], *keepable[stop:])
+        for keep in [*costliest, *all_but_runs]:
             if keep not in seen:
                 seen.add(keep)
                 choices.append(keep)

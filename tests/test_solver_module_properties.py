@@ -190,12 +190,13 @@ def test_keep_choices_tiers() -> None:
     with small_keep_limits():
         # the costlier (a tie: the first), or all but a run
         assert problem.keep_choices(range(0, 2)) == [(), (0,), (1,), (0, 1)]
-        # five keepable nodes: subsets of the costliest (node 2), or all but a run (the whole
-        # run keeps nothing, already there)
+        # five keepable nodes: subsets of the costliest (node 2), the k costliest for every k
+        # (node 2, then the ties in order: (0, 2) is new, the larger ones are all but a run),
+        # or all but a run (the whole run keeps nothing, already there)
         choices = problem.keep_choices(range(0, 5))
-        assert choices[:2] == [(), (2,)]
+        assert choices[:3] == [(), (2,), (0, 2)]
         assert (0, 1, 4) in choices and (1, 2, 3, 4) in choices and (0, 4) in choices
-        assert (0, 2, 4) not in choices and len(choices) == len(set(choices)) == 2 + 16 - 1
+        assert (0, 2, 4) not in choices and len(choices) == len(set(choices)) == 2 + 1 + 16 - 1
         # any keepable nodes make a valid plan; the solvers search the choices
         assert problem.may_keep(range(0, 5), (0, 2, 4))
         spanned = Problem(tuple(replace(node, keep_span=(0, 2)) if i == 1 else node for i, node in enumerate(nodes)),
