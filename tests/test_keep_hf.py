@@ -19,7 +19,7 @@ from planner.holds import KEEPABLE_OPS
 from planner.verify import training_loss
 
 from models_hf import bert, gpt2, llama
-from test_keep import CallCounter
+from keep_models import CallCounter
 
 transformers = pytest.importorskip("transformers")
 
