@@ -230,8 +230,8 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
             if predicted is not None and predicted > target and config.optimal:
                 line += (f" missed: the cheapest plan at this budget (proven optimal over regions of whole "
                          "submodule calls, each keeping nodes under a selective policy as `Problem.keep_choices` "
-                         "lists them: any of up to 8, or in a block its 5 costliest, its k costliest or all but a run, runs of "
-                         "nodes inside a submodule call, recomputed alone, and slices of an nn.Sequential's "
+                         "lists them: any of up to 8, or in a block its 5 costliest, its k costliest or all but a "
+                         "run, runs of nodes inside a submodule call, recomputed alone, and slices of an nn.Sequential's "
                          "children) is "
                          f"predicted at {predicted:.2f} of every block's: no plan the planner searches does better")
             elif predicted is not None:  # which of the two overheads the clock moved

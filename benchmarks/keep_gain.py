@@ -4,8 +4,8 @@ every block, at every block's own predicted peak and at 40/60/80% of the unplann
 peak, over four spaces:
 - the planner's: regions that are submodule calls, each keeping nodes under a selective policy
   (`Problem.keep_choices`: any of up to 8 keepable nodes, or in a block its 5 costliest, its k
-  costliest for every k or all but a run of consecutive ones), and runs of nodes inside a submodule call recomputed alone
-  (`Problem.run_spans`, `planner.run_checkpoint`);
+  costliest for every k or all but a run of consecutive ones), and runs of nodes inside a
+  submodule call recomputed alone (`Problem.run_spans`, `planner.run_checkpoint`);
 - whole submodule calls only (the same problem with nothing keepable and no runs);
 - whole regions on any run of graph nodes (`dp` with no allowed regions and nothing keepable;
   with keep choices too it takes minutes per budget), runs across submodule calls included,

@@ -179,8 +179,8 @@ def solve_ilp(
         dp_minimum, dp_exact, peak_regions, peak_kept = minimum_peak_plan_dp(problem)
         minimum, proven = minimum_peak_ilp(problem, time_limit_s, workers, hint=peak_regions, hint_kept=peak_kept)
         if hint is True and dp_minimum < minimum:
-            # dp's plan keeps what the model cannot (a block's k costliest or "all but a run"); warm-started
-            # from dp, ilp returns such plans at budgets that fit them
+            # dp's plan keeps what the model cannot (a block's k costliest or "all but a run");
+            # warm-started from dp, ilp returns such plans at budgets that fit them
             minimum, proven = dp_minimum, dp_exact
         if not proven:
             minimum = min(minimum, dp_minimum)
@@ -218,8 +218,8 @@ def solve_ilp(
 
 def _dp_plan_solution(problem: Problem, plan: Plan, proven: bool, budget_bytes: int, started: float) -> Solution:
     """ilp's answer where its dp warm start fits and CP-SAT found no plan in time, or only dearer
-    ones (dp's plan may keep what the model cannot, a block's k costliest or "all
-    but a run" of `Problem.keep_choices`, so that it was no hint). Optimal where dp proved it (over all the
+    ones (dp's plan may keep what the model cannot, a block's k costliest or "all but a run" of
+    `Problem.keep_choices`, so that it was no hint). Optimal where dp proved it (over all the
     problem's choices), else with no known gap (CP-SAT's bound covers its own choices only)."""
     logger.info("ilp: dp's plan returned: CP-SAT found none as cheap within the time limit")
     status, gap = (Status.OPTIMAL, 0.0) if proven else (Status.FEASIBLE, None)
