@@ -23,9 +23,11 @@ recomputes plus checkpoint's cost per call) and compared with every block's; the
 overhead at most 0.6 at every block's peak, 0.4 at 60%, 0.2 at 80%, and every prediction within
 10% (or 2 ms) of the measured overhead, saying why where one is missed. Each plan's notes give,
 at its budget and on the same measurements, the lower bound for every plan of whole graph nodes
-(`solvers.recompute_bound`) and, with `--any-run`, the cheapest plan of whole regions on any run
-of graph nodes (`dp`; the planner can only apply submodule calls), as shares of every block's
-predicted overhead (`benchmarks/keep_gain.py` tabulates both).
+(`solvers.recompute_bound`), the cheapest plan with every subset of the keepable nodes of each
+submodule call of up to 10 as a keep choice (`dp` on `decision_space.every_keep_subset`: what
+wrapping submodule calls reaches at all) and, with `--any-run`, the cheapest plan of whole
+regions on any run of graph nodes (`dp`; the planner can only apply submodule calls), as shares
+of every block's predicted overhead (`benchmarks/keep_gain.py` tabulates them).
 
 Peaks count static storages (parameters, gradients, buffers, inputs) plus the peak of what the
 step allocates, as `p.verify()` does (the allocator's events from `torch.profiler`, kernel
@@ -143,11 +145,12 @@ def run_model(spec: Spec, args) -> ModelResult:
     retimer = NodeRetimer(base)
     budgets = [("every block's peak", every.peak)] + [(f"{f:.0%}", int(f * unplanned)) for f in args.fractions]
     for label, budget in budgets:
-        bound_ms, any_run_ms = beyond_the_planner(base.problem, budget, args.any_run, args.bound_time_limit)
+        bound_ms, any_run_ms, every_keep_ms = beyond_the_planner(base.problem, budget, args.any_run,
+                                                                 args.bound_time_limit)
         for solver in args.solvers:
             name = f"planner {solver} @ {label}"
             config = Config(name, "planner", budget_bytes=budget, solver=solver, budget_label=label,
-                            bound_ms=bound_ms, any_run_ms=any_run_ms)
+                            bound_ms=bound_ms, any_run_ms=any_run_ms, every_keep_ms=every_keep_ms)
             started = time.perf_counter()
             try:
                 planned = base.replan(budget_gb=budget / GIB, solver=solver)

@@ -8,10 +8,15 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from decision_space import EVERY_KEEP_LIMIT
+
 # Most a plan's overhead may be, as a share of checkpointing every block, at each budget.
 SHARE_TARGETS = {"every block's peak": 0.6, "60%": 0.4, "80%": 0.2}
 # a share target's flag for models where the lower bound for any plan lies above the target
 OUT_OF_REACH = ": out of reach of any plan of whole graph nodes (lower bound above the target)"
+# and for models where wrapping submodule calls cannot meet it, whatever they keep
+OUT_OF_WRAPPING = (": out of reach of plans that wrap submodule calls (every keep subset of calls of up to "
+                   f"{EVERY_KEEP_LIMIT} keepable nodes, runs inside calls)")
 PREDICTION_TOLERANCE = 0.10  # predicted overhead within 10% of the measured one,
 PREDICTION_SLACK_MS = 2.0  # or within 2 ms
 
@@ -43,6 +48,9 @@ class Config:
     optimal: bool = False  # planner: the solver proved its plan the cheapest of its decision space
     bound_ms: float | None = None  # planner: no plan of whole graph nodes costs less at this budget
     any_run_ms: float | None = None  # planner: cheapest of whole regions on any run of nodes (dp)
+    # planner: cheapest with every keep subset of small submodule calls (dp, proven optimal;
+    # `decision_space.every_keep_subset`)
+    every_keep_ms: float | None = None
     plan: Any = None  # planner: the Plan
     retimed_ms: float | None = None  # planner, every block: predicted from node times of the rounds
 
@@ -175,13 +183,15 @@ def table(result: ModelResult) -> str:
 
 
 def space_shares(result: ModelResult, config: Config) -> str:
-    """The shares (of every block's predicted overhead) of the cheapest plan with regions on any
-    run of nodes, and of the lower bound for any plan, at the configuration's budget."""
+    """The shares (of every block's predicted overhead) of the cheapest plan with every keep
+    subset (`Config.every_keep_ms`), of the cheapest with regions on any run of nodes, and of the
+    lower bound for any plan, at the configuration's budget."""
     every = result.every_predicted_ms
     if not every or config.bound_ms is None:
         return ""
     any_run = "" if config.any_run_ms is None else f"; whole regions on any run of nodes {config.any_run_ms / every:.2f}"
-    return f"{any_run}; lower bound {config.bound_ms / every:.2f}"
+    every_keep = "" if config.every_keep_ms is None else f"; every keep subset {config.every_keep_ms / every:.2f}"
+    return f"{every_keep}{any_run}; lower bound {config.bound_ms / every:.2f}"
 
 
 def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
@@ -222,6 +232,8 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
         flags[key] = share <= target
         if config.bound_ms is not None and result.every_predicted_ms:
             flags[key + OUT_OF_REACH] = config.bound_ms / result.every_predicted_ms > target
+        if config.every_keep_ms is not None and result.every_predicted_ms:
+            flags[key + OUT_OF_WRAPPING] = config.every_keep_ms / result.every_predicted_ms > target
         shown = f"{share:.3f}" if share > target >= round(share, 2) else f"{share:.2f}"  # (0.604, not 0.60, missed)
         line = f"- Share at {label} (target {target}): {shown}"
         if share > target:
@@ -234,6 +246,7 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
                          "run, runs of nodes inside a submodule call, recomputed alone, and slices of an nn.Sequential's "
                          "children) is "
                          f"predicted at {predicted:.2f} of every block's: no plan the planner searches does better")
+                line += wrapping(result, config, target)
             elif predicted is not None:  # which of the two overheads the clock moved
                 line += (f" missed: predicted {predicted:.2f}; measured, the plan {overhead_ms(result, config):+.0f} ms "
                          f"against {config.predicted_overhead_ms:.0f} ms predicted and every block {every:+.0f} ms "
@@ -281,6 +294,25 @@ def within_noise(result: ModelResult, config: Config, predicted_ms: float) -> st
     if interval is None or not interval[0] <= predicted_ms <= interval[1]:
         return ""
     return f" (inside the measured overhead's 95% interval, {interval[0]:+.0f} to {interval[1]:+.0f} ms)"
+
+
+def wrapping(result: ModelResult, config: Config, target: float) -> str:
+    """What wrapping submodule calls reaches at all at this budget (`decision_space.
+    every_keep_subset`: any subset of each call's keepable nodes kept, not only the planner's
+    choices), where known: above `target`, only regions across submodule calls could meet it."""
+    every = result.every_predicted_ms
+    if not every or config.every_keep_ms is None:
+        return ""
+    share = config.every_keep_ms / every
+    text = (f"; with every subset of the keepable nodes of each submodule call of up to {EVERY_KEEP_LIMIT} as a "
+            f"keep choice (larger calls, a whole model: the planner's), the cheapest plan is {share:.2f} (dp, "
+            "proven optimal)")
+    if share > target:
+        text += ": no plan that wraps submodule calls with these keeps, or runs inside them, meets the target"
+        if config.bound_ms is not None and config.bound_ms / every <= target:  # (else none at all does)
+            text += ("; one that does would need regions across submodule calls that keep nodes (checkpoint wraps "
+                     "a function: the model's forward would have to be split there)")
+    return text
 
 
 def beyond_the_planner(result: ModelResult, config: Config, target: float) -> str:
@@ -348,7 +380,7 @@ def summary_lines(all_flags: dict[str, list[bool | None]]) -> str:
     lines = []
     for key, values in all_flags.items():
         applies = sum(1 for value in values if value is not None)
-        verb = "shown" if key.endswith(OUT_OF_REACH) else "met"
+        verb = "shown" if key.endswith((OUT_OF_REACH, OUT_OF_WRAPPING)) else "met"
         line = f"- {key}: {verb} on {sum(1 for value in values if value)} of {applies} models where it applies"
         lines.append(line + (f" (not applicable on {values.count(None)})" if None in values else ""))
     return "\n".join(lines)

@@ -1,11 +1,13 @@
 """What each decision space buys, on the same measurements: for each model of
 `benchmarks/compare.py`, the cheapest plan's predicted overhead as a share of checkpointing
 every block, at every block's own predicted peak and at 40/60/80% of the unplanned predicted
-peak, over four spaces:
+peak, over five spaces:
 - the planner's: regions that are submodule calls, each keeping nodes under a selective policy
   (`Problem.keep_choices`: any of up to 8 keepable nodes, or in a block its 5 costliest, its k
   costliest for every k or all but a run of consecutive ones), and runs of nodes inside a
   submodule call recomputed alone (`Problem.run_spans`, `planner.run_checkpoint`);
+- the planner's, with every subset of a submodule call's keepable nodes as a keep choice where
+  it holds at most 10 (`decision_space.every_keep_subset`): what wrapping calls reaches at all;
 - whole submodule calls only (the same problem with nothing keepable and no runs);
 - whole regions on any run of graph nodes (`dp` with no allowed regions and nothing keepable;
   with keep choices too it takes minutes per budget), runs across submodule calls included,
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.compare import block_names  # noqa: E402
-from benchmarks.decision_space import any_run, without_keeps  # noqa: E402
+from benchmarks.decision_space import EVERY_KEEP_LIMIT, any_run, every_keep_subset, without_keeps  # noqa: E402
 from benchmarks.compare_models import SPECS  # noqa: E402
 from benchmarks.cpu_memory import retain_freed_memory  # noqa: E402
 from benchmarks.results import append_results  # noqa: E402
@@ -72,8 +74,9 @@ def main() -> int:
     retain_freed_memory()  # node times measured as the timing benchmarks measure steps
     torch.set_num_threads(1)
     rows = ["| model | budget | planner (submodule calls with keeps, runs inside calls): share (ms) "
+            f"| the same, every keep subset of calls of up to {EVERY_KEEP_LIMIT} keepable nodes "
             "| whole submodule calls only "
-            "| any run of nodes, whole regions | lower bound, any plan |", "|---|---|---|---|---|---|"]
+            "| any run of nodes, whole regions | lower bound, any plan |", "|---|---|---|---|---|---|---|"]
     print("\n".join(rows), flush=True)
     started = time.perf_counter()
     for key in args.models:
@@ -90,16 +93,19 @@ def main() -> int:
         budgets += [(f"{f:.0%}", int(f * unplanned)) for f in FRACTIONS]
         for label, budget in budgets:
             keeping, _ = cell(problem, budget, every.recompute_ms)
+            every_keep, _ = cell(every_keep_subset(problem), budget, every.recompute_ms)
             plain, _ = cell(whole, budget, every.recompute_ms)
             anywhere, _ = cell(any_run(problem), budget, every.recompute_ms)
             bound = bound_cell(problem, budget, every.recompute_ms)
-            row = f"| {spec.title} | {label} ({budget / 2**20:.1f} MiB) | {keeping} | {plain} | {anywhere} | {bound} |"
+            row = (f"| {spec.title} | {label} ({budget / 2**20:.1f} MiB) | {keeping} | {every_keep} | {plain} "
+                   f"| {anywhere} | {bound} |")
             rows.append(row)
             print(row, flush=True)
     body = "\n".join(rows) + (
         f"\n\nShares of every block's predicted overhead (`Plan.with_submodules(blocks)`), predicted by the "
         "planner on one set of measurements, solved by `dp` (status in brackets) with keep choices and runs "
-        "inside submodule calls, with whole submodule calls only, and with whole regions on any run of nodes; the lower bound is "
+        "inside submodule calls, with every keep subset of the calls of up to "
+        f"{EVERY_KEEP_LIMIT} keepable nodes too (`decision_space.every_keep_subset`), with whole submodule calls only, and with whole regions on any run of nodes; the lower bound is "
         "`solvers.recompute_bound.recompute_lower_bound` (an integer program relaxing every plan of whole graph nodes: recomputation and each region's checkpoint call); budgets are every block's predicted peak and fractions of the unplanned predicted "
         f"peak. {time.perf_counter() - started:.0f} s.")
     if not args.no_save:
