@@ -119,17 +119,18 @@ def scan_regions(structure: Structure, problem: Problem, start: int,
                 recompute(k)
             earlier = recompute(e)
             pending.clear()
-            stop_values = list(values)
+            referenced_later = [j for j in referenced_later if referenced_until[j] > e and j not in permanent]
+            # The steps from `lowest` on as they are when recomputation stops at e (the earlier
+            # ones are as in `values`, whose largest is `earlier`): only those are copied.
+            lowest = min([e, *(covered_until[j] + 1 for j in referenced_later)])
+            stop_values = values[lowest - start:]
             # Stopping at e, maybe before e makes its output (made if a later saver comes).
             if problem.nodes[e].stops_before_output and e not in kept:
                 stop_values[-1] -= out[e]
-            referenced_later = [j for j in referenced_later if referenced_until[j] > e and j not in permanent]
-            lowest = e  # the first step these change
             for j in referenced_later:
                 for k in range(covered_until[j] + 1, e + 1):
-                    stop_values[k - start] += out[j]
-                lowest = min(lowest, covered_until[j] + 1)
-            stop_best = max(earlier, max(stop_values[lowest - start:]))
+                    stop_values[k - lowest] += out[j]
+            stop_best = max(earlier, max(stop_values))
             last_saver = e
             yield e, saved_running + permanent_bytes, stop_best + fork
             continue

@@ -119,11 +119,12 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
     labels: list[str] = [f"forward {node.name}" for node in nodes]
     backward_step: dict[int, int] = {}
     recompute_step: dict[int, int] = {}
+    recomputed_of = {region: problem.recomputed(region) for region in regions}
     for i in reversed(range(n)):
         region = region_of.get(i)
         # Backward reaches a region at its last node that saves a tensor: its unpack recomputes.
-        if region is not None and i == problem.recomputed(region).stop - 1:
-            for k in problem.recomputed(region):
+        if region is not None and i == recomputed_of[region].stop - 1:
+            for k in recomputed_of[region]:
                 recompute_step[k] = len(labels)
                 labels.append(f"recompute {nodes[k].name}")
         backward_step[i] = len(labels)
@@ -177,7 +178,7 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
     for region in regions:
         rng_bytes = problem.region_rng_bytes(region)
         hold(-1, "rng", rng_bytes, region.start, backward_step[region.start])
-        recomputed = problem.recomputed(region)
+        recomputed = recomputed_of[region]
         if not recomputed:
             continue
         stop = recompute_step[recomputed.stop - 1]
