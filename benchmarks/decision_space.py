@@ -16,32 +16,31 @@ Example:
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
-
-from solvers import Problem
 
 # Calls of up to this many keepable nodes get every subset as a keep choice (1024: dp solves a
 # 6-block ViT in seconds); larger ones (a whole model) keep the planner's choices.
 EVERY_KEEP_LIMIT = 10
 
 
-@dataclasses.dataclass(frozen=True)
-class _EveryKeepSubset(Problem):
-    """A problem whose submodule calls of at most `EVERY_KEEP_LIMIT` keepable nodes may keep
-    any subset of them (`every_keep_subset`)."""
-
-    def keep_candidates(self, region: range) -> tuple[int, ...]:
-        keepable = self.keepable_in(region)
-        if self.allowed_regions is not None and len(keepable) <= EVERY_KEEP_LIMIT:
-            return tuple(keepable)
-        return super().keep_candidates(region)
-
-
-def every_keep_subset(problem: Problem) -> Problem:
+def every_keep_subset(problem):
     """The same problem, where each submodule call of at most `EVERY_KEEP_LIMIT` keepable nodes
-    may keep any subset of them."""
-    return _EveryKeepSubset(**{f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)})
+    may keep any subset of them. (The project's imports wait until called, as in the functions
+    below: `compare_report` reads the limit from scripts whose path puts this folder first, where
+    `solvers` would name `benchmarks/solvers.py`.)"""
+    import dataclasses
+
+    from solvers import Problem
+
+    @dataclasses.dataclass(frozen=True)
+    class EveryKeepSubset(Problem):
+        def keep_candidates(self, region: range) -> tuple[int, ...]:
+            keepable = self.keepable_in(region)
+            if self.allowed_regions is not None and len(keepable) <= EVERY_KEEP_LIMIT:
+                return tuple(keepable)
+            return super().keep_candidates(region)
+
+    return EveryKeepSubset(**{f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)})
 
 
 def without_keeps(problem):
