@@ -95,6 +95,20 @@ class KeptCalls:
     skipped_ms: float
 
 
+def replayed_share(problem: Problem, region: range) -> float:
+    """The share of `region`'s forward node time that its recomputation runs: it stops at the
+    last node that saves a tensor for backward (`Problem.region_recompute_ms`). A ViT or
+    Llama layer ends in a linear and a residual add whose outputs nothing saves, so its
+    recomputation (and a run's replay) skips the last matmul.
+
+    Example:
+        >>> replayed_share(problem, range(0, 39))
+        0.87
+    """
+    forward_ms = sum(problem.nodes[i].compute_ms for i in region)
+    return problem.region_recompute_ms(region) / forward_ms if forward_ms > 0 else 1.0
+
+
 def _backward(module: nn.Module, output: Any) -> None:
     """Backward from `output` (a sum of its tensors that need grad); `module`'s gradients reset."""
     loss = sum(t.float().sum() for t in tensors_in(output) if t.requires_grad)
@@ -109,7 +123,8 @@ def _clear_grads(module: nn.Module) -> None:
 
 
 def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], per_region_ms: float,
-                       device: torch.device, kept: KeptCalls | None = None) -> SelectiveCost:
+                       device: torch.device, kept: KeptCalls | None = None, replayed_share: float = 1.0
+                       ) -> SelectiveCost:
     """What a selective policy adds inside one of the model's own submodules (called with `args`,
     `kwargs` as captured from a forward). Per call: the step-time difference between plain and
     selective checkpoint of it (recomputing everything), less `per_region_ms`, over the calls
@@ -121,7 +136,10 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     alone with and without a `RunRecorder`; per call recorded, a step recording every call (its
     backward replays them) against one only counting, less a forward's time (what node times
     predict the replay at). Checkpoint's own cost per call: a checkpointed step against an
-    unchecked one, less a forward. Differences are medians over rounds of paired times, each
+    unchecked one, less a forward. Recomputation and replay stop at the last call that makes a
+    saved tensor (a block ending in a linear and a residual add skips both), so "a forward"
+    is the forward's measured time times `replayed_share`, the share of its node time that
+    recomputation runs (`Problem.region_recompute_ms` over the nodes' sum). Differences are medians over rounds of paired times, each
     with its 95% interval (`SelectiveCost.intervals`). The caller restores the module's state (buffers, RNG).
 
     Example:
@@ -192,7 +210,8 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         return (paired_difference(times, slower, faster) - offset_ms) / units
 
     per_call = max(0.0, read("per_call_ms", "selective", "plain", per_region_ms, max(1, calls_per_step)))
-    forward_ms = statistics.median(times["bare"]) / _FORWARDS  # what node times predict a recomputation at
+    # what node times predict a recomputation at: the measured forward, up to where it stops
+    forward_ms = replayed_share * statistics.median(times["bare"]) / _FORWARDS
     # checkpoint itself: a checkpointed step against an unchecked one, less the recomputation
     checkpoint_ms = read("checkpoint_ms", "plain", "unchecked", forward_ms, 1)
     per_counted = max(0.0, read("per_counted_call_ms", "counted", "bare", 0.0, max(1, _FORWARDS * len(names))))
@@ -209,7 +228,8 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
 
 
 def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,
-                             device: torch.device, kept: KeptCalls | None = None) -> SelectiveCost:
+                             device: torch.device, kept: KeptCalls | None = None, replayed_share: float = 1.0
+                             ) -> SelectiveCost:
     """`selective_costs_on` for the submodule `path` of `model`, called as one forward
     (`run_model()`) calls it. The caller restores the model's state (buffers, RNG).
 
@@ -238,7 +258,8 @@ def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[]
         return value
 
     args, kwargs = captured[0]
-    return selective_costs_on(module, tuple(activation(a) for a in args), kwargs, per_region_ms, device, kept)
+    return selective_costs_on(module, tuple(activation(a) for a in args), kwargs, per_region_ms, device, kept,
+                              replayed_share)
 
 
 def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
@@ -283,7 +304,8 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
                          problem.region_recompute_ms(region) - problem.region_recompute_ms(region, nodes))
         try:
             with preserved_state(model, [device]):
-                cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept)
+                cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept,
+                                                replayed_share(problem, region))
             # Each figure as read, unless its rounds cannot tell it from what the tiny modules
             # price it at (per kept node: nothing); then that price stands.
             name = wrapped[region].module
@@ -308,5 +330,5 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     return MeasuredCosts(per_region, per_call, per_kept, per_counted, per_recorded, per_saved_tensor)
 
 
-__all__ = ["KeptCalls", "MeasuredCosts", "SelectiveCost", "selective_costs_in_model", "selective_costs_on",
-           "selective_overhead_for_plan"]
+__all__ = ["KeptCalls", "MeasuredCosts", "SelectiveCost", "replayed_share", "selective_costs_in_model",
+           "selective_costs_on", "selective_overhead_for_plan"]

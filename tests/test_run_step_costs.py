@@ -296,3 +296,42 @@ def test_a_block_that_cannot_be_recorded_whole_still_has_its_checkpoint_cost_mea
                                           torch.device("cpu"))
     assert cost.per_recorded_call_ms is None
     assert cost.checkpoint_ms is not None and cost.per_call_ms >= 0
+
+
+def test_the_share_of_a_forward_that_recomputation_runs_stops_at_the_last_saving_node():
+    # A layer ending in a linear and a residual add: nothing saves the add's inputs, so
+    # recomputation stops after the node before them (the fc2 matmul itself is skipped where
+    # only its input is saved, as `stop_ms` says).
+    from planner.block_costs import replayed_share
+
+    nodes = (NodeCost("norm", 1.0, output_bytes=8, saves=()), NodeCost("fc1", 2.0, output_bytes=8, uses=(0,), saves=(0,)),
+             NodeCost("fc2", 3.0, output_bytes=8, uses=(1,), saves=(1,), stop_ms=0.5),
+             NodeCost("add", 4.0, output_bytes=8, uses=(2,)))
+    problem = Problem(nodes)
+    assert replayed_share(problem, range(0, 4)) == pytest.approx((1.0 + 2.0 + 0.5) / 10.0)
+    assert replayed_share(problem, range(3, 4)) == 0.0  # an add alone recomputes nothing
+
+
+def test_a_blocks_readings_subtract_only_the_forward_its_recomputation_runs(monkeypatch):
+    # Fixed times: a forward of 10 ms of which recomputation and replay run half; checkpoint
+    # costs 1 ms beyond that, and recording 0.05 ms per call. Subtracting the whole forward
+    # instead would read checkpoint at -4 ms and recording at nothing.
+    from planner import block_costs
+
+    block = Block(32, 4, dropout=0.0).train()
+    mask = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    calls = len([name for name in forward_calls(block, x, mask) if counted_call(name)])
+    base = {"unchecked": 50.0, "bare": 10.0 * block_costs._FORWARDS, "counted": 10.0 * block_costs._FORWARDS,
+            "plain": 50.0 + 5.0 + 1.0, "selective": 56.0, "counted step": 60.0,
+            "recorded step": 60.0 + 5.0 + 0.05 * calls}
+
+    def fixed(device, steps, rounds, kernels_only=False):
+        return {name: [base[name] + 0.001 * k for k in range(rounds)] for name in steps}
+
+    monkeypatch.setattr(block_costs, "timed_rounds", fixed)
+    cost = block_costs.selective_costs_on(block, (x, mask), {}, 0.0, torch.device("cpu"), replayed_share=0.5)
+    assert cost.checkpoint_ms == pytest.approx(1.0, abs=0.01)
+    assert cost.per_recorded_call_ms == pytest.approx(0.05, abs=0.001)
+    whole = block_costs.selective_costs_on(block, (x, mask), {}, 0.0, torch.device("cpu"))
+    assert whole.checkpoint_ms == pytest.approx(-4.0, abs=0.01) and whole.per_recorded_call_ms == 0.0
