@@ -95,14 +95,14 @@ class KeptCalls:
     skipped_ms: float
 
 
-def replayed_share(problem: Problem, region: range) -> float:
+def recomputed_share(problem: Problem, region: range) -> float:
     """The share of `region`'s forward node time that its recomputation runs: it stops at the
     last node that saves a tensor for backward (`Problem.region_recompute_ms`). A ViT or
     Llama layer ends in a linear and a residual add whose outputs nothing saves, so its
     recomputation (and a run's replay) skips the last matmul.
 
     Example:
-        >>> replayed_share(problem, range(0, 39))
+        >>> recomputed_share(problem, range(0, 39))
         0.87
     """
     forward_ms = sum(problem.nodes[i].compute_ms for i in region)
@@ -137,10 +137,10 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     backward replays them) against one only counting, less a forward's time (what node times
     predict the replay at). Checkpoint's own cost per call: a checkpointed step against an
     unchecked one, less a forward. Recomputation and replay stop at the last call that makes a
-    saved tensor (a block ending in a linear and a residual add skips both), so "a forward"
-    is the forward's measured time times `replayed_share`, the share of its node time that
-    recomputation runs (`Problem.region_recompute_ms` over the nodes' sum). Differences are medians over rounds of paired times, each
-    with its 95% interval (`SelectiveCost.intervals`). The caller restores the module's state (buffers, RNG).
+    saved tensor (a block ending in a linear and a residual add skips both), so "a forward" is
+    the forward's measured time times `replayed_share`, the share of its node time that
+    recomputation runs (`recomputed_share`). Differences are medians over rounds of paired
+    times, each with its 95% interval (`SelectiveCost.intervals`). The caller restores the module's state (buffers, RNG).
 
     Example:
         >>> selective_costs_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu")).per_call_ms
@@ -305,7 +305,7 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
         try:
             with preserved_state(model, [device]):
                 cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept,
-                                                replayed_share(problem, region))
+                                                recomputed_share(problem, region))
             # Each figure as read, unless its rounds cannot tell it from what the tiny modules
             # price it at (per kept node: nothing); then that price stands.
             name = wrapped[region].module
@@ -330,5 +330,5 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     return MeasuredCosts(per_region, per_call, per_kept, per_counted, per_recorded, per_saved_tensor)
 
 
-__all__ = ["KeptCalls", "MeasuredCosts", "SelectiveCost", "replayed_share", "selective_costs_in_model",
+__all__ = ["KeptCalls", "MeasuredCosts", "SelectiveCost", "recomputed_share", "selective_costs_in_model",
            "selective_costs_on", "selective_overhead_for_plan"]

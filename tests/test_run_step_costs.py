@@ -302,14 +302,15 @@ def test_the_share_of_a_forward_that_recomputation_runs_stops_at_the_last_saving
     # A layer ending in a linear and a residual add: nothing saves the add's inputs, so
     # recomputation stops after the node before them (the fc2 matmul itself is skipped where
     # only its input is saved, as `stop_ms` says).
-    from planner.block_costs import replayed_share
+    from planner.block_costs import recomputed_share
 
-    nodes = (NodeCost("norm", 1.0, output_bytes=8, saves=()), NodeCost("fc1", 2.0, output_bytes=8, uses=(0,), saves=(0,)),
+    nodes = (NodeCost("norm", 1.0, output_bytes=8, saves=()),
+             NodeCost("fc1", 2.0, output_bytes=8, uses=(0,), saves=(0,)),
              NodeCost("fc2", 3.0, output_bytes=8, uses=(1,), saves=(1,), stop_ms=0.5),
              NodeCost("add", 4.0, output_bytes=8, uses=(2,)))
     problem = Problem(nodes)
-    assert replayed_share(problem, range(0, 4)) == pytest.approx((1.0 + 2.0 + 0.5) / 10.0)
-    assert replayed_share(problem, range(3, 4)) == 0.0  # an add alone recomputes nothing
+    assert recomputed_share(problem, range(0, 4)) == pytest.approx((1.0 + 2.0 + 0.5) / 10.0)
+    assert recomputed_share(problem, range(3, 4)) == 0.0  # an add alone recomputes nothing
 
 
 def test_a_blocks_readings_subtract_only_the_forward_its_recomputation_runs(monkeypatch):
