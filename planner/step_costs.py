@@ -46,7 +46,7 @@ from torch import nn
 from planner.apply import ModuleCheckpoint, apply_plan, shallow_clone
 from planner.clock import paired_difference, paired_interval, reading_or_price, timed_rounds
 from planner.memory import preserved_state
-from planner.step_fit import fit_two, node_times_high
+from planner.step_fit import fit_two, node_time_scale, node_times_high, scaled_node_times
 from planner.step_regions import keeping_calls, large_calls, lone_short_runs, long_runs, small_calls
 from solvers import Problem
 from solvers.problem_index import run_structure
@@ -66,7 +66,9 @@ class StepResiduals:
     `Problem.keep_region_ms`): neither has a fixed cost below the call's, before correction or
     after, whichever is lower. `recorded_call_ms` (at least 0; None where not measured) replaces
     `Problem.recorded_call_ms`. `calls`, `runs`, `keeps`, `blocks` and `long_runs` say how many
-    regions each was read off (0: not measured)."""
+    regions each was read off (0: not measured). `node_time_scale` (at most 1) multiplies every
+    node's time where the blocks measured far under them (`step_fit.node_times_high`): the
+    other figures were read beyond the times so scaled."""
 
     per_call_ms: float = 0.0
     per_run_ms: float = 0.0
@@ -78,6 +80,7 @@ class StepResiduals:
     blocks: int = 0
     recorded_call_ms: float | None = None
     long_runs: int = 0
+    node_time_scale: float = 1.0
 
     def priced(self, problem: Problem) -> Problem:
         """`problem` with these residuals in its figures.
@@ -86,6 +89,7 @@ class StepResiduals:
             >>> StepResiduals(0.5, saved_tensor_ms=0.02).priced(problem).saved_tensor_ms
             0.02
         """
+        problem = scaled_node_times(problem, self.node_time_scale)
         return replace(problem, region_overhead_ms=problem.region_overhead_ms + self.per_call_ms,
                        saved_tensor_ms=problem.saved_tensor_ms if self.saved_tensor_ms is None else self.saved_tensor_ms,
                        run_region_ms=self.per_run_ms, keep_region_ms=max(0.0, problem.keep_region_ms + self.per_keep_ms),
@@ -107,14 +111,15 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     under their selective policies (`keeping_of(pairs)`), each against the unplanned step, in
     `rounds` paired rounds. A run's and a keeping region's residuals are what they cost beyond
     a checkpoint call's corrected cost. A set whose rounds cannot tell its measurement from its
-    price under the figures held so far is taken at that price (`clock.reading_or_price`). The model, its
-    gradients, buffers and the RNG are left as they were.
+    price under the figures held so far is taken at that price (`clock.reading_or_price`).
+    Where the blocks measured far under their nodes' times, those are scaled down first
+    (`node_time_scale`). The model, its gradients, buffers and the RNG are left as they were.
 
     Example:
         >>> step_residuals(model, problem, wrapped, checkpoints_of, keeping_of,
         ...                lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
         StepResiduals(per_call_ms=0.61, per_run_ms=0.49, calls=13, runs=18, per_keep_ms=1.2, keeps=6,
-                      saved_tensor_ms=0.021, blocks=6, recorded_call_ms=0.035, long_runs=6)
+                      saved_tensor_ms=0.021, blocks=6, recorded_call_ms=0.035, long_runs=6, node_time_scale=1.0)
     """
     calls = small_calls(problem, wrapped)
     blocks = [region for region in large_calls(problem, wrapped) if region not in calls] if calls else []
@@ -151,10 +156,18 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
         price_ms = sum(pricing.region_cost_ms(region, nodes) for region, nodes in zip(regions, kept or [()] * len(regions)))
         return reading_or_price(measured[name], intervals[name], price_ms, f"{len(regions)} {name} in the model's step")
 
-    if blocks and (high := node_times_high(sum(map(problem.region_recompute_ms, blocks)),
-                                           intervals["blocks"][1] if intervals["blocks"] else measured["blocks"],
-                                           len(blocks))):
-        warnings.warn(high)
+    scale = 1.0
+    if blocks:
+        recompute_ms = sum(map(problem.region_recompute_ms, blocks))
+        blocks_high = intervals["blocks"][1] if intervals["blocks"] else measured["blocks"]  # (the rounds' upper end)
+        if high := node_times_high(recompute_ms, blocks_high, len(blocks)):
+            # Every figure below is read beyond the nodes' recomputation: on times this high, all
+            # come out negative and are held at their floors (ViT on a busy machine priced its
+            # plans with no call, tensor or recording cost at all). So the node times are scaled
+            # to what the blocks measured, no further than the rounds' upper end allows.
+            scale = node_time_scale(recompute_ms, blocks_high, sum(map(problem.checkpoint_ms, blocks)))
+            warnings.warn(f"{high} The plan's node times are scaled by {scale:.2f} to what the step measured.")
+            problem = scaled_node_times(problem, scale)
     priced = replace(problem, run_region_ms=0.0)  # (a run's own figure is measured here)
     if calls:
         per_call, per_tensor = call_and_tensor_ms(problem, calls, reading("calls", calls, problem), blocks,
@@ -180,7 +193,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                              kept)
     return StepResiduals(priced.region_overhead_ms - problem.region_overhead_ms, per_run, len(calls), len(runs),
                          per_keep, len(keeps), priced.saved_tensor_ms if calls else None, len(blocks), recorded,
-                         len(longs))
+                         len(longs), scale)
 
 
 def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, blocks: list[range],

@@ -1,7 +1,8 @@
 """Reading figures off regions timed in the model's step. Two figures at once from two sets of
 regions (`fit_two`): what each region costs beyond its recomputation, split into a cost per
 region and a cost per unit of what it holds (saved tensors for checkpoint calls, recorded ATen
-calls for runs). And whether the step says the node times are too high (`node_times_high`).
+calls for runs). And whether the step says the node times are too high (`node_times_high`), and
+by how much to scale them down then (`node_time_scale`, `scaled_node_times`).
 
 Each set gives one equation, measured_ms - predicted_ms = regions * a + units * b; the two
 sets differ in units per region (norms save few tensors, blocks many; short runs record few
@@ -13,6 +14,10 @@ Example:
     (0.506, 0.0547)
 """
 from __future__ import annotations
+
+from dataclasses import replace
+
+from solvers import Problem
 
 Row = tuple[float, float, float]  # (regions, units, measured beyond what is already priced), ms
 
@@ -64,8 +69,39 @@ def node_times_high(recompute_ms: float, measured_ms: float, blocks: int) -> str
     return (f"checkpointing every one of the {blocks} blocks added {measured_ms:.1f} ms to the model's step, "
             f"{1 - measured_ms / recompute_ms:.0%} less than the {recompute_ms:.1f} ms its graph nodes' forward "
             "times give for recomputing them: those times are too high here (the machine was busy while they were "
-            "measured, or the graph's operations differ from the model's own), and so are the plan's predicted "
-            "times. Plan again on an idle machine to tell which.")
+            "measured, or the graph's operations differ from the model's own).")
 
 
-__all__ = ["NODE_TIMES_HIGH", "Row", "fit_two", "node_times_high"]
+def node_time_scale(recompute_ms: float, measured_ms: float, checkpoint_ms: float) -> float:
+    """What to multiply node times by where checkpointing blocks whose nodes' forward times give
+    `recompute_ms` measured `measured_ms` in the model's step, of which checkpoint's own figures
+    account for `checkpoint_ms`: so that the blocks' predicted overhead is what was measured
+    (at most 1: this only scales down, where `node_times_high` says the times are high; 1 where
+    the step leaves nothing for recomputation, which says nothing about how much to scale).
+
+    Example:
+        >>> node_time_scale(285.0, 166.0, 6.0)
+        0.5614035087719298
+    """
+    left = measured_ms - checkpoint_ms
+    if recompute_ms <= 0 or left <= 0:
+        return 1.0
+    return min(1.0, left / recompute_ms)
+
+
+def scaled_node_times(problem: Problem, scale: float) -> Problem:
+    """`problem` with every node's forward time (and the part recomputation that stops at it
+    spends) multiplied by `scale`.
+
+    Example:
+        >>> scaled_node_times(problem, 0.5).nodes[0].compute_ms == 0.5 * problem.nodes[0].compute_ms
+        True
+    """
+    if scale == 1.0:
+        return problem
+    nodes = tuple(replace(node, compute_ms=scale * node.compute_ms,
+                          stop_ms=None if node.stop_ms is None else scale * node.stop_ms) for node in problem.nodes)
+    return replace(problem, nodes=nodes)
+
+
+__all__ = ["NODE_TIMES_HIGH", "Row", "fit_two", "node_time_scale", "node_times_high", "scaled_node_times"]
