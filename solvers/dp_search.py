@@ -87,6 +87,7 @@ class DpSearch:
         self.min_recompute_gradients = floor
         self._mask_bytes: dict[int, int] = {}
         self._region_keeps: dict[tuple[int, int], list[tuple[tuple[int, ...], int, bool]]] = {}
+        self._scans: dict[tuple[int, tuple[int, ...]], RegionScan] = {}
 
     def mask_bytes(self, mask: int) -> int:
         cached = self._mask_bytes.get(mask)
@@ -148,7 +149,9 @@ class DpSearch:
         kept_nodes = frozenset(keep)
         last_kept = keep[-1] if keep else -1
         stops_before = self.stops_before
-        scan = RegionScan(structure, self.problem, t, self.min_recompute_gradients, keep)
+        scan = self._scans.get((t, keep))
+        if scan is None:  # (budget-independent: later runs, e.g. the search for a minimum peak, reuse it)
+            scan = self._scans[t, keep] = RegionScan(structure, self.problem, t, self.min_recompute_gradients, keep)
         for key, front in fronts.items():
             inputs = key
             inputs_bytes = mask_bytes[key]
@@ -192,7 +195,7 @@ class DpSearch:
                     break
                 # (The kept nodes must be keep candidates: `Problem.keep_candidates`, inline.)
                 if (not self.boundary[b] or (only_last and b != last) or not self.problem.allows_region(t, b)
-                        or scan.last_saver < 0 or last_kept >= stop
+                        or stop == t or last_kept >= stop
                         or (last_kept == stop - 1 and stops_before[last_kept])):
                     continue  # (a region that saves nothing recomputes and frees nothing)
                 limit = live_budget - max(forward_max, inputs_bytes - kept_out + scan.peak[index]) - rng

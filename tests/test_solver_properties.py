@@ -111,6 +111,28 @@ def test_more_budget_never_costs_more(problem: Problem) -> None:
         previous = cost
 
 
+@settings(max_examples=40, **SETTINGS)
+@given(problem=problems(max_nodes=9), data=st.data())
+def test_dp_search_reused_across_budgets_equals_a_fresh_one(problem: Problem, data: st.DataObject) -> None:
+    # A search caches its region scans across runs (the search for a minimum peak runs it at
+    # many budgets): a scan extended further by an earlier run, at a larger budget, must give
+    # a later run what a fresh one would.
+    from solvers.dp_search import dp_search
+    from solvers.dp_settings import dp_settings
+
+    truth = Truth.of(problem)
+    settings_ = dp_settings(problem, {})
+    reused = dp_search(problem, settings_)
+    live = sorted(budgets(truth, data), reverse=data.draw(st.booleans(), label="descending"))
+    for budget in [*live, *reversed(live)]:
+        for feasibility_only in (False, True):
+            found, _ = reused.run(budget - problem.static_bytes, feasibility_only=feasibility_only)
+            fresh, _ = dp_search(problem, settings_).run(budget - problem.static_bytes, feasibility_only=feasibility_only)
+            assert (found is None) == (fresh is None) == (truth.optimum(budget) is None)
+            if found is not None:
+                assert (found.regions(), found.kept(), found.cost) == (fresh.regions(), fresh.kept(), fresh.cost)
+
+
 @settings(max_examples=25, **SETTINGS)
 @given(problem=problems(max_nodes=7))
 def test_infeasible_budget_raises_for_every_method(problem: Problem) -> None:
