@@ -11,6 +11,8 @@ For each model (`benchmarks/compare_models.py`), one run measures side by side:
 - the planner: `plan(model, sample, budget_gb=80)` once, then `replan(budget_gb=..., solver=...)`
   at every block's own measured peak and at 40/60/80% of the measured unplanned peak (solver
   `auto` unless `--solvers` names others), timing `p.module()`;
+- with `--save-plans DIR`, each plan is also saved there (`Plan.save`), so that a probe can
+  time exactly that plan again (`planner.load_plan(path).apply(model)`);
 - optionally `compile b=...`: `torch.compile` (Inductor) on a deep copy, with
   `torch._functorch.config.activation_memory_budget` set to each `--compile-budgets` value.
 
@@ -161,6 +163,11 @@ def run_model(spec: Spec, args) -> ModelResult:
             else:
                 config.module = planned.module()
                 config.plan = planned
+                if args.save_plans:  # (so that a later probe can time exactly this plan: `load_plan`)
+                    Path(args.save_plans).mkdir(parents=True, exist_ok=True)
+                    label_name = label.replace("'", "").replace(" ", "_").replace("%", "pct")
+                    saved = planned.save(Path(args.save_plans) / f"{spec.key}_{solver}_{label_name}.json")
+                    log(f"{spec.key}: saved {name} as {saved}")
                 config.regions = tuple(checkpoint.nodes for checkpoint in planned.checkpoints)
                 config.predicted_peak_bytes = planned.predicted_peak_bytes
                 config.predicted_overhead_ms = planned.recompute_ms
@@ -256,6 +263,8 @@ def main() -> int:
                         help="use Inductor's usual cache (default: a fresh one, so compile times are cold)")
     parser.add_argument("--any-run", action="store_true",
                         help="also solve each budget with whole regions on any run of nodes (dp; seconds per budget)")
+    parser.add_argument("--save-plans", default=None, metavar="DIR",
+                        help="save each plan the planner makes here (Plan.save), to time it again later")
     parser.add_argument("--plan-repeats", type=int, default=3, help="plan(repeats=...) timing repeats")
     parser.add_argument("--bound-time-limit", type=float, default=20.0,
                         help="seconds for the lower bound's program at each budget (it keeps the bound proven by then)")
