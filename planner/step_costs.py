@@ -166,7 +166,9 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
             # plans with no call, tensor or recording cost at all). So the node times are scaled
             # to what the blocks measured, no further than the rounds' upper end allows.
             scale = node_time_scale(recompute_ms, blocks_high, sum(map(problem.checkpoint_ms, blocks)))
-            warnings.warn(f"{high} The plan's node times are scaled by {scale:.2f} to what the step measured.")
+            warnings.warn(f"{high} The plan's node times are scaled by {scale:.2f} to what the step measured."
+                          if scale < 1.0 else f"{high} They stand: the step left nothing beyond checkpoint's own "
+                          "cost to scale them to.")
             problem = scaled_node_times(problem, scale)
     priced = replace(problem, run_region_ms=0.0)  # (a run's own figure is measured here)
     if calls:

@@ -153,15 +153,14 @@ def test_node_times_far_above_what_the_step_measured_are_reported():
     # threshold (2.55) was a coin toss and CI missed it once.
     from planner import step_costs
     from planner.graph import run_checkpoints
-    from planner.step_fit import node_times_high
+    from planner.step_fit import node_times_high, scaled_node_times
     from planner.verify import training_loss
 
     assert node_times_high(100.0, 86.0, 6) is None and node_times_high(100.0, 84.0, 6) is not None
     model, tokens = small_gpt()
     p = plan(model, tokens, budget_gb=80, repeats=1)
-    slow = tuple(replace(node, compute_ms=50 * node.compute_ms, stop_ms=None if node.stop_ms is None else 50 * node.stop_ms)
-                 for node in p.problem.nodes)
-    problem = replace(p.problem, nodes=slow)
+    problem = scaled_node_times(p.problem, 50.0)
+    slow = problem.nodes
     with pytest.warns(UserWarning, match="forward times give for recomputing them.*scaled by"):
         found = step_costs.step_residuals(
             model, problem, p.wrapped, lambda regions: run_checkpoints(p.traced.gm, problem, regions, p.wrapped).values(),
