@@ -42,10 +42,13 @@ import logging
 from itertools import accumulate, combinations
 
 from solvers.problem import MAX_KEEP_CANDIDATES, Problem
+from solvers.problem_index import allowed_stops
 from solvers.dp_settings import DpSettings, region_boundaries
 from solvers.pareto import Entry, Front, Stair, merge_fronts, weaken_states
 from solvers.region_scan import RegionScan
 from solvers.structure import Structure
+
+SCAN_AHEAD = 16  # regions a scan computes past the one asked for
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +152,11 @@ class DpSearch:
         kept_nodes = frozenset(keep)
         last_kept = keep[-1] if keep else -1
         stops_before = self.stops_before
+        if not self.problem.can_start_region(t):
+            return bound
+        # Where regions must be allowed ones, the stops allowed from t (`Problem.allows_region`;
+        # the caller's `last` already respects `Problem.last_region_stop`).
+        allowed = None if self.problem.allowed_regions is None else allowed_stops(self.problem).get(t, frozenset())
         scan = self._scans.get((t, keep))
         if scan is None:  # (budget-independent: later runs, e.g. the search for a minimum peak, reuse it)
             scan = self._scans[t, keep] = RegionScan(structure, self.problem, t, self.min_recompute_gradients, keep)
@@ -180,8 +188,9 @@ class DpSearch:
                     if inputs >> g & 1:
                         released += out[g]
                 b = k + 1
-                scan.ensure(b)
                 index = b - t - 1
+                if index >= len(scan.peak):  # (a few regions at a time: each call has set-up costs)
+                    scan.ensure(min(b + SCAN_AHEAD, last))
                 stop = scan.recomputed_stop[index]
                 region_ms = (cumulative_ms[stop] - cumulative_ms[t] - kept_ms + overhead_ms + pack_ms[b] - pack_ms[t]
                              - (0.0 if stop - 1 in kept_nodes else scan.stop_saving[index]))
@@ -194,7 +203,7 @@ class DpSearch:
                 if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
                     break
                 # (The kept nodes must be keep candidates: `Problem.keep_candidates`, inline.)
-                if (not self.boundary[b] or (only_last and b != last) or not self.problem.allows_region(t, b)
+                if (not self.boundary[b] or (only_last and b != last) or (allowed is not None and b not in allowed)
                         or stop == t or last_kept >= stop
                         or (last_kept == stop - 1 and stops_before[last_kept])):
                     continue  # (a region that saves nothing recomputes and frees nothing)

@@ -163,39 +163,53 @@ class RegionScan:
         self.stop_saving: list[float] = []  # the same index: what stopping there saves (NodeCost.stop_ms)
         self.last_saver = -1  # the region's last node that saves, so far (-1: none)
         self._settled = -1  # backward steps up to the last saver, with the region's own tensors
-        self._pending: list[int] = []  # backward steps after it, had a later saver joined
-        self._pending_max = -1  # the same steps as they are: gradients only
+        # Backward steps after it, had a later saver joined: the largest with the region's own
+        # tensors (-1: none) and with gradients only.
+        self._pending_peak = -1
+        self._pending_max = -1
         self._recompute = 0  # the recomputation's own peak for the region so far (scan_regions)
 
     def ensure(self, stop: int) -> bool:
         """Compute up to the region [start, stop); False when stop is past the graph."""
-        gradient_backward = self.structure.gradient_backward
-        gradient_recompute = self.structure.gradient_recompute
-        while self.start + len(self.peak) < stop:
+        structure = self.structure
+        gradient_backward = structure.gradient_backward
+        gradient_recompute = structure.gradient_recompute
+        saves_for_backward = structure.saves_for_backward
+        stop_saving_ms = structure.stop_saving_ms
+        floor = self._floor
+        peak, lower = self.peak, self.lower
+        start = self.start
+        # (The loop's state in locals, stored back below: this runs once per region the dp tries.)
+        settled, pending_peak, pending_max = self._settled, self._pending_peak, self._pending_max
+        last_saver, recompute = self.last_saver, self._recompute
+        complete = True
+        while start + len(peak) < stop:
             try:
                 e, backward, recompute = next(self._iterator)
             except StopIteration:
-                return False
-            self._recompute = recompute  # stops at the last saver (see scan_regions)
-            if self.structure.saves_for_backward[e]:
-                self._settled = max(self._settled, gradient_backward[e] + backward, *self._pending)
-                self._pending.clear()
-                self._pending_max = -1
-                self.last_saver = e
+                complete = False
+                break
+            # (recompute stops at the last saver: see scan_regions)
+            if saves_for_backward[e]:
+                settled = max(settled, gradient_backward[e] + backward, pending_peak)
+                pending_peak = pending_max = -1
+                last_saver = e
             else:
-                self._pending.append(gradient_backward[e] + backward)
-                self._pending_max = max(self._pending_max, gradient_backward[e])
-            held = max(self._settled, self._pending_max)
+                pending_peak = max(pending_peak, gradient_backward[e] + backward)
+                pending_max = max(pending_max, gradient_backward[e])
+            held = max(settled, pending_max)
             # (Before recomputation, the kept tensors are alive: in the peak, not in the bound.)
-            held_peak = max(self._settled, self._pending_max + self._kept_bytes if self._pending else -1)
-            self.recomputed_stop.append(self.last_saver + 1 if self.last_saver >= 0 else self.start)
-            self.stop_saving.append(self.structure.stop_saving_ms[self.last_saver] if self.last_saver >= 0 else 0.0)
-            if self.last_saver < 0:  # nothing to recompute (yet)
-                self.peak.append(held)
-                self.lower.append(held)
+            held_peak = max(settled, pending_max + self._kept_bytes if pending_peak >= 0 else -1)
+            self.recomputed_stop.append(last_saver + 1 if last_saver >= 0 else start)
+            self.stop_saving.append(stop_saving_ms[last_saver] if last_saver >= 0 else 0.0)
+            if last_saver < 0:  # nothing to recompute (yet)
+                peak.append(held)
+                lower.append(held)
                 continue
-            at_saver = gradient_recompute[self.last_saver + 1]
-            self.peak.append(max(held_peak, at_saver + self._recompute))
+            at_saver = gradient_recompute[last_saver + 1]
+            peak.append(max(held_peak, at_saver + recompute))
             # A longer region either keeps this recomputation or recomputes more, later.
-            self.lower.append(max(held, min(at_saver, self._floor[e + 1]) + self._recompute))
-        return True
+            lower.append(max(held, min(at_saver, floor[e + 1]) + recompute))
+        self._settled, self._pending_peak, self._pending_max = settled, pending_peak, pending_max
+        self.last_saver, self._recompute = last_saver, recompute
+        return complete
