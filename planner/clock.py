@@ -23,7 +23,7 @@ import logging
 import math
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -138,23 +138,33 @@ def paired_difference(times: dict[str, list[float]], slower: str, faster: str) -
 
 
 def paired_interval(times: dict[str, list[float]], slower: str, faster: str) -> tuple[float, float] | None:
-    """A 95% interval for `paired_difference`: the order statistics around the median of the
-    per-round differences (a distribution-free interval for a median: the k-th smallest and
-    largest, k the largest with P(Binomial(n, 1/2) < k) <= 2.5%). None with fewer than 6
-    rounds, where no such interval reaches 95%.
+    """A 95% interval for `paired_difference` (`median_interval` of the per-round differences).
 
     Example:
         >>> paired_interval({"a": [3, 5, 4, 6, 4, 5], "b": [2, 4, 3, 4, 3, 4]}, "a", "b")
         (1, 2)
     """
-    differences = sorted(a - b for a, b in zip(times[slower], times[faster]))
-    n = len(differences)
+    return median_interval([a - b for a, b in zip(times[slower], times[faster])])
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float] | None:
+    """A 95% interval for the median of `values`: the order statistics around it (a
+    distribution-free interval for a median: the k-th smallest and largest, k the largest with
+    P(Binomial(n, 1/2) < k) <= 2.5%). None with fewer than 6 values, where no such interval
+    reaches 95%.
+
+    Example:
+        >>> median_interval([1, 1, 1, 2, 1, 1])
+        (1, 2)
+    """
+    ordered = sorted(values)
+    n = len(ordered)
     below = 0
     while sum(math.comb(n, i) for i in range(below + 1)) / 2 ** n <= 0.025:
         below += 1
     if below == 0:
         return None
-    return differences[below - 1], differences[n - below]
+    return ordered[below - 1], ordered[n - below]
 
 
 def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, price_ms: float, what: str) -> float:
@@ -177,5 +187,5 @@ def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, p
     return measured_ms
 
 
-__all__ = ["AHEAD_MS", "ahead_for", "elapsed_ms", "launch_ms", "paired_difference", "paired_interval", "queue_ahead",
+__all__ = ["AHEAD_MS", "ahead_for", "elapsed_ms", "launch_ms", "median_interval", "paired_difference", "paired_interval", "queue_ahead",
            "reading_or_price", "timed_rounds"]

@@ -36,9 +36,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import checkpoint
 
 from planner.clock import paired_difference, timed_rounds
+from planner.keep_policy import keep_contexts
 
 _WIDTH = 8  # the tiny module: recomputation is negligible next to checkpoint's own work
 _CALLS = 50  # checkpoint calls per timed step
@@ -136,12 +137,10 @@ class _CallCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _recompute_everything(ctx, func, *args, **kwargs):  # type: ignore[no-untyped-def]
-    return CheckpointPolicy.PREFER_RECOMPUTE
-
-
 def selective_contexts():  # type: ignore[no-untyped-def]
-    return create_selective_checkpoint_contexts(_recompute_everything)
+    """The contexts of the policy plans apply (`keep_policy.KeepPolicy`), keeping nothing: its
+    Python work per call is what a region pays whatever it keeps."""
+    return keep_contexts(())
 
 
 def forward_calls(module: nn.Module, *args: Any, **kwargs: Any) -> list[str]:

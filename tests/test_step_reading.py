@@ -119,7 +119,7 @@ def test_a_blocks_policy_and_recording_figures_inside_their_noise_leave_the_tiny
     # each configuration's step (ms), and its noise where noisy: every paired difference the
     # figures are read off spreads symmetrically over about +-1 s
     base = {"unchecked": 1000.0, "plain": 1030.0, "selective": 1090.0, "keeping": 1190.0, "bare": 20.0,
-            "counted": 60.0, "counted step": 1000.0, "recorded step": 1160.0}
+            "counted": 60.0, "policy forwards": 60.0, "counted step": 1000.0, "recorded step": 1160.0}
     spread = [-1000.0, -700.0, -400.0, -200.0, -100.0, -50.0, -20.0, 0.0, 20.0, 50.0, 100.0, 200.0, 400.0, 700.0,
               1000.0]  # (as many as the block's rounds)
     noise = {"plain": spread, "unchecked": spread[::-1], "keeping": spread, "bare": spread, "counted step": spread}
