@@ -211,7 +211,10 @@ def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, bl
     to saved tensors what recomputation costs blocks beyond their node times (inputs out of
     cache), which regions other than blocks do not pay in proportion (on this CPU, GPT-2's runs
     were then predicted 20% low). The call's cost is then what the calls leave beyond their
-    tensors, at least the problem's. Without blocks, the same.
+    tensors, at least the problem's. Without blocks, the same; and where the blocks measured
+    less than their recomputation as the nodes' times give it (those times are high, or the
+    rounds noisy: TinyGPT's blocks read -86 ms, which priced every call and tensor at 0 and its
+    plans' runs 40 ms low), which says nothing of what a tensor costs.
 
     Example:
         >>> call_and_tensor_ms(problem, norms, 8.0, blocks, 60.0)
@@ -222,8 +225,11 @@ def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, bl
         return len(regions), saved, measured_ms - sum(problem.region_recompute_ms(region) for region in regions)
 
     n1, s1, m1 = beyond_recompute(calls, calls_ms)
-    if blocks and blocks_ms is not None:
-        n2, s2, m2 = beyond_recompute(blocks, blocks_ms)
+    n2, s2, m2 = beyond_recompute(blocks, blocks_ms) if blocks and blocks_ms is not None else (0, 0, 0.0)
+    if m2 < 0:  # (blocks cheaper than their nodes: node times high, or noise; not a cost)
+        logger.info("in the model's step, %d calls saving %d tensors measured %+.2f ms beyond their recomputation: "
+                    "no reading of a saved tensor's cost", n2, s2, m2)
+    elif n2:
         per_call, per_tensor = fit_two([(n1, s1, m1), (n2, s2, m2)], floors=(0.0, 0.0))
         logger.info("in the model's step, %d calls saving %d tensors measured %+.2f ms beyond their recomputation "
                     "and %d calls saving %d %+.2f ms: %.3f ms per call, %.4f ms per saved tensor (figure read off "
@@ -243,7 +249,10 @@ def run_and_recorded_call_ms(problem: Problem, short: list[range], short_ms: flo
     recomputing `short` runs measured `short_ms` and `long` runs `long_ms` beyond the unplanned
     step (`step_fit.fit_two`). Replaces the recorded call's figure read off a block, whose warm
     caches and short runs priced the runs plans chose too low: on Llama, six runs of 17
-    recorded calls each were predicted 4.4 and 5.5 ms under the 36 ms they measured.
+    recorded calls each were predicted 4.4 and 5.5 ms under the 36 ms they measured. Where the
+    long runs measured less than their nodes' times (those are high, or the rounds noisy), the
+    block's figure per recorded call stands, and a run's cost is what the short runs leave
+    beyond it.
 
     Example:
         >>> run_and_recorded_call_ms(problem, short, 4.0, long, 12.0, floor=-0.3)
@@ -257,7 +266,11 @@ def run_and_recorded_call_ms(problem: Problem, short: list[range], short_ms: flo
         return len(runs), recorded, measured_ms - unpriced.recompute_ms(tuple(runs))
 
     rows = [row(short, short_ms), row(long, long_ms)]
-    per_run, per_recorded = fit_two(rows, floors=(floor, 0.0))
+    if long_ms < sum(map(problem.region_recompute_ms, long)):  # (node times high, or noise: not a cost)
+        per_recorded = problem.recorded_call_ms
+        per_run = max(floor, (rows[0][2] - rows[0][1] * per_recorded) / rows[0][0])
+    else:
+        per_run, per_recorded = fit_two(rows, floors=(floor, 0.0))
     logger.info("in the model's step, %d short runs recording %d calls measured %+.2f ms beyond their other figures "
                 "and %d long runs recording %d %+.2f ms: %+.3f ms per run, %.4f ms per recorded call (figure read "
                 "off a block: %.4f ms)", *rows[0], *rows[1], per_run, per_recorded, problem.recorded_call_ms)

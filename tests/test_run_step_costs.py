@@ -223,9 +223,11 @@ def test_neither_figure_read_off_the_step_falls_below_zero():
 
     problem, norms, blocks = _norms_and_blocks()
     recompute = sum(problem.region_recompute_ms(r) for r in blocks)
-    # blocks cheaper than their recomputation, norms dearer: no tensor costs less than nothing
+    # blocks cheaper than their recomputation, norms dearer: that reading is no cost (node times
+    # high, or noise), so the block's figure per tensor stands and a call costs what the norms
+    # leave beyond it (before, both were fitted: no tensor cost anything, a call 0.125 ms)
     per_call, per_tensor = call_and_tensor_ms(problem, norms, 2 + 1.0, blocks, recompute - 0.5)
-    assert per_tensor == 0.0 and per_call == pytest.approx((2 * 1.0 + 2 * -0.5) / (2 ** 2 + 2 ** 2))
+    assert per_tensor == 0.05 and per_call == pytest.approx((1.0 - 2 * 0.05) / 2)
     # norms cheaper than their recomputation, blocks dearer: no call costs less than nothing
     per_call, per_tensor = call_and_tensor_ms(problem, norms, 2 - 1.0, blocks, recompute + 1.0)
     assert per_call == 0.0 and per_tensor == pytest.approx((2 * -1.0 + 24 * 1.0) / (2 ** 2 + 24 ** 2))
@@ -274,6 +276,21 @@ def test_a_run_and_a_recorded_call_are_priced_by_what_short_and_long_runs_cost_i
     assert found == (pytest.approx(per_run), pytest.approx(per_recorded, abs=1e-12))
     below = run_and_recorded_call_ms(problem, short, measured(short) - 2.0, longs, measured(longs) - 2.0, floor=-0.3)
     assert below[0] >= -0.3 and below[1] >= 0.0
+
+
+def test_long_runs_cheaper_than_their_nodes_leave_the_blocks_figure_per_recorded_call():
+    # Long runs measured 1 ms under their nodes' recomputation: no reading of a recorded call's
+    # cost, so the block's (0.01 ms) stands, and a run costs what the short runs leave beyond it.
+    from planner.step_costs import run_and_recorded_call_ms
+
+    problem, short, longs = _runs_in_two_blocks()
+    calls = run_structure(problem)[1]
+    base = replace(problem, recorded_call_ms=0.0)
+    short_ms = sum(base.region_cost_ms(r) for r in short) + 2 * 0.2 + 0.05 * (calls[2] - calls[0] + calls[8] - calls[6])
+    long_nodes_ms = base.recompute_ms(tuple(longs)) - len(longs) * base.region_overhead_ms
+    per_run, per_recorded = run_and_recorded_call_ms(problem, short, short_ms, longs, long_nodes_ms - 1.0, floor=-0.3)
+    assert per_recorded == 0.01
+    assert per_run == pytest.approx(0.2 + (0.05 - 0.01) * (calls[2] - calls[0]))
 
 
 def test_plan_prices_calls_and_runs_with_the_residuals_measured_in_the_step(monkeypatch):
