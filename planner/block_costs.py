@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.apply import ModuleCheckpoint
-from planner.clock import median_interval, paired_difference, paired_interval, reading_or_price, timed_rounds
+from planner.clock import median_interval, reading_or_price, timed_rounds
 from planner.keep_policy import keep_contexts
 from planner.memory import preserved_state
 from planner.overhead import FINE_ROUNDS, forward_calls, selective_contexts, selective_overhead_ms
@@ -70,7 +70,7 @@ class SelectiveCost:
     per_recorded_call_ms: float | None = 0.0
     # checkpoint's own cost for one call of the submodule (no policy), beyond its forward
     checkpoint_ms: float | None = None
-    # each figure's 95% interval, by field name, in its own units (`clock.paired_interval`,
+    # each figure's 95% interval, by field name, in its own units (`clock.median_interval`,
     # before the floor at 0; absent: too few rounds for one)
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
 
@@ -131,8 +131,8 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     the calls the policy sees (its forward's and its recomputation's), pooled round by round
     with the difference between forwards alone with and without the policy's forward mode, over
     their calls (a ViT layer read 23-74 us per call from either alone in 15 rounds). Real ops
-    cost the policy more than the tiny modules' (more arguments to inspect, colder caches). Per kept node, with `kept`:
-    what keeping `kept.nodes` (caching `kept.calls`) costs beyond the policy's calls, less the
+    cost the policy more than the tiny modules' (more arguments to inspect, colder caches). Per
+    kept node, with `kept`: what keeping `kept.nodes` (caching `kept.calls`) costs beyond the policy's calls, less the
     recomputation it skips (`kept.skipped_ms`, predicted from node times): caching and handing
     back outputs, and holding them through the step. Recording runs: per call counted, forwards
     alone with and without a `RunRecorder`; per call recorded, a step recording every call (its
@@ -205,36 +205,34 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     times = timed_rounds(device, steps, FINE_ROUNDS, kernels_only=True)
     intervals: dict[str, tuple[float, float]] = {}
 
-    def read(name: str, slower: str, faster: str, offset_ms: float, units: int) -> float:
-        # (the paired difference less `offset_ms`, per unit; its interval kept under `name`)
-        interval = paired_interval(times, slower, faster)
+    def read(name: str, *readings: tuple[str, str, float, int]) -> float:
+        # The median over rounds of each (slower, faster, offset_ms, units) reading's paired
+        # difference less `offset_ms`, per unit, all readings pooled; its interval kept under `name`.
+        values = [(a - b - offset_ms) / units for slower, faster, offset_ms, units in readings
+                  for a, b in zip(times[slower], times[faster])]
+        interval = median_interval(values)
         if interval is not None:
-            intervals[name] = ((interval[0] - offset_ms) / units, (interval[1] - offset_ms) / units)
-        return (paired_difference(times, slower, faster) - offset_ms) / units
+            intervals[name] = interval
+        return statistics.median(values)
 
     # Per call, the policy: on steps (its forward and recomputation, beyond its fixed cost) and on
-    # forwards alone (its forward mode), round by round, pooled: the two halve each other's noise.
-    pooled = ([(s - p - per_region_ms) / max(1, calls_per_step) for s, p in zip(times["selective"], times["plain"])]
-              + [(f - b) / max(1, _FORWARDS * len(forward_names))
-                 for f, b in zip(times["policy forwards"], times["bare"])])
-    per_call = max(0.0, statistics.median(pooled))
-    pooled_interval = median_interval(pooled)
-    if pooled_interval is not None:
-        intervals["per_call_ms"] = pooled_interval
+    # forwards alone (its forward mode), pooled round by round: the two halve each other's noise.
+    per_call = max(0.0, read("per_call_ms", ("selective", "plain", per_region_ms, max(1, calls_per_step)),
+                             ("policy forwards", "bare", 0.0, max(1, _FORWARDS * len(forward_names)))))
     # what node times predict a recomputation at: the measured forward, up to where it stops
     forward_ms = replayed_share * statistics.median(times["bare"]) / _FORWARDS
     # checkpoint itself: a checkpointed step against an unchecked one, less the recomputation
-    checkpoint_ms = read("checkpoint_ms", "plain", "unchecked", forward_ms, 1)
-    per_counted = max(0.0, read("per_counted_call_ms", "counted", "bare", 0.0, max(1, _FORWARDS * len(names))))
+    checkpoint_ms = read("checkpoint_ms", ("plain", "unchecked", forward_ms, 1))
+    per_counted = max(0.0, read("per_counted_call_ms", ("counted", "bare", 0.0, max(1, _FORWARDS * len(names)))))
     # Beyond counting: the calls' recomputation as node times predict it (forwards with grad),
     # and what recording and replay add per call.
     per_recorded = None
     if "recorded step" in times:
-        per_recorded = max(0.0, read("per_recorded_call_ms", "recorded step", "counted step", forward_ms,
-                                     max(1, len(names))))
+        per_recorded = max(0.0, read("per_recorded_call_ms", ("recorded step", "counted step", forward_ms,
+                                                               max(1, len(names)))))
     per_kept = 0.0
     if "keeping" in times and kept is not None:
-        per_kept = max(0.0, read("per_kept_ms", "keeping", "selective", -kept.skipped_ms, len(kept.nodes)))
+        per_kept = max(0.0, read("per_kept_ms", ("keeping", "selective", -kept.skipped_ms, len(kept.nodes))))
     return SelectiveCost(per_call, per_kept, per_counted, per_recorded, checkpoint_ms, intervals)
 
 

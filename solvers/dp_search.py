@@ -133,6 +133,8 @@ class DpSearch:
         """Add the transitions of the regions [t, b), b <= last (`only_last`: b = last), that
         keep `keep` to `pending`; return the cost bound, lowered where a region reaches the end
         of the graph."""
+        if not self.problem.can_start_region(t):
+            return bound
         structure = self.structure
         n = structure.n
         out = structure.output_bytes
@@ -152,8 +154,6 @@ class DpSearch:
         kept_nodes = frozenset(keep)
         last_kept = keep[-1] if keep else -1
         stops_before = self.stops_before
-        if not self.problem.can_start_region(t):
-            return bound
         # Where regions must be allowed ones, the stops allowed from t (`Problem.allows_region`;
         # the caller's `last` already respects `Problem.last_region_stop`).
         allowed = None if self.problem.allowed_regions is None else allowed_stops(self.problem).get(t, frozenset())
