@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -101,6 +102,7 @@ def run_model(spec: Spec, args) -> ModelResult:
     import torch
     from planner import InfeasibleBudget, plan
     from planner.api import GIB
+    from planner.clock import sandwiched_rounds
     from planner.eager_check import BEYOND_GRAPH
     from solvers import Status
 
@@ -219,14 +221,26 @@ def run_model(spec: Spec, args) -> ModelResult:
             config.tensor_peak = measure_tensors(config.module, sample)
         if config.peak is None:
             config.peak, config.peak_without_scratch = measure_allocator(config.module, sample)
-    for round_index in range(args.rounds):
-        shift = round_index % len(runnable)
-        order = runnable[shift:] + runnable[:shift]
-        for config in order:
+    def timed(config: Config) -> Callable[[], float]:
+        def run() -> float:
             config.times_ms.append(timed_step(config.module, sample))
+            return config.times_ms[-1]
+        return run
+
+    def round_done(round_index: int) -> None:
         retimer.measure()  # node times of this round, for predictions free of the machine's drift
         log(f"{spec.key}: round {round_index + 1}/{args.rounds} done "
             f"(none {none.times_ms[-1]:.0f} ms, every block {every.times_ms[-1]:.0f} ms)")
+
+    # Each configuration between two unplanned steps (`planner.clock.sandwiched_rounds`): its
+    # overhead in a round is its step less their mean, which the machine's speed changes spare.
+    by_name = {config.name: config for config in runnable}
+    _, overheads = sandwiched_rounds({name: timed(config) for name, config in by_name.items()}, none.name,
+                                     args.rounds, round_done)
+    for name, values in overheads.items():
+        by_name[name].overheads_ms = values
+    for config in runnable:
+        del config.times_ms[0]  # (the untimed warm-up run)
     for config in configs:
         if config.plan is not None:
             config.retimed_ms = retimer.predict(config.plan)
@@ -359,6 +373,8 @@ def main() -> int:
     # runs with any estimator
     for result in results:
         times = {c.name: [round(t, 2) for t in c.times_ms] for c in result.configs if c.times_ms}
+        times.update({f"{c.name}: overhead per round": [round(t, 2) for t in c.overheads_ms]
+                      for c in result.configs if c.overheads_ms})
         (image_dir / f"compare_times_{result.spec.key}{suffix}.json").write_text(  # one line per configuration
             "{\n" + ",\n".join(f" {json.dumps(key)}: {json.dumps(value)}" for key, value in times.items()) + "\n}\n")
     summary = summary_lines(all_flags)

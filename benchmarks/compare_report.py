@@ -41,6 +41,8 @@ class Config:
     peak_without_scratch: int | None = None
     tensor_peak: int | None = None  # LiveBytesTracker's (eager configurations only)
     times_ms: list[float] = field(default_factory=list)
+    # per round, the step less the mean of the two unplanned steps around it (`clock.sandwiched_rounds`)
+    overheads_ms: list[float] = field(default_factory=list)
     backend: Any = None
     regions: tuple[tuple[str, ...], ...] | None = None  # planner: the recomputed node ranges
     budget_label: str = ""  # planner: "every block's peak", "40%", ...
@@ -91,7 +93,7 @@ def method_text(rounds: int, threads: int, retained: bool, device_text: str = ""
            "otherwise each step page-faults its activations in again, which makes the unplanned step slower)"
            if retained else "glibc's malloc as it is (freed memory goes back to the OS)")
         + ". Overhead, "
-        "measured = median over rounds of step time - none's in the same round (for compiled configurations it also holds the compiler's speed-up "
+        "measured = median over rounds of step time - the mean of the two steps of none just before and after it (each configuration's step runs between two of none's, which neighbours share) (for compiled configurations it also holds the compiler's speed-up "
         "or slow-down); overhead, predicted = the plan's `recompute_ms` (the nodes it recomputes, less the "
         "nodes its regions keep, plus checkpoint's measured cost per call and, for regions that keep "
         "nodes, their selective policy's, and for runs their recording's), *(off)* where it is more than "
@@ -106,13 +108,11 @@ def method_text(rounds: int, threads: int, retained: bool, device_text: str = ""
 
 
 def overhead_ms(result: ModelResult, config: Config) -> float:
-    """Measured overhead: the median over rounds of the configuration's step time less the
-    unplanned one's in the same round (`planner.clock.paired_difference`, as the planner's own
-    calibration measures): the machine's drift between rounds cancels, as it would not between
-    the two medians (`median_difference_ms`)."""
-    from planner.clock import paired_difference
-
-    return paired_difference({"config": config.times_ms, "none": result.configs[0].times_ms}, "config", "none")
+    """Measured overhead: the median over rounds of the configuration's step time less the mean
+    of the two unplanned steps around it (`planner.clock.sandwiched_rounds`, as the planner's own
+    step readings measure): the machine's speed changes cancel, as they would not between the two
+    medians (`median_difference_ms`) or steps a round apart. 0 for the unplanned one."""
+    return statistics.median(config.overheads_ms) if config.overheads_ms else 0.0
 
 
 def median_difference_ms(result: ModelResult, config: Config) -> float:
@@ -139,12 +139,11 @@ def within_tolerance(predicted_ms: float, measured_ms: float) -> bool:
 
 
 def overhead_interval_ms(result: ModelResult, config: Config) -> tuple[float, float] | None:
-    """A 95% interval for the configuration's overhead from its rounds (`clock.paired_interval`:
-    rounds are paired with none's, so the machine's drift between rounds cancels). None with
-    fewer than 6 rounds, where no such interval reaches 95%."""
-    from planner.clock import paired_interval
+    """A 95% interval for the configuration's overhead from its rounds (`clock.median_interval`
+    of `overheads_ms`). None with fewer than 6 rounds, where no such interval reaches 95%."""
+    from planner.clock import median_interval
 
-    return paired_interval({"config": config.times_ms, "none": result.configs[0].times_ms}, "config", "none")
+    return median_interval(config.overheads_ms)
 
 
 def table(result: ModelResult) -> str:

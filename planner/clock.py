@@ -15,6 +15,12 @@ Example:
     >>> times = timed_rounds(torch.device("cpu"), {"plain": plain, "checkpointed": checkpointed}, 15)
     >>> paired_difference(times, "checkpointed", "plain")
     0.42
+
+Where every call is measured against one baseline (a model's unplanned step), each is timed
+between two runs of the baseline (`sandwiched_rounds`): this machine's speed changes by 20-30%
+within seconds, so a difference of steps three to five apart (one round of six) had a 95%
+interval 90-100 ms wide where one against the two neighbouring steps had 28 ms (the CNN of
+`benchmarks/compare.py`, 40 rounds; benchmarks/RESULTS.md, 2026-11-29 07:40).
 """
 from __future__ import annotations
 
@@ -126,6 +132,40 @@ def timed_rounds(device: torch.device, calls: dict[str, Callable[[], object]], r
     return samples
 
 
+def sandwiched_rounds(calls: dict[str, Callable[[], float]], baseline: str, rounds: int,
+                      after_round: Callable[[int], None] | None = None) -> tuple[list[float], dict[str, list[float]]]:
+    """Each call of `calls` but `baseline` timed in `rounds` rounds, between two runs of the
+    baseline (which neighbouring calls share: B a B b B c B), in an order that turns by one each
+    round. Each call returns its own time (ms; e.g. `elapsed_ms`), and each runs once untimed
+    first. Returns the baseline's times and, per other call, its time less the mean of its two
+    neighbours', round by round: a difference the machine's speed cannot move unless it changes
+    within those three calls. `after_round(index)` runs after each round (e.g. to log it).
+
+    Example:
+        >>> baseline, differences = sandwiched_rounds({"plain": plain, "checkpointed": ckpt}, "plain", 9)
+        >>> statistics.median(differences["checkpointed"])
+        0.42
+    """
+    others = [name for name in calls if name != baseline]
+    for call in calls.values():
+        call()
+    baseline_ms: list[float] = []
+    differences: dict[str, list[float]] = {name: [] for name in others}
+    for index in range(rounds):
+        order = others[index % len(others):] + others[:index % len(others)] if others else []
+        before = calls[baseline]()
+        baseline_ms.append(before)
+        for name in order:
+            took = calls[name]()
+            after = calls[baseline]()
+            baseline_ms.append(after)
+            differences[name].append(took - (before + after) / 2)
+            before = after
+        if after_round is not None:
+            after_round(index)
+    return baseline_ms, differences
+
+
 def paired_difference(times: dict[str, list[float]], slower: str, faster: str) -> float:
     """The median over rounds of `slower`'s time less `faster`'s in the same round: a drift of
     the machine's speed over the rounds cancels, as it would not between two medians.
@@ -188,4 +228,5 @@ def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, p
 
 
 __all__ = ["AHEAD_MS", "ahead_for", "elapsed_ms", "launch_ms", "median_interval", "paired_difference",
-           "paired_interval", "queue_ahead", "reading_or_price", "timed_rounds"]
+           "paired_interval", "queue_ahead", "reading_or_price", "sandwiched_rounds",
+           "timed_rounds"]

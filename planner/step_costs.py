@@ -18,8 +18,8 @@ checkpointed, with one short run alone in each call of its repeated submodules, 
 that records most calls in each block, and with every call of the repeated submodule that
 keeps most keeping all it may under its selective policy (`planner.step_regions` picks them)
 (on Llama, an MLP keeping two linears saved 2.1 ms of recomputation against 6.8 ms predicted),
-each against the unplanned step in paired rounds. A call's cost and a saved tensor's are the
-two unknowns of the first two (norms save few tensors per call, blocks many), taken where they
+each between two unplanned steps, round by round (`clock.sandwiched_rounds`). A call's cost
+and a saved tensor's are the two unknowns of the first two (norms save few tensors per call, blocks many), taken where they
 put a saved tensor below the block's figure (`call_and_tensor_ms` says why only there); a
 run's cost and a recorded call's are those of the short and the long runs (on Llama, runs of 17
 recorded calls cost about 0.8 ms each more than the block's figures priced them); a keeping
@@ -35,7 +35,9 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import logging
+import statistics
 import warnings
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -44,7 +46,7 @@ import torch
 from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, shallow_clone
-from planner.clock import paired_difference, paired_interval, reading_or_price, timed_rounds
+from planner.clock import elapsed_ms, median_interval, reading_or_price, sandwiched_rounds
 from planner.memory import preserved_state
 from planner.step_fit import fit_two, node_time_scale, node_times_high, scaled_node_times
 from planner.step_regions import keeping_calls, large_calls, lone_short_runs, long_runs, small_calls
@@ -146,11 +148,12 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                 parameter.grad = None
         return run
 
-    with preserved_state(model, [device]):
-        times = timed_rounds(device, {"unplanned": step(model), **{name: step(m) for name, m in planned.items()}},
-                             rounds)
-    measured = {name: paired_difference(times, name, "unplanned") for name in planned}
-    intervals = {name: paired_interval(times, name, "unplanned") for name in planned}
+    timed = {name: functools.partial(elapsed_ms, device, step(m))
+             for name, m in (("unplanned", model), *planned.items())}
+    with preserved_state(model, [device]):  # (each set between two unplanned steps: `clock.sandwiched_rounds`)
+        differences = sandwiched_rounds(timed, "unplanned", rounds)[1]
+    measured = {name: statistics.median(values) for name, values in differences.items()}
+    intervals = {name: median_interval(values) for name, values in differences.items()}
 
     def reading(name: str, regions: list[range], pricing: Problem, kept: Sequence[tuple[int, ...]] = ()) -> float:
         price_ms = sum(pricing.region_cost_ms(region, nodes) for region, nodes in zip(regions, kept or [()] * len(regions)))

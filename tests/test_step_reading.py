@@ -33,10 +33,10 @@ def test_a_reading_inside_its_interval_of_the_price_keeps_the_price():
 
 
 def _fake_rounds(differences: list[float]):
-    def timed_rounds(device, calls, rounds):
-        assert rounds == len(differences)
-        return {name: [1000.0 + (0.0 if name == "unplanned" else d) for d in differences] for name in calls}
-    return timed_rounds
+    def sandwiched_rounds(calls, baseline, rounds):
+        assert rounds == len(differences) and baseline == "unplanned"
+        return [1000.0] * rounds, {name: list(differences) for name in calls if name != baseline}
+    return sandwiched_rounds
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_figures_stand_where_the_steps_rounds_cannot_tell_them_from_their_price(
     assert step_regions.long_runs(problem, wrapped) and step_regions.keeping_calls(problem, wrapped)
 
     def residuals(differences: list[float]):
-        monkeypatch.setattr(step_costs, "timed_rounds", _fake_rounds(differences))
+        monkeypatch.setattr(step_costs, "sandwiched_rounds", _fake_rounds(differences))
         return step_costs.step_residuals(
             model, problem, wrapped, lambda runs: run_checkpoints(p.traced.gm, problem, runs, wrapped).values(),
             lambda pairs: [replace(wrapped[region], saved_calls=saved_calls(p.traced.gm, region, kept))
@@ -144,3 +144,24 @@ def test_a_blocks_policy_and_recording_figures_inside_their_noise_leave_the_tiny
     assert agreed.keep_call_ms != pytest.approx(tiny_call) and agreed.kept_node_ms > 1.0
     assert agreed.run_call_ms != pytest.approx(tiny_call) and agreed.recorded_call_ms != pytest.approx(tiny_call)
     assert agreed.saved_tensor_ms > p.problem.saved_tensor_ms
+
+
+def test_sandwiched_rounds_difference_each_call_from_its_two_neighbouring_baseline_runs():
+    # A clock whose speed jumps between calls: each call's difference is against the baseline
+    # runs just before and after it, so a jump two calls away does not reach it.
+    from planner.clock import sandwiched_rounds
+
+    log: list[str] = []
+    speed = iter([1.0] * 3 + [1.0, 1.0, 1.0, 1.5, 1.5] + [2.0] * 5)  # (warm-up, round 0, round 1)
+
+    def call(name: str, ms: float):
+        def run() -> float:
+            log.append(name)
+            return ms * next(speed)
+        return run
+
+    baseline, differences = sandwiched_rounds({"b": call("b", 10.0), "x": call("x", 13.0), "y": call("y", 11.0)}, "b",
+                                              2, after_round=lambda index: log.append(f"round {index}"))
+    assert log == ["b", "x", "y", "b", "x", "b", "y", "b", "round 0", "b", "y", "b", "x", "b", "round 1"]
+    assert baseline == [10.0, 10.0, 15.0, 20.0, 20.0, 20.0]
+    assert differences == {"x": [3.0, 6.0], "y": [1.5 * 11.0 - 12.5, 2.0]}
