@@ -55,7 +55,7 @@ from solvers.problem_index import run_structure
 
 logger = logging.getLogger(__name__)
 
-STEP_ROUNDS = 9  # paired rounds of whole steps: each residual is read off a difference of steps
+STEP_ROUNDS = 9  # rounds of whole steps: each residual is read off a step less the unplanned ones around it
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,8 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     `large_calls` checkpointed (a call's cost and a saved tensor's, `call_and_tensor_ms`), with
     `lone_short_runs` and with `long_runs` recomputed (`checkpoints_of(runs)` applies them; a
     run's cost and a recorded call's, `run_and_recorded_call_ms`) and with `keeping_calls`
-    under their selective policies (`keeping_of(pairs)`), each against the unplanned step, in
-    `rounds` paired rounds. A run's and a keeping region's residuals are what they cost beyond
+    under their selective policies (`keeping_of(pairs)`), each between two unplanned steps, in
+    `rounds` rounds (`clock.sandwiched_rounds`). A run's and a keeping region's residuals are what they cost beyond
     a checkpoint call's corrected cost. A set whose rounds cannot tell its measurement from its
     price under the figures held so far is taken at that price (`clock.reading_or_price`).
     Where the blocks measured far under their nodes' times, those are scaled down first
