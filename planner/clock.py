@@ -16,11 +16,13 @@ Example:
     >>> paired_difference(times, "checkpointed", "plain")
     0.42
 
-Where every call is measured against one baseline (a model's unplanned step), each is timed
-between two runs of the baseline (`sandwiched_rounds`): this machine's speed changes by 20-30%
-within seconds, so a difference of steps three to five apart (one round of six) had a 95%
-interval 90-100 ms wide where one against the two neighbouring steps had 28 ms (the CNN of
-`benchmarks/compare.py`, 40 rounds; benchmarks/RESULTS.md, 2026-11-29 07:40).
+`benchmarks/compare.py` measures every configuration against one baseline (the unplanned
+step) and times each between two runs of it (`sandwiched_rounds`): this CPU's speed changes by
+20-30% within seconds, so a difference of steps three to five apart (one round of six) had a
+95% interval 90-100 ms wide where one against the two neighbouring steps had 28 ms (its CNN, 40
+rounds; benchmarks/RESULTS.md, session notes of 2026-11-29 06:53). The planner's own step
+readings (`planner.step_costs`) keep paired rounds: sandwiched, they took 40-80% longer to plan
+on this CPU and pushed the test suite past its 10 minutes, and a GPU's steps hardly drift.
 """
 from __future__ import annotations
 

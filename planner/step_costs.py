@@ -18,8 +18,8 @@ checkpointed, with one short run alone in each call of its repeated submodules, 
 that records most calls in each block, and with every call of the repeated submodule that
 keeps most keeping all it may under its selective policy (`planner.step_regions` picks them)
 (on Llama, an MLP keeping two linears saved 2.1 ms of recomputation against 6.8 ms predicted),
-each between two unplanned steps, round by round (`clock.sandwiched_rounds`). A call's cost
-and a saved tensor's are the two unknowns of the first two (norms save few tensors per call, blocks many), taken where they
+each against the unplanned step in paired rounds. A call's cost and a saved tensor's are the
+two unknowns of the first two (norms save few tensors per call, blocks many), taken where they
 put a saved tensor below the block's figure (`call_and_tensor_ms` says why only there); a
 run's cost and a recorded call's are those of the short and the long runs (on Llama, runs of 17
 recorded calls cost about 0.8 ms each more than the block's figures priced them); a keeping
@@ -35,9 +35,7 @@ Example:
 """
 from __future__ import annotations
 
-import functools
 import logging
-import statistics
 import warnings
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -46,7 +44,7 @@ import torch
 from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, shallow_clone
-from planner.clock import elapsed_ms, median_interval, reading_or_price, sandwiched_rounds
+from planner.clock import paired_difference, paired_interval, reading_or_price, timed_rounds
 from planner.memory import preserved_state
 from planner.step_fit import fit_two, node_time_scale, node_times_high, scaled_node_times
 from planner.step_regions import keeping_calls, large_calls, lone_short_runs, long_runs, small_calls
@@ -55,7 +53,7 @@ from solvers.problem_index import run_structure
 
 logger = logging.getLogger(__name__)
 
-STEP_ROUNDS = 9  # rounds of whole steps: each residual is read off a step less the unplanned ones around it
+STEP_ROUNDS = 9  # paired rounds of whole steps: each residual is read off a difference of steps
 
 
 @dataclass(frozen=True)
@@ -110,8 +108,8 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     `large_calls` checkpointed (a call's cost and a saved tensor's, `call_and_tensor_ms`), with
     `lone_short_runs` and with `long_runs` recomputed (`checkpoints_of(runs)` applies them; a
     run's cost and a recorded call's, `run_and_recorded_call_ms`) and with `keeping_calls`
-    under their selective policies (`keeping_of(pairs)`), each between two unplanned steps, in
-    `rounds` rounds (`clock.sandwiched_rounds`). A run's and a keeping region's residuals are what they cost beyond
+    under their selective policies (`keeping_of(pairs)`), each against the unplanned step, in
+    `rounds` paired rounds. A run's and a keeping region's residuals are what they cost beyond
     a checkpoint call's corrected cost. A set whose rounds cannot tell its measurement from its
     price under the figures held so far is taken at that price (`clock.reading_or_price`).
     Where the blocks measured far under their nodes' times, those are scaled down first
@@ -148,12 +146,11 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                 parameter.grad = None
         return run
 
-    timed = {name: functools.partial(elapsed_ms, device, step(m))
-             for name, m in (("unplanned", model), *planned.items())}
-    with preserved_state(model, [device]):  # (each set between two unplanned steps: `clock.sandwiched_rounds`)
-        differences = sandwiched_rounds(timed, "unplanned", rounds)[1]
-    measured = {name: statistics.median(values) for name, values in differences.items()}
-    intervals = {name: median_interval(values) for name, values in differences.items()}
+    with preserved_state(model, [device]):
+        times = timed_rounds(device, {"unplanned": step(model), **{name: step(m) for name, m in planned.items()}},
+                             rounds)
+    measured = {name: paired_difference(times, name, "unplanned") for name in planned}
+    intervals = {name: paired_interval(times, name, "unplanned") for name in planned}
 
     def reading(name: str, regions: list[range], pricing: Problem, kept: Sequence[tuple[int, ...]] = ()) -> float:
         price_ms = sum(pricing.region_cost_ms(region, nodes) for region, nodes in zip(regions, kept or [()] * len(regions)))

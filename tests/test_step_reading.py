@@ -33,10 +33,10 @@ def test_a_reading_inside_its_interval_of_the_price_keeps_the_price():
 
 
 def _fake_rounds(differences: list[float]):
-    def sandwiched_rounds(calls, baseline, rounds):
-        assert rounds == len(differences) and baseline == "unplanned"
-        return [1000.0] * rounds, {name: list(differences) for name in calls if name != baseline}
-    return sandwiched_rounds
+    def timed_rounds(device, calls, rounds):
+        assert rounds == len(differences)
+        return {name: [1000.0 + (0.0 if name == "unplanned" else d) for d in differences] for name in calls}
+    return timed_rounds
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_figures_stand_where_the_steps_rounds_cannot_tell_them_from_their_price(
     assert step_regions.long_runs(problem, wrapped) and step_regions.keeping_calls(problem, wrapped)
 
     def residuals(differences: list[float]):
-        monkeypatch.setattr(step_costs, "sandwiched_rounds", _fake_rounds(differences))
+        monkeypatch.setattr(step_costs, "timed_rounds", _fake_rounds(differences))
         return step_costs.step_residuals(
             model, problem, wrapped, lambda runs: run_checkpoints(p.traced.gm, problem, runs, wrapped).values(),
             lambda pairs: [replace(wrapped[region], saved_calls=saved_calls(p.traced.gm, region, kept))
