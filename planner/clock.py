@@ -21,8 +21,9 @@ step) and times each between two runs of it (`sandwiched_rounds`): this CPU's sp
 20-30% within seconds, so a difference of steps three to five apart (one round of six) had a
 95% interval 90-100 ms wide where one against the two neighbouring steps had 28 ms (its CNN, 40
 rounds; benchmarks/RESULTS.md, session notes of 2026-11-29 06:53). The planner's own step
-readings (`planner.step_costs`) keep paired rounds: sandwiched, they took 40-80% longer to plan
-on this CPU and pushed the test suite past its 10 minutes, and a GPU's steps hardly drift.
+readings (`planner.step_costs`) keep paired rounds: sandwiched, planning took 40-80% longer on
+this CPU (one planning test 46 s, then 57.5), its readings were still too wide to tell a CNN's
+slices apart, and a GPU's steps hardly drift.
 """
 from __future__ import annotations
 
