@@ -235,8 +235,8 @@ def run_model(spec: Spec, args) -> ModelResult:
     # Each configuration between two unplanned steps (`planner.clock.sandwiched_rounds`): its
     # overhead in a round is its step less their mean, which the machine's speed changes spare.
     by_name = {config.name: config for config in runnable}
-    _, overheads = sandwiched_rounds({name: timed(config) for name, config in by_name.items()}, none.name,
-                                     args.rounds, round_done)
+    overheads = sandwiched_rounds({name: timed(config) for name, config in by_name.items()}, none.name,
+                                  args.rounds, round_done)
     for name, values in overheads.items():
         by_name[name].overheads_ms = values
     for config in runnable:

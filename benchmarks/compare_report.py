@@ -109,8 +109,9 @@ def method_text(rounds: int, threads: int, retained: bool, device_text: str = ""
 
 def overhead_ms(result: ModelResult, config: Config) -> float:
     """Measured overhead: the median over rounds of the configuration's step time less the mean
-    of the two unplanned steps around it (`planner.clock.sandwiched_rounds`): the machine's speed changes cancel, as they would not between the two
-    medians (`median_difference_ms`) or steps a round apart. 0 for the unplanned one."""
+    of the two unplanned steps around it (`planner.clock.sandwiched_rounds`): the machine's speed
+    changes cancel, as they would not between the two medians (`median_difference_ms`) or steps
+    a round apart. 0 for the unplanned one."""
     return statistics.median(config.overheads_ms) if config.overheads_ms else 0.0
 
 

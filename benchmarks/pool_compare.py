@@ -8,9 +8,10 @@ prediction was within 10% or 2 ms of the clock (and where it lay below or above 
 
 `--runs` names the runs by the time stamps of their RESULTS.md headings ("Planner vs. today's
 options (<stamp>; ...)"); each must have run the same planner code, and measured overhead the
-same way, for the pooled figures to mean anything (runs stamped 2026-11-27 05:40 and later take the median
-of paired per-round differences, those from 2026-11-29 08:00 each step less the two unplanned steps
-around it, earlier ones the difference of two medians; see the runs' method paragraphs). Prints the table; `--save` also appends it to RESULTS.md.
+same way, for the pooled figures to mean anything (runs stamped 2026-11-27 05:40 and later take
+the median of paired per-round differences, those from 2026-11-29 07:24 each step less the two
+unplanned steps around it, earlier ones the difference of two medians; see the runs' method
+paragraphs). Prints the table; `--save` also appends it to RESULTS.md.
 """
 from __future__ import annotations
 

@@ -132,8 +132,8 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     with the difference between forwards alone with and without the policy's forward mode, over
     their calls (a ViT layer read 23-74 us per call from either alone in 15 rounds). Real ops
     cost the policy more than the tiny modules' (more arguments to inspect, colder caches). Per
-    kept node, with `kept`: what keeping `kept.nodes` (caching `kept.calls`) costs beyond the policy's calls, less the
-    recomputation it skips (`kept.skipped_ms`, predicted from node times): caching and handing
+    kept node, with `kept`: what keeping `kept.nodes` (caching `kept.calls`) costs beyond the
+    policy's calls, less the recomputation it skips (`kept.skipped_ms`, predicted from node times): caching and handing
     back outputs, and holding them through the step. Recording runs: per call counted, forwards
     alone with and without a `RunRecorder`; per call recorded, a step recording every call (its
     backward replays them) against one only counting, less a forward's time (what node times

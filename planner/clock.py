@@ -136,37 +136,34 @@ def timed_rounds(device: torch.device, calls: dict[str, Callable[[], object]], r
 
 
 def sandwiched_rounds(calls: dict[str, Callable[[], float]], baseline: str, rounds: int,
-                      after_round: Callable[[int], None] | None = None) -> tuple[list[float], dict[str, list[float]]]:
+                      after_round: Callable[[int], None] | None = None) -> dict[str, list[float]]:
     """Each call of `calls` but `baseline` timed in `rounds` rounds, between two runs of the
     baseline (which neighbouring calls share: B a B b B c B), in an order that turns by one each
     round. Each call returns its own time (ms; e.g. `elapsed_ms`), and each runs once untimed
-    first. Returns the baseline's times and, per other call, its time less the mean of its two
+    first. Returns, per call other than the baseline, its time less the mean of its two
     neighbours', round by round: a difference the machine's speed cannot move unless it changes
     within those three calls. `after_round(index)` runs after each round (e.g. to log it).
 
     Example:
-        >>> baseline, differences = sandwiched_rounds({"plain": plain, "checkpointed": ckpt}, "plain", 9)
+        >>> differences = sandwiched_rounds({"plain": plain, "checkpointed": ckpt}, "plain", 9)
         >>> statistics.median(differences["checkpointed"])
         0.42
     """
     others = [name for name in calls if name != baseline]
     for call in calls.values():
         call()
-    baseline_ms: list[float] = []
     differences: dict[str, list[float]] = {name: [] for name in others}
     for index in range(rounds):
         order = others[index % len(others):] + others[:index % len(others)] if others else []
         before = calls[baseline]()
-        baseline_ms.append(before)
         for name in order:
             took = calls[name]()
             after = calls[baseline]()
-            baseline_ms.append(after)
             differences[name].append(took - (before + after) / 2)
             before = after
         if after_round is not None:
             after_round(index)
-    return baseline_ms, differences
+    return differences
 
 
 def paired_difference(times: dict[str, list[float]], slower: str, faster: str) -> float:

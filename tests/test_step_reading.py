@@ -152,16 +152,20 @@ def test_sandwiched_rounds_difference_each_call_from_its_two_neighbouring_baseli
     from planner.clock import sandwiched_rounds
 
     log: list[str] = []
+    baseline: list[float] = []  # (the baseline's times, as it returned them)
     speed = iter([1.0] * 3 + [1.0, 1.0, 1.0, 1.5, 1.5] + [2.0] * 5)  # (warm-up, round 0, round 1)
 
     def call(name: str, ms: float):
         def run() -> float:
             log.append(name)
-            return ms * next(speed)
+            took = ms * next(speed)
+            if name == "b" and len(log) > 3:  # (after the warm-up)
+                baseline.append(took)
+            return took
         return run
 
-    baseline, differences = sandwiched_rounds({"b": call("b", 10.0), "x": call("x", 13.0), "y": call("y", 11.0)}, "b",
-                                              2, after_round=lambda index: log.append(f"round {index}"))
+    differences = sandwiched_rounds({"b": call("b", 10.0), "x": call("x", 13.0), "y": call("y", 11.0)}, "b",
+                                    2, after_round=lambda index: log.append(f"round {index}"))
     assert log == ["b", "x", "y", "b", "x", "b", "y", "b", "round 0", "b", "y", "b", "x", "b", "round 1"]
     assert baseline == [10.0, 10.0, 15.0, 20.0, 20.0, 20.0]
     assert differences == {"x": [3.0, 6.0], "y": [1.5 * 11.0 - 12.5, 2.0]}
