@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from typing import Callable
 
 Region = tuple[int, int, tuple[int, ...]]  # start, stop, the nodes it keeps
@@ -61,8 +62,10 @@ class Front:
 Stair = tuple[Front, int, int, int, float, "Region | None"]
 
 
-def merge_fronts(stairs: list[Stair], cost_limit: float, feasibility_only: bool, bucket_bytes: int = 0) -> Front:
-    """Pareto front of the union of shifted front slices, materialising only the survivors.
+def merge_fronts(stairs: list[Stair], cost_limit: float, feasibility_only: bool, bucket_bytes: int = 0,
+                 held_limit: float = math.inf) -> Front:
+    """Pareto front of the union of shifted front slices, materialising only the survivors:
+    those cheaper than `cost_limit` and holding at most `held_limit` bytes.
 
     Each slice is itself a staircase, so after taking an entry the next useful one in the same
     slice is found by bisection on cost instead of walking every dominated entry. With
@@ -77,6 +80,8 @@ def merge_fronts(stairs: list[Stair], cost_limit: float, feasibility_only: bool,
     survivors: list[Entry] = []
     while heap:
         held, cost, index, position = heapq.heappop(heap)
+        if held > held_limit:  # (entries come out lightest first: the rest are heavier still)
+            break
         front, _, hi, added_held, added_cost, region = stairs[index]
         if cost < best:
             entry = Entry(held, cost, front.entries[position], region)
