@@ -34,7 +34,9 @@ its first recomputation step (solvers/region_scan.py), and its time leaves the r
 A state whose held bytes leave room for what the rest of the graph needs with no further region
 (`DpSearch.outside_need`) is a complete plan already: its cost bounds the search from there on,
 so that costlier partial plans are dropped long before the last boundary (on the built-in GPT's
-290 nodes at 80% of its peak, a third of the time).
+290 nodes at 80% of its peak, a third of the time). Held bytes only grow along a plan, so while
+the search is exact it also drops states holding more than the budget less what some later step
+needs whatever the plan (`DpSearch.fixed_need`).
 
 Regions never start at memoryless nodes (views, shape queries) when the next node could start
 them instead. A run inside a submodule call (`Problem.run_spans`) also pays its recording
