@@ -101,7 +101,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                    checkpoints_of: Callable[[Sequence[range]], Sequence[ModuleCheckpoint]],
                    keeping_of: Callable[[Sequence[tuple[range, tuple[int, ...]]]], Sequence[ModuleCheckpoint]],
                    train_step: Callable[[nn.Module], None], device: torch.device,
-                   rounds: int = STEP_ROUNDS) -> StepResiduals:
+                   rounds: int | None = None) -> StepResiduals:
     """What a checkpoint call, a saved tensor, a run and a region keeping nodes cost a training
     step beyond `problem`'s other figures, read off the model's own step, `train_step(module)`
     (forward, loss, backward), on copies sharing the parameters: with `small_calls` and with
@@ -109,7 +109,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     `lone_short_runs` and with `long_runs` recomputed (`checkpoints_of(runs)` applies them; a
     run's cost and a recorded call's, `run_and_recorded_call_ms`) and with `keeping_calls`
     under their selective policies (`keeping_of(pairs)`), each against the unplanned step, in
-    `rounds` paired rounds. A run's and a keeping region's residuals are what they cost beyond
+    `rounds` paired rounds (default `STEP_ROUNDS`). A run's and a keeping region's residuals are what they cost beyond
     a checkpoint call's corrected cost. A set whose rounds cannot tell its measurement from its
     price under the figures held so far is taken at that price (`clock.reading_or_price`).
     Where the blocks measured far under their nodes' times, those are scaled down first
@@ -121,6 +121,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
         StepResiduals(per_call_ms=0.61, per_run_ms=0.49, calls=13, runs=18, per_keep_ms=1.2, keeps=6,
                       saved_tensor_ms=0.021, blocks=6, recorded_call_ms=0.035, long_runs=6, node_time_scale=1.0)
     """
+    rounds = STEP_ROUNDS if rounds is None else rounds  # (read here, so a test may set fewer)
     calls = small_calls(problem, wrapped)
     blocks = [region for region in large_calls(problem, wrapped) if region not in calls] if calls else []
     runs = lone_short_runs(problem, wrapped)

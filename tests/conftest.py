@@ -1,18 +1,44 @@
 import copy
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
 from torch import nn
 
-from planner import plan
+from planner import block_costs, plan, step_costs
 from planner.examples import SmallCNN, TinyGPT, cnn, mlp
 
 # Under pytest-xdist (`.ci/run`: one worker per core) each worker keeps to one core, so two
 # workers do not both spread their kernels over both.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+
+# Timing rounds in a test's planning: checkpoint's costs read off 3 paired rounds of the model's
+# step (and of a block's), not the 9 and 15 a user's planning times. Those rounds were a third
+# of the suite's time. Tests of memory, gradients and plans do not depend on the figures'
+# precision (3 rounds give no interval, so each reading is taken as its median: noisier costs,
+# the same code paths). Tests of the readings themselves are marked `full_timing_rounds`.
+# (Session-wide, so that module-scoped plans get it too; subprocesses plan with the full counts.)
+TEST_TIMING_ROUNDS = 3
+PLANNING_ROUNDS = {step_costs: ("STEP_ROUNDS", step_costs.STEP_ROUNDS),
+                   block_costs: ("FINE_ROUNDS", block_costs.FINE_ROUNDS)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def few_timing_rounds() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        for module, (name, _) in PLANNING_ROUNDS.items():
+            patch.setattr(module, name, TEST_TIMING_ROUNDS)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def full_timing_rounds_where_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("full_timing_rounds") is not None:
+        for module, (name, rounds) in PLANNING_ROUNDS.items():
+            monkeypatch.setattr(module, name, rounds)
 
 
 def small_gpt() -> tuple[nn.Module, torch.Tensor]:

@@ -45,7 +45,7 @@ def test_memory_the_graph_does_not_show_is_measured_kept_free_and_named():
     torch.manual_seed(0)
     model, x = EagerOnlySave().train(), torch.randn(8192, 128)
     with pytest.warns(UserWarning, match="above the traced graph"):
-        unplanned = plan(model, x, budget_gb=80)
+        unplanned = plan(model, x, budget_gb=80, repeats=1)
     gap = unplanned.static_breakdown[BEYOND_GRAPH]
     assert EXTRA_BYTES <= gap <= 2 * EXTRA_BYTES
     measured = unplanned.verify(steps=1).original_peak_bytes
@@ -64,7 +64,7 @@ def test_a_model_whose_code_matches_its_graph_gets_no_such_term():
     with warnings.catch_warnings():
         # (only the eager check's warning: the step readings may warn of node times on a busy machine)
         warnings.filterwarnings("error", message=EAGER_CHECK_WARNING, category=UserWarning)
-        p = plan(model, tokens, budget_gb=80)
+        p = plan(model, tokens, budget_gb=80, repeats=1)
     assert BEYOND_GRAPH not in p.static_breakdown
 
 
@@ -108,7 +108,7 @@ def test_a_plan_whose_own_step_peaks_above_its_budget_is_solved_again_with_the_e
         warnings.filterwarnings("error", message=EAGER_CHECK_WARNING, category=UserWarning)
         # each block one node: every region is a block whose own forward runs again (a run inside
         # it would replay recorded calls and skip its code)
-        base = plan(model, x, budget_gb=80, optimizer=optimizer, leaves=tuple(f"blocks.{i}" for i in range(6)))
+        base = plan(model, x, budget_gb=80, repeats=1, optimizer=optimizer, leaves=tuple(f"blocks.{i}" for i in range(6)))
     assert BEYOND_GRAPH not in base.static_breakdown and BEYOND_PLAN not in base.static_breakdown
     # Node times set, not measured, so that the solver's choice does not hang on the clock: the
     # later a block, the cheaper, so plans checkpoint the last blocks, recomputed where the step

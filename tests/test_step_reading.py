@@ -11,6 +11,8 @@ from conftest import small_gpt
 from planner import plan
 from planner.clock import paired_interval, reading_or_price
 
+pytestmark = pytest.mark.full_timing_rounds  # (the block's fake rounds are as many as a planning's)
+
 
 @pytest.mark.parametrize("n", range(1, 40))
 def test_the_paired_interval_is_the_distribution_free_95_percent_interval_of_a_median(n):
