@@ -9,7 +9,10 @@ instead: a dispatch mode over the submodule's forward counts its ATen calls
 re-registers those that the run itself made with pack/unpack hooks that drop them
 (`SavedTensor.register_hooks`). The first unpack in backward replays the recorded calls under
 `no_grad`, from the run's inputs (kept, as checkpoint keeps a region's inputs) and the RNG
-state saved before its first random call, and hands each dropped tensor back once.
+state saved before its first random call, and hands each dropped tensor back once. A dropped
+tensor whose autograd node is gone by then (an in-place call whose result nothing reads: its
+node is freed in forward and never runs) is not made again, as checkpoint's weak holders skip
+it: kept, it would stay alive until the run's tape is freed, after backward.
 
 Tensors the run saves that it did not make (its inputs, parameters) and tensors that later
 calls save stay as they are, so memory is that of a region on exactly those nodes.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -63,18 +67,29 @@ class _Arg:
     owner: torch.nn.Module | None = None  # the FSDP2 unit that gathered it (a parameter it frees)
 
 
+class _Holder:
+    """What a dropped saved tensor's autograd node keeps in the tensor's place: its slot. The
+    tape holds it weakly, so the holder dies with the node."""
+
+    __slots__ = ("slot", "__weakref__")
+
+    def __init__(self, slot: int):
+        self.slot = slot
+
+
 @dataclass
 class RunTape:
     """One run's recorded calls in one forward, and the dropped saved tensors to hand back.
 
     Example:
-        >>> tape.replay(); tape.unpack(0).shape
-        torch.Size([4, 256, 768])
+        >>> tape.replay(); sorted(tape.replayed)[:2]
+        [0, 1]
     """
 
     calls: list[tuple[Any, list[_Arg], Any]] = field(default_factory=list)  # (func, flat args, spec)
     made: dict[tuple[Any, ...], _Ref] = field(default_factory=dict)  # tensor key -> the call that made it
     slots: dict[int, _Ref] = field(default_factory=dict)  # dropped saved tensor -> its maker
+    holders: dict[int, weakref.ref[_Holder]] = field(default_factory=dict)  # slot -> what its node keeps
     rng: tuple[int, torch.Tensor, torch.device | None, torch.Tensor | None] | None = None
     replayed: dict[int, torch.Tensor] | None = None
     units: UnitParameters | None = None
@@ -136,7 +151,7 @@ class RunTape:
                     slot = next(self._slot_ids)
                     self.slots[slot] = ref
                     try:
-                        saved.register_hooks(lambda _tensor, slot=slot: slot, self.unpack)
+                        saved.register_hooks(functools.partial(self._pack, slot), self.unpack)
                     except RuntimeError as error:
                         raise RuntimeError("a run the plan recomputes cannot drop the tensors it saves: another "
                                            "saved_tensors_hooks context is active (activation offloading, an outer "
@@ -144,8 +159,15 @@ class RunTape:
                     dropped += 1
         return dropped
 
-    def unpack(self, slot: int) -> torch.Tensor:
-        """The dropped saved tensor `slot`, replaying the run first if needed; handed back once."""
+    def _pack(self, slot: int, _tensor: torch.Tensor) -> _Holder:
+        holder = _Holder(slot)
+        self.holders[slot] = weakref.ref(holder)
+        return holder
+
+    def unpack(self, holder: _Holder) -> torch.Tensor:
+        """The dropped saved tensor that `holder` stands for, replaying the run first if
+        needed; handed back once."""
+        slot = holder.slot
         if self.replayed is None or slot not in self.replayed:  # (again: a backward with retain_graph)
             self.replay()
         assert self.replayed is not None
@@ -153,8 +175,10 @@ class RunTape:
 
     def replay(self) -> None:
         """Run the recorded calls again, up to the last one that made a dropped tensor, without
-        autograd or autocast, keeping only what later calls read or backward asks for."""
-        wanted = set(self.slots.values())
+        autograd or autocast, keeping only what later calls read or backward asks for (of the
+        dropped tensors, those whose autograd node is still alive)."""
+        live = {slot: ref for slot, ref in self.slots.items() if self.holders[slot]() is not None}
+        wanted = set(live.values())
         last = max((ref[0] for ref in wanted), default=-1)
         last_read: dict[_Ref, int] = {}
         for index, (_, args, _) in enumerate(self.calls[:last + 1]):
@@ -184,7 +208,7 @@ class RunTape:
                 for arg in args:
                     if arg.ref is not None and last_read.get(arg.ref) == index and arg.ref not in wanted:
                         values.pop(arg.ref, None)
-        self.replayed = {slot: values[ref] for slot, ref in self.slots.items()}
+        self.replayed = {slot: values[ref] for slot, ref in live.items()}
 
 
 def _flatten(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
