@@ -181,8 +181,9 @@ def _mismatch(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -
     return None
 
 
-def check_seed(seed: int) -> dict[str, Any]:
+def check_seed(seed: int, free_keeps: bool | None = None) -> dict[str, Any]:
     """Plan `random_model(seed)` at a random feasible budget and check the plan. See the module doc.
+    `free_keeps`: plan with the selective policy's costs at 0 (default: on odd seeds).
 
     Returns: seed, model (a description), features, nodes, regions, modules (checkpointed),
     solver, status, budget, minimum, baseline, predicted, measured, error, baseline_measured,
@@ -202,7 +203,7 @@ def check_seed(seed: int) -> dict[str, Any]:
         reference = copy.deepcopy(model)
         stage = "plan"
         unplanned = plan(model, sample, budget_gb=80, repeats=1)
-        if seed % 2:  # keeping free: plans keep nodes where that saves recomputation (see above)
+        if seed % 2 if free_keeps is None else free_keeps:  # keeping free: plans keep nodes where that saves recomputation (see above)
             unplanned.problem = replace(unplanned.problem, keep_region_ms=0.0, keep_call_ms=0.0, kept_node_ms=0.0)
         minimum = minimum_peak_bytes(unplanned.problem)
         baseline = unplanned.baseline_peak_bytes
