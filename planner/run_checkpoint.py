@@ -89,7 +89,8 @@ class RunTape:
     calls: list[tuple[Any, list[_Arg], Any]] = field(default_factory=list)  # (func, flat args, spec)
     made: dict[tuple[Any, ...], _Ref] = field(default_factory=dict)  # tensor key -> the call that made it
     slots: dict[int, _Ref] = field(default_factory=dict)  # dropped saved tensor -> its maker
-    holders: dict[int, weakref.ref[_Holder]] = field(default_factory=dict)  # slot -> what its node keeps
+    # slot -> what its node keeps, while the node lives (replay makes only these slots' tensors)
+    holders: weakref.WeakValueDictionary[int, _Holder] = field(default_factory=weakref.WeakValueDictionary)
     rng: tuple[int, torch.Tensor, torch.device | None, torch.Tensor | None] | None = None
     replayed: dict[int, torch.Tensor] | None = None
     units: UnitParameters | None = None
@@ -160,8 +161,7 @@ class RunTape:
         return dropped
 
     def _pack(self, slot: int, _tensor: torch.Tensor) -> _Holder:
-        holder = _Holder(slot)
-        self.holders[slot] = weakref.ref(holder)
+        holder = self.holders[slot] = _Holder(slot)
         return holder
 
     def unpack(self, holder: _Holder) -> torch.Tensor:
@@ -177,7 +177,7 @@ class RunTape:
         """Run the recorded calls again, up to the last one that made a dropped tensor, without
         autograd or autocast, keeping only what later calls read or backward asks for (of the
         dropped tensors, those whose autograd node is still alive)."""
-        live = {slot: ref for slot, ref in self.slots.items() if self.holders[slot]() is not None}
+        live = {slot: ref for slot, ref in self.slots.items() if slot in self.holders}
         wanted = set(live.values())
         last = max((ref[0] for ref in wanted), default=-1)
         last_read: dict[_Ref, int] = {}

@@ -203,7 +203,8 @@ def check_seed(seed: int, free_keeps: bool | None = None) -> dict[str, Any]:
         reference = copy.deepcopy(model)
         stage = "plan"
         unplanned = plan(model, sample, budget_gb=80, repeats=1)
-        if seed % 2 if free_keeps is None else free_keeps:  # keeping free: plans keep nodes where that saves recomputation (see above)
+        free = seed % 2 == 1 if free_keeps is None else free_keeps  # keeping free (see the module doc)
+        if free:
             unplanned.problem = replace(unplanned.problem, keep_region_ms=0.0, keep_call_ms=0.0, kept_node_ms=0.0)
         minimum = minimum_peak_bytes(unplanned.problem)
         baseline = unplanned.baseline_peak_bytes

@@ -180,8 +180,6 @@ def test_torch_compile_of_runs_in_the_models_own_forward_trains_like_eager():
     for got, want in zip(compiled_grads + compiled_buffers, grads + buffers):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
-
-
 def test_a_run_does_not_make_again_what_a_node_freed_in_forward_saved():
     # Fuzz seed 478: in a run in the model's own forward, an in-place ReLU writes `add`, which
     # nothing reads afterwards; autograd saves the result for a node freed in forward with it.
