@@ -147,16 +147,18 @@ class Plan(PlanFigures):
         regions = submodule_regions(self.wrapped, modules)
         return self._given(regions, kept_indices(self.problem, regions, kept))
 
-    def with_regions(self, regions: Sequence[tuple[str, str]]) -> "Plan":
+    def with_regions(self, regions: Sequence[tuple[str, str]], kept: Sequence[str] = ()) -> "Plan":
         """The same measurements with exactly `regions` recomputed, each given by its first and
         last fx node names: a submodule call, or a run of nodes inside one (`Problem.run_spans`,
-        recomputed alone), as a plan you would write by hand. Its budget is as `with_submodules`'s.
+        recomputed alone), as a plan you would write by hand; submodule calls keep the outputs
+        of the nodes in `kept` that lie in them. Its budget is as `with_submodules`'s.
 
         Example:
             >>> p.with_regions([("blocks_0_norm2", "blocks_0_mlp_1")]).module_checkpoints[0].runs
             ((51, 57),)
         """
-        return self._given(named_regions(self.problem, regions), ())
+        chosen = named_regions(self.problem, regions)
+        return self._given(chosen, kept_indices(self.problem, chosen, kept))
 
     def _given(self, regions: tuple[range, ...], keep: tuple[int, ...]) -> "Plan":
         peak = peak_bytes(self.problem, regions, keep)

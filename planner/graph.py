@@ -141,11 +141,12 @@ def saved_calls(gm: fx.GraphModule, region: range, kept: Collection[int]) -> tup
 
 
 def run_checkpoints(gm: fx.GraphModule, problem: Problem, regions: Sequence[range],
-                    wrapped: dict[range, ModuleCheckpoint]) -> dict[range, ModuleCheckpoint]:
+                    wrapped: dict[range, ModuleCheckpoint], kept: Collection[int] = ()) -> dict[range, ModuleCheckpoint]:
     """For each of `regions` that is a run inside a submodule call (`Problem.run_span_of`),
     how that call's forward is applied: not checkpointed, recomputing the ATen calls of every
     planned run inside it (`ModuleCheckpoint.runs`, indices into its calls as the model's
-    forward makes them, `planner.run_checkpoint.counted_call`).
+    forward makes them, `planner.run_checkpoint.counted_call`). `kept`: the plan's kept
+    nodes; a run's recording does not start inside a region that keeps some (see below).
 
     Example:
         >>> run_checkpoints(gm, problem, [range(30, 34)], wrapped)[range(30, 34)].runs
@@ -157,6 +158,12 @@ def run_checkpoints(gm: fx.GraphModule, problem: Problem, regions: Sequence[rang
         span = problem.run_span_of(region)
         if span is not None:
             runs.setdefault(span, []).append(region)
+    # A region that keeps nodes runs its forward under its selective policy's dispatch mode,
+    # which must nest with the recording's: a recording started at a submodule's hook inside
+    # that forward would be popped when the policy's mode exits (fuzz seed 401: the run freed
+    # nothing). Such a window starts at the keeping region's own pre-hook instead, and so also
+    # sees its forward's calls (at `run_call_ms` each, which the solvers do not price).
+    keeping = [region for region in regions if region in wrapped and any(i in region for i in kept)]
     found: dict[range, ModuleCheckpoint] = {}
     for span, inside in runs.items():
         calls: list[str] = []
@@ -169,6 +176,7 @@ def run_checkpoints(gm: fx.GraphModule, problem: Problem, regions: Sequence[rang
         windows = []
         for region in inside:  # the submodules whose forward hooks start and stop the recording
             entry, leave = problem.run_windows(region)  # type: ignore[misc]
+            entry = next((r for r in keeping if r.start <= entry.start and entry.stop <= r.stop), entry)
             windows.append((wrapped[entry].module.removeprefix(prefix) if entry != span else "", first_call[entry.start],
                             wrapped[leave].module.removeprefix(prefix) if leave != span else "",
                             first_call[leave.stop]))

@@ -30,7 +30,7 @@ def region_specs(gm: fx.GraphModule, problem: Problem, solution: Solution,
     """
     keeping = {region: replace(wrapped[region], saved_calls=saved_calls(gm, region, solution.kept))
                for region in solution.regions if region in wrapped}
-    runs = run_checkpoints(gm, problem, solution.regions, wrapped)
+    runs = run_checkpoints(gm, problem, solution.regions, wrapped, solution.kept)
     return {**wrapped, **keeping, **runs, **merged_segments(solution.regions, wrapped)}
 
 

@@ -194,3 +194,47 @@ def test_a_run_does_not_make_again_what_a_node_freed_in_forward_saved():
     assert_trains_like(runs.module(), model, sample)
     record = runs.verify(steps=2)
     assert record.gradients_match and abs(record.peak_error) <= 0.005, str(record)
+
+
+class _Pair(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(width, width)
+        self.fc2 = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class _PairThenGlue(torch.nn.Module):
+    """A block, then glue in the model's own forward: a run there starts recording at the
+    pre-hook of the block's last linear, the innermost submodule call before it."""
+
+    def __init__(self, width: int = 64):
+        super().__init__()
+        self.block = _Pair(width)
+        self.head = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.block(x)
+        h = torch.tanh(h) * torch.sigmoid(h)
+        return self.head(h * h)
+
+
+def test_a_run_whose_recording_would_start_inside_a_keeping_region_frees_what_was_predicted():
+    # Fuzz seed 401: the block keeps its first linear under a selective policy, whose dispatch
+    # mode is on over its forward; the recording's mode, entered at fc2's pre-hook inside it,
+    # was popped when the policy's exited, and the run freed nothing (the run's freed bytes above
+    # the predicted peak).
+    torch.manual_seed(0)
+    model, x = _PairThenGlue(), torch.randn(256, 64)
+    p = plan(model, x, budget_gb=80, repeats=1)
+    keeping = p.with_regions([("block_fc1", "block_fc2"), ("tanh", "mul_1")], kept=["block_fc1"])
+    assert keeping.solution.kept and [len(spec.runs) for spec in keeping.module_checkpoints] == [0, 1]
+    window = keeping.module_checkpoints[1].run_windows[0]
+    assert window[0] == "block"  # not "block.fc2"
+    planned = keeping.module()
+    assert_trains_like(planned, model, x)
+    assert planned.__dict__["forward"].recording.dropped > 0
+    record = keeping.verify(steps=2)
+    assert record.gradients_match and abs(record.peak_error) <= 0.005, str(record)
