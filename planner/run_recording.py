@@ -15,10 +15,11 @@ Example:
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Sequence
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from planner.memory import draws_random_numbers
 from planner.run_checkpoint import RunTape, counted_call
@@ -47,6 +48,12 @@ class _SharedDispatch(TorchDispatchMode):
         cls.active.remove(recorder)
         if not cls.active and cls.mode is not None:
             mode, cls.mode = cls.mode, None
+            if _get_current_dispatch_mode() is not mode:
+                # Modes leave by popping the top of one stack: another mode entered or left
+                # inside the window popped this one (and stopped the recording), or is popped here.
+                warnings.warn("a recomputed run's recording crossed the scope of another dispatch mode (entered "
+                              "or left inside the run's window: a selective-checkpoint policy, a profiler, your "
+                              "own TorchDispatchMode), so the run may hold more memory than planned", stacklevel=2)
             mode.__exit__(None, None, None)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

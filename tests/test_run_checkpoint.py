@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import copy
 import inspect
+import warnings
 from dataclasses import replace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import assert_trains_like, cnn_step, small_cnn_plan, small_gpt, train_step
 from planner import load_plan, plan
@@ -51,6 +53,28 @@ def test_recorded_runs_give_the_unplanned_gradients_bit_for_bit():
         grads = _block_step(block, x, mask, recorder)
         assert recorder.mismatch is None and recorder.dropped > 0
         assert all(torch.equal(a, b) for a, b in zip(grads, expected)), runs
+
+
+class _PassThrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_dispatch_mode_entered_inside_a_recording_and_left_after_it_is_warned_about():
+    # (modes leave by popping the top of one stack: the recording's exit pops the other mode)
+    linear, x = torch.nn.Linear(8, 8), torch.randn(4, 8, requires_grad=True)
+    names = [name for name in forward_calls(linear, x) if counted_call(name)]
+    recorder, other = RunRecorder(names, ((0, len(names)),)), _PassThrough()
+    with pytest.warns(UserWarning, match="crossed the scope of another dispatch mode"):
+        recorder.__enter__()
+        other.__enter__()
+        linear(x)
+        recorder.__exit__(None, None, None)
+    other.__exit__(None, None, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with recorder, _PassThrough():  # nested: no warning
+            linear(x)
 
 
 def test_a_forward_with_other_calls_stops_recording_and_warns():
