@@ -30,6 +30,7 @@ CHECKS = {
     "grads_ok": "gradients equal to the unplanned model's (plan applied in place)",
     "buffers_ok": "BatchNorm running_mean/var/num_batches_tracked equal",
     "outputs_ok": "outputs equal",
+    "half_batch_ok": "a second step on half the batch: outputs, gradients and buffers equal",
     "verify_grads_ok": "Plan.verify: gradients match",
     "within_budget": "measured peak within the budget",
     "error_ok": f"|peak error| <= {100 * PEAK_TOLERANCE:.0f}%",

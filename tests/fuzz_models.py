@@ -18,7 +18,7 @@ again (deterministically, from `10**6 + seed * 1000 + k`).
 the unplanned peak (on odd seeds with the selective policy's costs set to 0, so that plans keep
 nodes inside regions: on models this small the measured costs outweigh what keeping saves, and
 no plan would), applies the plan in place and compares one training step with an
-unplanned deep copy (gradients, BatchNorm statistics), and verifies the predicted peak
+unplanned deep copy (gradients, BatchNorm statistics), then one on half the batch, and verifies the predicted peak
 against the measured one (`Plan.verify`). It returns a plain record.
 
     >>> model, sample = random_model(3)
@@ -188,7 +188,8 @@ def check_seed(seed: int, free_keeps: bool | None = None) -> dict[str, Any]:
     Returns: seed, model (a description), features, nodes, regions, modules (checkpointed),
     solver, status, budget, minimum, baseline, predicted, measured, error, baseline_measured,
     baseline_error (of the unplanned prediction), and the flags grads_ok, buffers_ok,
-    outputs_ok, within_budget, error_ok, verify_grads_ok, verify_outputs_ok, ok; `failure`
+    outputs_ok, half_batch_ok (a second step on half the batch: outputs, gradients, buffers),
+    within_budget, error_ok, verify_grads_ok, verify_outputs_ok, ok; `failure`
     names what failed (with a traceback where something raised).
     """
     from planner import plan
@@ -241,10 +242,17 @@ def check_seed(seed: int, free_keeps: bool | None = None) -> dict[str, Any]:
         outputs_problem = _mismatch({"output": expected_output}, {"output": output})
         grads_problem = _mismatch(expected_grads, grads)
         buffers_problem = _mismatch(_buffers(reference), _buffers(model))
+        stage = "train on half the batch"  # (another shape: runs are recorded call by call)
+        half = sample[:sample.shape[0] // 2]
+        expected_output, expected_grads = training_step(reference, half)
+        output, grads = training_step(model, half)
+        half_problem = (_mismatch({"output": expected_output}, {"output": output})
+                        or _mismatch(expected_grads, grads) or _mismatch(_buffers(reference), _buffers(model)))
         record.update(outputs_ok=outputs_problem is None, grads_ok=grads_problem is None,
-                      buffers_ok=buffers_problem is None)
+                      buffers_ok=buffers_problem is None, half_batch_ok=half_problem is None)
         problems = [f"{what}: {text}" for what, text in (("output", outputs_problem), ("gradient", grads_problem),
-                                                          ("buffer", buffers_problem)) if text]
+                                                          ("buffer", buffers_problem),
+                                                          ("half the batch", half_problem)) if text]
         if not record["within_budget"]:
             problems.append(f"measured peak {record['measured']} B over budget {record['budget']} B")
         if not record["error_ok"]:

@@ -46,6 +46,7 @@ def test_plan_applied_in_place_trains_like_the_original(seed):
     record = checked(seed)
     assert "grads_ok" in record, describe(record)  # planned, verified, applied and trained
     assert record["grads_ok"] and record["buffers_ok"] and record["outputs_ok"], describe(record)
+    assert record["half_batch_ok"], describe(record)  # another batch size
     assert record["verify_grads_ok"] and record["verify_outputs_ok"], describe(record)
     assert record["within_budget"], describe(record)
 
