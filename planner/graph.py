@@ -253,6 +253,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     fixed = _touching_written_inputs(nodes)
     no_runs = {*segments, *sequentials}
     spans = tuple(span for span in run_spans(nodes, allowed_regions) if span not in no_runs)
+    buffer_sizes = {name: buffer.numel() * buffer.element_size() for name, buffer in gm.named_buffers()}
     costs = []
     for i, node in enumerate(nodes):
         record = node.meta[META_KEY]
@@ -276,6 +277,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 shared_grads=tuple(shared.get(i, ())),
                 is_output=node.name in returned,
                 random=record.random,
+                buffer_bytes=sum(buffer_sizes[name] for name in record.mutated_buffers),
                 stops_before_output=record.stops_before_output,
                 stop_ms=record.stop_ms,
                 keepable=bool(record.keep_calls) and i not in written,

@@ -60,12 +60,13 @@ class KeepSteps:
 @dataclasses.dataclass(frozen=True)
 class KeepEnd:
     """A region that may keep, seen from its last node: its recomputation's steps (up to its last
-    saving node `saver`), the RNG copy while recomputing, and whether some choice of kept nodes
-    may fit the budget."""
+    saving node `saver`), the copies it holds while recomputing (`Problem.recompute_copy_bytes`:
+    the RNG state's and the written buffers'), and whether some choice of kept nodes may fit
+    the budget."""
 
     saver: int
     steps: KeepSteps
-    rng_bytes: int
+    copy_bytes: int
     fits: bool
 
 
@@ -191,6 +192,7 @@ def keep_ends(
         inputs: set[int] = set()
         inputs_bytes = 0
         random = False
+        buffers = 0
         saver = -1
         scan = RecomputeSteps(problem, structure, a)
         values: list[int] | None = None  # the steps up to `saver`, once asked for
@@ -207,6 +209,7 @@ def keep_ends(
                     inputs.add(j)
                     inputs_bytes += structure.output_bytes[j]
             random = random or problem.nodes[e].random
+            buffers += problem.nodes[e].buffer_bytes
             if structure.saves_for_backward[e]:
                 saver, values, grouped = e, None, {}
             if saver < 0 or not problem.allows_region(a, e + 1):
@@ -218,9 +221,9 @@ def keep_ends(
                 values = scan.stop_at(saver) if values is None else values
                 grouped[candidates] = keep_steps(problem, values, a, saver, candidates)
             steps = grouped[candidates]
-            rng_bytes = problem.rng_state_bytes if random else 0
-            needs = steps.lowest + rng_bytes + structure.gradient_recompute[saver + 1] + inputs_bytes
-            ends[e][a] = KeepEnd(saver, steps, rng_bytes, needs <= limit)
+            copy_bytes = (problem.rng_state_bytes if random else 0) + buffers  # (`Problem.recompute_copy_bytes`)
+            needs = steps.lowest + copy_bytes + structure.gradient_recompute[saver + 1] + inputs_bytes
+            ends[e][a] = KeepEnd(saver, steps, copy_bytes, needs <= limit)
     return ends
 
 
@@ -318,7 +321,7 @@ def recompute_loads(
                    for j in range(c if inclusive else c + 1, i + 1) if i in keep.get(j, {}))
 
     def grouped(value: Callable[[KeepSteps], int]) -> Any:  # over the regions that may end here
-        return sum(scaled(value(end.steps) + end.rng_bytes) * ending for end, ending in keeping)
+        return sum(scaled(value(end.steps) + end.copy_bytes) * ending for end, ending in keeping)
 
     loads = [sum(plain) + grouped(lambda steps: steps.after)]
     for c in sorted({c for end, _ in keeping for c in end.steps.candidates}):

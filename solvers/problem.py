@@ -63,6 +63,9 @@ class NodeCost:
     arguments: tuple[int, ...] = ()
     is_output: bool = False  # returned by the graph: alive until backward starts
     random: bool = False  # draws random numbers: a region holding it keeps a copy of the RNG state
+    # bytes of the buffers it writes in place (BatchNorm's running statistics): a region holding
+    # it copies them while it recomputes, to put them back after (`planner.apply.restored_buffers`)
+    buffer_bytes: int = 0
     # Its last saved tensor is packed before it makes its output (an input or an intermediate,
     # saved before its last kernel runs: a linear, a GELU, dropout's product): recomputation that
     # stops at it (`Problem.recomputed`) never makes its output. Not with itself in `saves`.
@@ -331,6 +334,12 @@ class Problem:
     def region_rng_bytes(self, region: range) -> int:
         """The RNG state a region keeps: `rng_state_bytes` if one of its nodes is random."""
         return self.rng_state_bytes if any(self.nodes[i].random for i in region) else 0
+
+    def recompute_copy_bytes(self, region: range) -> int:
+        """What a region holds while it recomputes besides the recomputed tensors: a copy of the
+        RNG state where it is random (`fork_rng`), and of the buffers its nodes write (a run's
+        replay copies them one call at a time: counted over its whole recomputation, a bound)."""
+        return self.region_rng_bytes(region) + sum(self.nodes[i].buffer_bytes for i in region)
 
     def recomputed(self, region: range) -> range:
         """The nodes of `region` that recomputation runs: up to the last one that saves a

@@ -110,9 +110,11 @@ def scan_regions(structure: Structure, problem: Problem, start: int,
     referenced_later: list[int] = []
     stop_best = 0  # the region's recomputation peak, stopping at the last saver
     random = False  # the region draws random numbers: checkpoint forks the RNG state to recompute
+    buffers = 0  # bytes of the buffers its nodes write: copied while it recomputes
     for e in range(start, structure.n):
         random = random or problem.nodes[e].random
-        fork = problem.rng_state_bytes if random else 0
+        buffers += problem.nodes[e].buffer_bytes
+        fork = (problem.rng_state_bytes if random else 0) + buffers  # (`Problem.recompute_copy_bytes`)
         if saver[e]:
             referenced_later += [k for k in (*pending, e) if referenced_until[k] > e]
             for k in pending:

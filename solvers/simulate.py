@@ -79,7 +79,8 @@ def validate_regions(problem: Problem, regions: tuple[range, ...], kept: Collect
 class Buffers:
     """Every buffer of one step under a plan: (owner node or -1, kind, bytes, first step, last
     step), alive over first..last inclusive, plus each step's temporaries and the step labels.
-    Kinds: "output", "saved" (a node's), "rng" (a region's RNG state), "gradient".
+    Kinds: "output", "saved" (a node's), "rng" (a region's RNG state), "copies" (what a region
+    copies while recomputing: `Problem.recompute_copy_bytes`), "gradient".
     `backward_step[i]` is the step of node i's backward.
     `simulate` sums them; `solvers.recompute_bound` asks which node owns what at each step."""
 
@@ -182,7 +183,8 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
         if not recomputed:
             continue
         stop = recompute_step[recomputed.stop - 1]
-        hold(-1, "rng", rng_bytes, recompute_step[recomputed.start], stop)  # fork_rng's copy while recomputing
+        # fork_rng's copy and the written buffers' copies, while recomputing
+        hold(-1, "copies", problem.recompute_copy_bytes(region), recompute_step[recomputed.start], stop)
         last_copy = {j: recompute_step[j] for j in recomputed}
         for k in recomputed:
             for owner in (*nodes[k].uses, *nodes[k].holds, *nodes[k].arguments):

@@ -69,6 +69,8 @@ def problems(
                 arguments=(draw(st.integers(0, i - 1)),) if i and draw(st.integers(0, 5)) == 0 else (),
                 is_output=i == n - 1 or draw(st.integers(0, 9)) == 0,
                 random=draw(st.integers(0, 4)) == 0,  # dropout: its region keeps an RNG state
+                # BatchNorm's running statistics: a region holding it copies them to recompute
+                buffer_bytes=draw(st.sampled_from([0, 0, 0, 0, 2])),
                 # a linear or GELU: recomputation stopping here never makes its output
                 stops_before_output=i not in saves and draw(st.booleans()),
                 # forward time up to its last save (a dropout's mask: most of it; a linear: none)
