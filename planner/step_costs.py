@@ -110,8 +110,9 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     run's cost and a recorded call's, `run_and_recorded_call_ms`) and with `keeping_calls`
     under their selective policies (`keeping_of(pairs)`), each against the unplanned step, in
     `rounds` paired rounds (default `STEP_ROUNDS`). A run's and a keeping region's residuals
-    are what they cost beyond a checkpoint call's corrected cost. A set whose rounds cannot tell its measurement from its
-    price under the figures held so far is taken at that price (`clock.reading_or_price`).
+    are what they cost beyond a checkpoint call's corrected cost. A set whose rounds cannot tell
+    its measurement from its price under the figures held so far is taken at that price
+    (`clock.reading_or_price`).
     Where the blocks measured far under their nodes' times, those are scaled down first
     (`node_time_scale`). The model, its gradients, buffers and the RNG are left as they were.
 

@@ -26,7 +26,8 @@ from solvers.brute_force import minimum_peak_brute_force, solve_brute_force
 from solvers.dp import minimum_peak_dp, solve_dp
 from solvers.graphs import load_graph
 from solvers.ilp import solve_ilp
-from solvers.problem import InfeasibleBudget, NodeCost, Problem, Solution, Status, format_bytes
+from solvers.problem import InfeasibleBudget, NodeCost, Problem, format_bytes
+from solvers.solution import Solution, Status
 from solvers.recompute_bound import RecomputeBound, recompute_lower_bound
 from solvers.simulate import Timeline, held_after_forward, peak_bytes, simulate
 from solvers.sqrt import solve_sqrt

@@ -12,7 +12,8 @@ import time
 from itertools import chain, product
 from typing import Iterator
 
-from solvers.problem import InfeasibleBudget, Problem, Solution, Status
+from solvers.problem import InfeasibleBudget, Problem
+from solvers.solution import Solution, Status
 from solvers.simulate import make_solution, peak_bytes
 
 logger = logging.getLogger(__name__)

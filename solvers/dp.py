@@ -13,7 +13,8 @@ from dataclasses import replace
 
 from solvers.dp_search import dp_search
 from solvers.dp_settings import dp_settings
-from solvers.problem import InfeasibleBudget, Problem, Solution, Status
+from solvers.problem import InfeasibleBudget, Problem
+from solvers.solution import Solution, Status
 from solvers.simulate import make_solution, peak_bytes
 from solvers.structure import Structure
 

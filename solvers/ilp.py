@@ -28,7 +28,8 @@ import math
 import time
 from typing import Collection
 
-from solvers.problem import InfeasibleBudget, Problem, Solution, Status
+from solvers.problem import InfeasibleBudget, Problem
+from solvers.solution import Solution, Status
 from solvers.simulate import make_solution, peak_bytes
 from solvers.ilp_model import bound_by_optimum, build_model, hint_plan, load_cp_model, scaled_cost
 from solvers.ilp_warm_start import (SINGLE_NODE_SHARE, Plan, cp_sat_solver, greedy_single_nodes, lp_guided_plan,

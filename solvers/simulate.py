@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Collection
 
 from solvers.gradients import gradient_spans
-from solvers.problem import Problem, Solution, Status
+from solvers.problem import Problem
+from solvers.solution import Solution, Status
 
 
 @dataclass(frozen=True)

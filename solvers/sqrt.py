@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 import time
 
-from solvers.problem import InfeasibleBudget, Problem, Solution, Status
+from solvers.problem import InfeasibleBudget, Problem
+from solvers.solution import Solution, Status
 from solvers.simulate import held_after_forward, make_solution, peak_bytes
 
 

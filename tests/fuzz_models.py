@@ -18,8 +18,8 @@ again (deterministically, from `10**6 + seed * 1000 + k`).
 the unplanned peak (on odd seeds with the selective policy's costs set to 0, so that plans keep
 nodes inside regions: on models this small the measured costs outweigh what keeping saves, and
 no plan would), applies the plan in place and compares one training step with an
-unplanned deep copy (gradients, BatchNorm statistics), then one on half the batch, and verifies the predicted peak
-against the measured one (`Plan.verify`). It returns a plain record.
+unplanned deep copy (gradients, BatchNorm statistics), then one on half the batch, and
+verifies the predicted peak against the measured one (`Plan.verify`). It returns a plain record.
 
     >>> model, sample = random_model(3)
     >>> record = check_seed(3)
@@ -181,6 +181,15 @@ def _mismatch(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -
     return None
 
 
+def _step_mismatches(reference: nn.Module, model: nn.Module,
+                      sample: torch.Tensor) -> tuple[str | None, str | None, str | None]:
+    """One training step of each: where outputs, gradients and buffers differ (None: equal)."""
+    expected_output, expected_grads = training_step(reference, sample)
+    output, grads = training_step(model, sample)
+    return (_mismatch({"output": expected_output}, {"output": output}), _mismatch(expected_grads, grads),
+            _mismatch(_buffers(reference), _buffers(model)))
+
+
 def check_seed(seed: int, free_keeps: bool | None = None) -> dict[str, Any]:
     """Plan `random_model(seed)` at a random feasible budget and check the plan. See the module doc.
     `free_keeps`: plan with the selective policy's costs at 0 (default: on odd seeds).
@@ -237,17 +246,10 @@ def check_seed(seed: int, free_keeps: bool | None = None) -> dict[str, Any]:
         stage = "apply"
         p.apply(model)
         stage = "train"
-        expected_output, expected_grads = training_step(reference, sample)
-        output, grads = training_step(model, sample)
-        outputs_problem = _mismatch({"output": expected_output}, {"output": output})
-        grads_problem = _mismatch(expected_grads, grads)
-        buffers_problem = _mismatch(_buffers(reference), _buffers(model))
+        outputs_problem, grads_problem, buffers_problem = _step_mismatches(reference, model, sample)
         stage = "train on half the batch"  # (another shape: runs are recorded call by call)
-        half = sample[:sample.shape[0] // 2]
-        expected_output, expected_grads = training_step(reference, half)
-        output, grads = training_step(model, half)
-        half_problem = (_mismatch({"output": expected_output}, {"output": output})
-                        or _mismatch(expected_grads, grads) or _mismatch(_buffers(reference), _buffers(model)))
+        half_problem = next((text for text in _step_mismatches(reference, model, sample[:sample.shape[0] // 2])
+                             if text), None)
         record.update(outputs_ok=outputs_problem is None, grads_ok=grads_problem is None,
                       buffers_ok=buffers_problem is None, half_batch_ok=half_problem is None)
         problems = [f"{what}: {text}" for what, text in (("output", outputs_problem), ("gradient", grads_problem),
