@@ -170,7 +170,37 @@ def forward_scratch(profile: torch.profiler.profile, device_type: str, label_pre
         ...         y = conv(x)
         >>> forward_scratch(profile, "cpu", "node:")["conv"]
     """
+    return {label: max((_scratch_extra(_subtree_allocations(operator, device_type)) for operator in operators),
+                       default=0)
+            for label, (operators, _) in _labelled_operators(profile, label_prefix, None).items()}
+
+
+def scratch_before_mark(profile: torch.profiler.profile, device_type: str, label_prefix: str,
+                        mark: str) -> dict[str, int]:
+    """`forward_scratch` counting only what is allocated before the last `record_function(mark)`
+    inside each labelled range, for the ranges that hold one: the scratch a forward holds
+    when it is stopped there (recomputation stops at a node's last saved tensor, raised from
+    its pack hook, before the kernel that makes its output allocates anything).
+
+    Example:
+        >>> scratch_before_mark(profile, "cpu", "node:", "saved tensor")["conv"]  # saved before its kernel
+        0
+    """
     scratch: dict[str, int] = {}
+    for label, (operators, mark_ns) in _labelled_operators(profile, label_prefix, mark).items():
+        if mark_ns is None:
+            continue
+        before = ([event for event in _subtree_allocations(operator, device_type) if event.time_ns < mark_ns]
+                  for operator in operators if operator.start_time_ns < mark_ns)
+        scratch[label] = max((_scratch_extra(events) for events in before), default=0)
+    return scratch
+
+
+def _labelled_operators(profile: torch.profiler.profile, label_prefix: str,
+                        mark: str | None) -> dict[str, tuple[list[Any], int | None]]:
+    """Per `record_function(label_prefix + name)` range: its outermost `aten::` operators, and
+    when the last `record_function(mark)` inside it started (None: none, or no `mark`)."""
+    found: dict[str, tuple[list[Any], int | None]] = {}
     stack = [(root, None) for root in profile.profiler.kineto_results.experimental_event_tree()]
     while stack:
         node, label = stack.pop()
@@ -178,13 +208,27 @@ def forward_scratch(profile: torch.profiler.profile, device_type: str, label_pre
             continue
         if node.name.startswith(label_prefix):
             label = node.name[len(label_prefix):]
+            marks = _marks_under(node, mark) if mark is not None else []
+            found[label] = (found.get(label, ([], None))[0], max(marks, default=None))
         elif node.name.startswith("aten::"):
-            extra = _scratch_extra(_subtree_allocations(node, device_type))
-            if extra and label is not None:
-                scratch[label] = max(scratch.get(label, 0), extra)
+            if label is not None:
+                found[label][0].append(node)
             continue
         stack.extend((child, label) for child in node.children)
-    return scratch
+    return found
+
+
+def _marks_under(operator: Any, mark: str) -> list[int]:
+    """Start times of the `record_function(mark)` ranges anywhere under `operator`."""
+    times = []
+    stack = [operator]
+    while stack:
+        node = stack.pop()
+        if node.typed[0] == _EventType.TorchOp:
+            if node.name == mark:
+                times.append(node.start_time_ns)
+            stack.extend(node.children)
+    return times
 
 
 @dataclass(frozen=True)

@@ -280,6 +280,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 buffer_bytes=sum(buffer_sizes[name] for name in record.mutated_buffers),
                 stops_before_output=record.stops_before_output,
                 stop_ms=record.stop_ms,
+                stop_transient_bytes=record.stop_transient_bytes,
                 keepable=bool(record.keep_calls) and i not in written,
                 keep_span=None if record.keep_span is None else tuple(record.keep_span),
                 aten_calls=len(record.aten_calls),

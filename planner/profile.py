@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
-from planner.allocations import backward_memory, forward_scratch, memory_profile
+from planner.allocations import backward_memory, forward_scratch, memory_profile, scratch_before_mark
 from planner.memory import LiveBytesTracker, storage_bytes, storage_key
 from planner.timing import COMPUTE_OPS, TimingInterpreter
 from planner.verify import training_loss
@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 META_KEY = "planner.profile"
 NODE_LABEL = "planner.node:"  # record_function label of each node's forward, for the profiler
+PACK_MARK = "planner.saved_tensor"  # record_function at each saved tensor, for the profiler
 # Backward kinds that can return the output's gradient (or a view of it) as an input's gradient.
 ALIASING_BACKWARDS = ("AddBackward0", "CatBackward0", "CloneBackward0")
 
@@ -60,6 +61,7 @@ class NodeProfile:
     # forward time up to its last saved tensor (what recomputation stopping here costs); None
     # where not measured (then all of forward_ms counts)
     stop_ms: float | None = None
+    stop_transient_bytes: int | None = None  # stops_before_output: temporaries up to its last save
     # graph inputs (placeholder names, not parameters or buffers) it reads, and writes in place:
     # a region must not recompute from an input written in place (planner.graph.build_problem)
     input_reads: tuple[str, ...] = ()
@@ -194,6 +196,7 @@ class ProfileInterpreter(fx.Interpreter):
         saved: dict[int, int] = {}
         tracker = self.tracker
         last_pack = [0]  # tracker.allocations when the node last saved a tensor
+        peak_at_pack = [0]  # and tracker.peak_bytes
         packed = [0]  # tensors saved
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -201,9 +204,13 @@ class ProfileInterpreter(fx.Interpreter):
             if tensor.layout == torch.strided:
                 saved[storage_key(tensor)] = tensor.untyped_storage().nbytes()
             last_pack[0] = tracker.allocations
+            peak_at_pack[0] = tracker.peak_bytes
+            with torch.profiler.record_function(PACK_MARK):  # where the kernels' scratch is cut off
+                pass
             return tensor
 
         tracker.reset_peak()
+        live_before = tracker.live_bytes
         tracker.written.clear()
         tracker.random = False
         try:
@@ -243,6 +250,8 @@ class ProfileInterpreter(fx.Interpreter):
             nbytes for key, nbytes in saved.items() if key not in self.owner and key not in self.static_keys
         )
         record.transient_bytes = max(0, tracker.peak_bytes - live_after)
+        if record.stops_before_output:  # what a recomputation stopped at its last pack holds
+            record.stop_transient_bytes = max(0, peak_at_pack[0] - live_before - record.saved_bytes)
         parameters = self._parameters_read(n)
         record.parameters = tuple(self.parameter_names[id(p)] for p in parameters)
         record.param_grad_bytes = sum(p.numel() * p.element_size() for p in parameters)
@@ -343,6 +352,9 @@ def profile(
         records = {node.name: node.meta[META_KEY] for node in gm.graph.nodes if META_KEY in node.meta}
         for name, extra in forward_scratch(allocations, device.type, NODE_LABEL).items():
             records[name].transient_bytes += extra
+        for name, extra in scratch_before_mark(allocations, device.type, NODE_LABEL, PACK_MARK).items():
+            if records[name].stop_transient_bytes is not None:
+                records[name].stop_transient_bytes += extra
         owners = {grad_fn._sequence_nr(): name for grad_fn, name in interpreter.autograd_owners.items()}
         backward = backward_memory(allocations, device.type, owners)
         for name, record in records.items():

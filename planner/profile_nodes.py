@@ -208,6 +208,8 @@ def measure_nodes(
         record = node.meta[META_KEY]
         record.forward_ms = forward_ms
         record.transient_bytes += scratch
+        if record.stop_transient_bytes is not None:  # (all of it: not cut off at the last pack here)
+            record.stop_transient_bytes += scratch
         record.backward_transient_bytes += backward_scratch
     return len(measured)
 

@@ -130,8 +130,9 @@ class RecomputeSteps:
         for k in range(self.start + len(self.values), saver + 1):
             self._add(k)
         values = list(self.values)
-        if self.problem.nodes[saver].stops_before_output:
-            values[-1] -= self.structure.output_bytes[saver]
+        node = self.problem.nodes[saver]
+        if node.stops_before_output:
+            values[-1] -= self.structure.output_bytes[saver] + node.transient_bytes - node.stop_transient
         referenced_until = self.structure.referenced_until
         self.referenced = [j for j in self.referenced if referenced_until[j] > saver]
         for j in self.referenced:
@@ -145,8 +146,10 @@ def kept_step_change(problem: Problem, node: int, saver: int) -> int:
     """How a node's own recomputation step changes when its region keeps it: no temporaries,
     and its output, which a last node that stops before making it would not have made, is
     there (held since its forward)."""
-    made_anyway = node == saver and problem.nodes[node].stops_before_output
-    return (problem.nodes[node].output_bytes if made_anyway else 0) - problem.nodes[node].transient_bytes
+    cost = problem.nodes[node]
+    if node == saver and cost.stops_before_output:
+        return cost.output_bytes - cost.stop_transient
+    return -cost.transient_bytes
 
 
 def keep_steps(problem: Problem, values: list[int], start: int, saver: int,

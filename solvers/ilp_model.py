@@ -119,7 +119,8 @@ def build_model(
     nodes = problem.nodes
     model = cp_model.CpModel()
 
-    sizes = [v for node in nodes for v in (node.output_bytes, node.saved_bytes, node.transient_bytes)]
+    sizes = [v for node in nodes for v in (node.output_bytes, node.saved_bytes, node.transient_bytes,
+                                           node.stop_transient, node.buffer_bytes)]
     sizes += [*structure.gradient_backward, *structure.gradient_recompute, upper_live, problem.rng_state_bytes]
     unit = reduce(math.gcd, [v for v in sizes if v], 0) or 1
 

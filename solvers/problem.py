@@ -73,6 +73,10 @@ class NodeCost:
     # Forward time up to its last saved tensor, where measured: what recomputation that stops
     # at it costs (a linear: almost nothing; dropout: its mask). None: all of compute_ms.
     stop_ms: float | None = None
+    # Temporaries of its forward up to its last saved tensor, where measured: what
+    # recomputation that stops before making its output holds beyond its saved tensors (the
+    # last kernel's scratch never comes). None: all of transient_bytes.
+    stop_transient_bytes: int | None = None
     # Its output may be kept inside a region (a selective-checkpoint policy caches the ATen
     # calls that make its output and saved tensors): the region's recomputation then skips it.
     keepable: bool = False
@@ -95,6 +99,12 @@ class NodeCost:
         """What recomputation that stops at this node spends on it: `stop_ms`, at most
         `compute_ms`."""
         return self.compute_ms if self.stop_ms is None else min(self.stop_ms, self.compute_ms)
+
+    @property
+    def stop_transient(self) -> int:
+        """The temporaries of a recomputation that stops at this node before it makes its
+        output: `stop_transient_bytes`, else `transient_bytes`."""
+        return self.transient_bytes if self.stop_transient_bytes is None else self.stop_transient_bytes
 
     @property
     def saves_for_backward(self) -> bool:

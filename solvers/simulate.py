@@ -208,7 +208,7 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
             made = j < recomputed.stop - 1 or not node.stops_before_output
             hold(j, "output", node.output_bytes if made else 0, recompute_step[j], last_copy[j])
             hold(j, "saved", node.saved_bytes, recompute_step[j], backward_step[j])
-            transient[recompute_step[j]] += node.transient_bytes
+            transient[recompute_step[j]] += node.transient_bytes if made else node.stop_transient
 
     # Gradients (see `gradient_spans`), and what each node's backward adds while it runs.
     for first, last_node, size in gradient_spans(problem):

@@ -75,6 +75,8 @@ def problems(
                 stops_before_output=i not in saves and draw(st.booleans()),
                 # forward time up to its last save (a dropout's mask: most of it; a linear: none)
                 stop_ms=draw(st.sampled_from([None, 0.0, 0.25, 1.0])),
+                # its temporaries up to its last save (a convolution's scratch comes after it)
+                stop_transient_bytes=draw(st.sampled_from([None, 0, 9])),
                 # a matmul: a region may keep its output (a selective-checkpoint policy)
                 keepable=not mutates and draw(st.integers(0, keepable_odds - 1)) == 0,
                 aten_calls=draw(st.integers(0, 3)),

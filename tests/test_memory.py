@@ -117,6 +117,9 @@ def test_each_node_carries_its_own_kernel_scratch():
     node = next(n for n in gm.graph.nodes if n.target == "proj")
     assert scratch > 0
     assert node.meta[META_KEY].transient_bytes == scratch
+    # It saves its input before its kernel runs: recomputation stopped there holds none of it.
+    assert node.meta[META_KEY].stops_before_output
+    assert node.meta[META_KEY].stop_transient_bytes == 0
 
 
 def test_verify_leaves_the_model_as_it_was():

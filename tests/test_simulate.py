@@ -5,10 +5,12 @@ region's recomputation just before the backward of its last node. An output live
 node until its last forward use, its last saver's backward, or (as a region input) the end of
 that region's backward. A gradient lives from its last consumer's backward to its owner's.
 """
+import dataclasses
+
 import pytest
 
 from solvers import NodeCost, Problem, peak_bytes, simulate
-from solvers.simulate import validate_regions
+from solvers.simulate import plan_buffers, validate_regions
 
 
 def node(name, size, uses=(), saves=(), **extra):
@@ -141,3 +143,19 @@ def test_recomputation_stopping_at_a_node_pays_it_up_to_its_last_save_and_never_
     # With a later saving node in the region, the linear runs whole.
     with_later_saver = Problem((*nodes[:2], NodeCost("b", 4.0, output_bytes=4, uses=(1,), saves=(1,), is_output=True)))
     assert with_later_saver.recompute_ms((range(0, 3),)) == 7.0
+
+
+def test_recomputation_stopping_before_a_kernel_holds_only_the_temporaries_made_before_its_last_save():
+    # A convolution saves its input, then its kernel allocates 100 B of scratch: stopped at the
+    # save, the scratch never comes (stop_transient_bytes 0); run whole, in forward, it does.
+    nodes = (NodeCost("a", 1.0, output_bytes=4, grad_bytes=4),
+             NodeCost("conv", 2.0, output_bytes=8, grad_bytes=8, transient_bytes=100, uses=(0,), saves=(0,),
+                      stops_before_output=True, stop_transient_bytes=0),
+             NodeCost("b", 4.0, output_bytes=4, grad_bytes=4, uses=(1,), is_output=True))
+    problem = Problem(nodes)
+    buffers = plan_buffers(problem, (range(0, 3),))
+    assert buffers.transient[buffers.labels.index("forward conv")] == 100
+    assert buffers.transient[buffers.labels.index("recompute conv")] == 0
+    unmeasured = Problem((nodes[0], dataclasses.replace(nodes[1], stop_transient_bytes=None), nodes[2]))
+    buffers = plan_buffers(unmeasured, (range(0, 3),))
+    assert buffers.transient[buffers.labels.index("recompute conv")] == 100  # all of it, where not measured
