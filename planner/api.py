@@ -23,7 +23,7 @@ from planner.eager_check import held_outside_step, keep_free_beyond_graph, stead
 from planner.measured_fit import BEYOND_PLAN, fit_to_measured
 from planner.step_costs import step_residuals
 from planner.overhead import checkpoint_overhead_ms
-from planner.profile import GraphProfile
+from planner.profile_records import GraphProfile
 from planner.region_specs import region_specs
 from planner.segments import sequential_segments
 from planner.report import PlanFigures, describe_checkpoints, format_report

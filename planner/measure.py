@@ -25,7 +25,8 @@ import torch
 import torch.fx as fx
 
 from planner.holds import EagerLifetimes, eager_holds
-from planner.profile import META_KEY, GraphProfile, graph_profile, profile
+from planner.profile import META_KEY, graph_profile, profile
+from planner.profile_records import GraphProfile
 from planner.profile_fake import profile_sizes
 from planner.profile_nodes import estimate_nodes, measure_nodes
 from planner.targets import Target, local_target, target as find_target

@@ -20,7 +20,7 @@ from torch import nn
 from planner.apply import ModuleCheckpoint
 from planner.graph import compute_nodes, module_path
 from planner.json_values import dtype_name, encode_value, target_name
-from planner.profile import NodeProfile
+from planner.profile_records import NodeProfile
 from planner.trace import bind_arguments, split_sample
 from planner.verify import Verification
 from solvers import NodeCost, Problem

@@ -130,9 +130,8 @@ class RecomputeSteps:
         for k in range(self.start + len(self.values), saver + 1):
             self._add(k)
         values = list(self.values)
-        node = self.problem.nodes[saver]
-        if node.stops_before_output:
-            values[-1] -= self.structure.output_bytes[saver] + node.transient_bytes - node.stop_transient
+        if self.problem.nodes[saver].stops_before_output:
+            values[-1] -= self.problem.nodes[saver].stop_saving_bytes
         referenced_until = self.structure.referenced_until
         self.referenced = [j for j in self.referenced if referenced_until[j] > saver]
         for j in self.referenced:

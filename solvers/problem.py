@@ -107,6 +107,13 @@ class NodeCost:
         return self.transient_bytes if self.stop_transient_bytes is None else self.stop_transient_bytes
 
     @property
+    def stop_saving_bytes(self) -> int:
+        """What a recomputation that stops at this node before it makes its output holds less
+        there than one that runs it whole: its output, and its temporaries beyond
+        `stop_transient`."""
+        return self.output_bytes + self.transient_bytes - self.stop_transient
+
+    @property
     def saves_for_backward(self) -> bool:
         """Whether its backward needs a tensor (recomputation runs up to the last such node)."""
         return bool(self.saves or self.saved_bytes)

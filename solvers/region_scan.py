@@ -128,7 +128,7 @@ def scan_regions(structure: Structure, problem: Problem, start: int,
             stop_values = values[lowest - start:]
             # Stopping at e, maybe before e makes its output (made if a later saver comes).
             if problem.nodes[e].stops_before_output and e not in kept:
-                stop_values[-1] -= out[e] + transient[e] - problem.nodes[e].stop_transient
+                stop_values[-1] -= problem.nodes[e].stop_saving_bytes
             for j in referenced_later:
                 for k in range(covered_until[j] + 1, e + 1):
                     stop_values[k - lowest] += out[j]
