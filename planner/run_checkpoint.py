@@ -197,18 +197,24 @@ class RunTape:
                     torch.set_rng_state(self.rng[1])
                     if self.rng[2] is not None:
                         torch.cuda.set_rng_state(self.rng[3], self.rng[2])
-                flat = [values[arg.ref] if arg.ref is not None else _checked_input(arg, func) for arg in args]
-                call_args, call_kwargs = (flat, {}) if spec is None else tree_unflatten(flat, spec)
-                result = func(*call_args, **call_kwargs)
-                results = [result] if isinstance(result, torch.Tensor) else tree_flatten(result)[0]
-                for position, value in enumerate(results):
-                    ref = (index, position)
-                    if ref in wanted or last_read.get(ref, -1) > index:
-                        values[ref] = value
+                # (one statement: no output that nothing reads, an in-place call's result on a
+                # value read for the last time, outlives the call in a local)
+                values.update({(index, position): value
+                               for position, value in enumerate(_call(func, args, spec, values))
+                               if (index, position) in wanted or last_read.get((index, position), -1) > index})
                 for arg in args:
                     if arg.ref is not None and last_read.get(arg.ref) == index and arg.ref not in wanted:
                         values.pop(arg.ref, None)
         self.replayed = {slot: values[ref] for slot, ref in live.items()}
+
+
+def _call(func: Any, args: list[_Arg], spec: Any, values: dict[_Ref, torch.Tensor]) -> list[Any]:
+    """Make one recorded call again from `values` (the run's own tensors) and its other
+    arguments; returns its outputs, flattened."""
+    flat = [values[arg.ref] if arg.ref is not None else _checked_input(arg, func) for arg in args]
+    call_args, call_kwargs = (flat, {}) if spec is None else tree_unflatten(flat, spec)
+    result = func(*call_args, **call_kwargs)
+    return [result] if isinstance(result, torch.Tensor) else tree_flatten(result)[0]
 
 
 def _flatten(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
