@@ -105,7 +105,8 @@ class DpSearch:
         self.fixed_need = need
         self._mask_bytes: dict[int, int] = {}
         self._region_keeps: dict[tuple[int, int], list[tuple[tuple[int, ...], int, bool]]] = {}
-        self._scans: dict[tuple[int, tuple[int, ...]], RegionScan] = {}
+        self._scans: dict[tuple[int, tuple[int, ...], bool], RegionScan] = {}
+        self._is_run: dict[tuple[int, int], bool] = {}
         self._outside_need: dict[tuple[int, int], int] = {}
         self._run_ms: dict[tuple[int, int], float] = {}
 
@@ -120,6 +121,22 @@ class DpSearch:
                 cached += out[low.bit_length() - 1]
                 rest ^= low
             self._mask_bytes[mask] = cached
+        return cached
+
+    def scan(self, t: int, keep: tuple[int, ...], replayed: bool) -> RegionScan:
+        """The region scan from t keeping `keep` (of runs, where `replayed`), cached: it does not
+        depend on the budget, so later searches (e.g. for a minimum peak) reuse it."""
+        cached = self._scans.get((t, keep, replayed))
+        if cached is None:
+            cached = self._scans[t, keep, replayed] = RegionScan(
+                self.structure, self.problem, t, self.min_recompute_gradients, keep, replayed)
+        return cached
+
+    def is_run(self, t: int, b: int) -> bool:
+        """Whether region [t, b) is a run (`Problem.run_span_of`), cached."""
+        cached = self._is_run.get((t, b))
+        if cached is None:
+            cached = self._is_run[t, b] = self.problem.run_span_of(range(t, b)) is not None
         return cached
 
     def run_ms(self, t: int, b: int) -> float:
@@ -206,9 +223,11 @@ class DpSearch:
         # Where regions must be allowed ones, the stops allowed from t (`Problem.allows_region`;
         # the caller's `last` already respects `Problem.last_region_stop`).
         allowed = None if self.problem.allowed_regions is None else allowed_stops(self.problem).get(t, frozenset())
-        scan = self._scans.get((t, keep))
-        if scan is None:  # (budget-independent: later runs, e.g. the search for a minimum peak, reuse it)
-            scan = self._scans[t, keep] = RegionScan(structure, self.problem, t, self.min_recompute_gradients, keep)
+        scan = self.scan(t, keep, False)
+        # Regions that are runs replay their calls and hold less (`RegionScan`); no less than
+        # that bounds every region from t.
+        replayed = self.scan(t, keep, True) if self.problem.run_spans and not keep else None
+        bounds = scan if replayed is None else replayed
         for key, front in fronts.items():
             inputs = key
             inputs_bytes = mask_bytes[key]
@@ -240,6 +259,8 @@ class DpSearch:
                 index = b - t - 1
                 if index >= len(scan.peak):  # (a few regions at a time: each call has set-up costs)
                     scan.ensure(min(b + SCAN_AHEAD, last))
+                    if replayed is not None:
+                        replayed.ensure(min(b + SCAN_AHEAD, last))
                 stop = scan.recomputed_stop[index]
                 region_ms = (cumulative_ms[stop] - cumulative_ms[t] - kept_ms + overhead_ms + pack_ms[b] - pack_ms[t]
                              - (0.0 if stop - 1 in kept_nodes else scan.stop_saving[index]))
@@ -248,7 +269,7 @@ class DpSearch:
                 # Entries cheap enough for this region (and so for any longer one) ...
                 lo = bisect.bisect_left(front.negative_costs, region_ms - bound)
                 # ... and light enough for any region [t, b') with b' >= b.
-                floor = max(forward_max, inputs_bytes - kept_out + scan.lower[index]) + rng
+                floor = max(forward_max, inputs_bytes - kept_out + bounds.lower[index]) + rng
                 if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
                     break
                 # (The kept nodes must be keep candidates: `Problem.keep_candidates`, inline.)
@@ -256,7 +277,8 @@ class DpSearch:
                         or stop == t or last_kept >= stop
                         or (last_kept == stop - 1 and stops_before[last_kept])):
                     continue  # (a region that saves nothing recomputes and frees nothing)
-                limit = live_budget - max(forward_max, inputs_bytes - kept_out + scan.peak[index]) - rng
+                own = (replayed if replayed is not None and self.is_run(t, b) else scan).peak[index]
+                limit = live_budget - max(forward_max, inputs_bytes - kept_out + own) - rng
                 hi = bisect.bisect_right(front.helds, limit)
                 run_ms = self.run_ms(t, b) if self.problem.run_spans else 0.0
                 if run_ms:  # (not in the bounds above: the longer submodule call pays none)

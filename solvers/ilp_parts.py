@@ -52,7 +52,13 @@ def region_tables(
         last_stop = problem.last_region_stop(a)
         blocked = False  # a node since the last saver cannot hold its tensors: no later saver fits
         last_saver = -1
+        # Regions that are runs replay their calls and hold less (`scan_regions`'s `replayed`).
+        replays = scan_regions(structure, problem, a, replayed=True) if problem.run_spans else None
         for e, region_backward, region_recompute in scan_regions(structure, problem, a):
+            if replays is not None:
+                replay_recompute = next(replays)[2]
+                if problem.run_span_of(range(a, e + 1)) is not None:
+                    region_recompute = replay_recompute
             if max_region_nodes is not None and e - a >= max_region_nodes and a not in long_starts:
                 break
             if e >= last_stop:  # no allowed region from a reaches e

@@ -18,8 +18,8 @@ from solvers.problem import Problem
 from solvers.structure import Structure
 
 
-def scan_regions(structure: Structure, problem: Problem, start: int,
-                 kept: Collection[int] = ()) -> Iterator[tuple[int, int, int]]:
+def scan_regions(structure: Structure, problem: Problem, start: int, kept: Collection[int] = (),
+                 replayed: bool = False) -> Iterator[tuple[int, int, int]]:
     """For regions [start, e + 1), e = start, start + 1, ..., yield `(e, backward, recompute)`:
 
     * `backward`: the region's own bytes at the backward of e once the region has recomputed
@@ -67,7 +67,7 @@ def scan_regions(structure: Structure, problem: Problem, start: int,
                     best = values[k - start]
         extra = 0
         # Outputs read (or held) by e stay alive up to e's recomputation.
-        for j in (*structure.uses_before[e], *structure.holds_before[e]):
+        for j in reads_before(e):
             if j < start or j in permanent:
                 continue
             first = covered_until[j] + 1
@@ -101,8 +101,14 @@ def scan_regions(structure: Structure, problem: Problem, start: int,
             best = value
         return earlier
 
+    def reads_before(e: int) -> tuple[int, ...]:
+        if replayed:  # a run's replay holds an output for the calls that read it alone
+            return tuple(sorted({j for j in problem.nodes[e].uses if j < e}))
+        return (*structure.uses_before[e], *structure.holds_before[e])
+
     saver = structure.saves_for_backward
-    referenced_until = structure.referenced_until
+    # (a run's replay references nothing past its stop: see `simulate.plan_buffers`)
+    referenced_until = [0] * structure.n if replayed else structure.referenced_until
     last_saver = -1
     pending: list[int] = []  # nodes after the last saver: recomputed only if a later one comes
     # Recomputed outputs that something past the last saver reads, holds or is returned: the
@@ -150,13 +156,14 @@ class RegionScan:
     backward (`Problem.recomputed`). The backward of a later node in the region runs before
     the recomputation and holds none of the region's own tensors but what it keeps (`kept`,
     all at or before its last saver, else the region is not valid); should a longer region
-    reach another saver, it runs after one and holds them."""
+    reach another saver, it runs after one and holds them. `replayed`: for regions that are
+    runs (`Problem.run_span_of`), whose replay holds no more than its calls read."""
 
     def __init__(self, structure: Structure, problem: Problem, start: int, min_recompute_gradients: list[int],
-                 kept: Collection[int] = ()):
+                 kept: Collection[int] = (), replayed: bool = False):
         self.structure = structure
         self.start = start
-        self._iterator = scan_regions(structure, problem, start, kept)
+        self._iterator = scan_regions(structure, problem, start, kept, replayed)
         self._kept_bytes = sum(structure.output_bytes[j] + structure.saved_bytes[j] for j in kept)
         self._floor = min_recompute_gradients
         self.peak: list[int] = []  # index b - start - 1: the region [start, b)'s own peak

@@ -186,9 +186,12 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
         stop = recompute_step[recomputed.stop - 1]
         # fork_rng's copy and the written buffers' copies, while recomputing
         hold(-1, "copies", problem.recompute_copy_bytes(region), recompute_step[recomputed.start], stop)
+        # A run (`Problem.run_span_of`) replays its recorded calls, not the model's code: it
+        # holds a recomputed output only until the last call that reads it.
+        replayed = problem.run_span_of(region) is not None
         last_copy = {j: recompute_step[j] for j in recomputed}
         for k in recomputed:
-            for owner in (*nodes[k].uses, *nodes[k].holds, *nodes[k].arguments):
+            for owner in nodes[k].uses if replayed else (*nodes[k].uses, *nodes[k].holds, *nodes[k].arguments):
                 if owner in last_copy and owner < k:
                     last_copy[owner] = max(last_copy[owner], recompute_step[k])
             for owner in nodes[k].saves:
@@ -197,7 +200,7 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
         # What a node past the stop reads or holds, or what the region returns, is still
         # referenced by the model's code when recomputation stops.
         for j in recomputed:
-            if referenced_until[j] >= recomputed.stop:
+            if referenced_until[j] >= recomputed.stop and not replayed:
                 last_copy[j] = max(last_copy[j], stop)
         for j in recomputed:
             node = nodes[j]

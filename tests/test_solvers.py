@@ -20,9 +20,11 @@ from solvers import (
     load_graph,
     minimum_peak_bytes,
     peak_bytes,
+    simulate,
     solve,
 )
 from solvers.brute_force import solve_brute_force
+from solvers.region_scan import scan_regions
 from solvers.structure import Structure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -373,3 +375,32 @@ def test_a_runs_fixed_cost_may_not_be_negative():
     Problem(nodes, allowed_regions=allowed, run_spans=allowed, region_overhead_ms=0.5, run_region_ms=-0.5)
     with pytest.raises(ValueError, match="run_region_ms"):
         Problem(nodes, allowed_regions=allowed, run_spans=allowed, region_overhead_ms=0.5, run_region_ms=-0.75)
+
+
+def test_a_run_holds_a_recomputed_output_only_until_its_last_read():
+    # x is read by y alone, but the model's code holds it while z runs (a local variable).
+    # Recomputing the submodule call [1, 4) runs that code again and holds x's copy until z;
+    # the run [1, 4) inside the call [0, 5) replays recorded calls and frees it after y.
+    nodes = (NodeCost("a", 1.0, output_bytes=4, grad_bytes=4),
+             NodeCost("x", 1.0, output_bytes=100, grad_bytes=100, uses=(0,), saves=(0,)),
+             NodeCost("y", 1.0, output_bytes=8, grad_bytes=8, uses=(1,)),
+             NodeCost("z", 1.0, output_bytes=8, grad_bytes=8, uses=(2,), saves=(2,), holds=(1,)),
+             NodeCost("out", 1.0, output_bytes=4, grad_bytes=4, uses=(3,), saves=(3,), is_output=True))
+    call, region = range(1, 4), range(0, 5)
+    as_call = Problem(nodes, allowed_regions=(call,))
+    as_run = Problem(nodes, allowed_regions=(region,), run_spans=(region,))
+    step = simulate(as_call, (call,)).labels.index("recompute z")
+    assert simulate(as_call, (call,)).live_bytes[step] - simulate(as_run, (call,)).live_bytes[step] == 100
+    # The region scans that dp and ilp share: the recomputation's own peak of [1, 4) is x, y
+    # and z at z's step (116) as a call; x and y at y's step (108) as a run.
+    recompute = {replayed: {e: bytes_ for e, _, bytes_ in scan_regions(Structure.of(as_run), as_run, 1, (), replayed)}
+                 for replayed in (False, True)}
+    assert (recompute[False][3], recompute[True][3]) == (116, 108)
+    # The solvers' region scans agree with the simulator: at every budget, dp and ilp find
+    # the plan brute force finds.
+    low, high = minimum_peak_bytes(as_run), peak_bytes(as_run)
+    for budget in range(low, high + 1):
+        truth = solve_brute_force(as_run, budget)
+        for method in ("dp", "ilp"):
+            found = solve(as_run, budget, method=method)
+            assert found.recompute_ms == pytest.approx(truth.recompute_ms), (method, budget)
