@@ -47,7 +47,10 @@ class BackwardHolds:
             reached = [step for step in backward_rows if step <= self.backward_step[j]]
             if j not in self.in_region or not reached:
                 continue
-            for i in {*node.uses, *node.arguments} & self.held_until.keys():
+            # (an argument j's call is passed without reading it is held by a call region, not by
+            # a run: where runs may be chosen, only what j reads is sure to be held)
+            inputs = node.uses if self.problem.run_spans else (*node.uses, *node.arguments)
+            for i in set(inputs) & self.held_until.keys():
                 if i < j:
                     solver.Add(held[reached[-1]][i] >= self.in_region[j] + self.outside(i, j) - 1)
         for i, keeps in self.keeps.items():

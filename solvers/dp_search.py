@@ -227,7 +227,6 @@ class DpSearch:
         # Regions that are runs replay their calls and hold less (`RegionScan`); no less than
         # that bounds every region from t.
         replayed = self.scan(t, keep, True) if self.problem.run_spans and not keep else None
-        bounds = scan if replayed is None else replayed
         for key, front in fronts.items():
             inputs = key
             inputs_bytes = mask_bytes[key]
@@ -236,6 +235,9 @@ class DpSearch:
             kept_ms = 0.0  # what recomputation skips on them
             forward_max = 0
             rng = 0  # the RNG state the region keeps once it holds a random node
+            # The same for a run, whose tape keeps only what its calls read (`reads_before`);
+            # no more than a call region's, so they bound every region from t.
+            run_inputs, run_bytes, run_released, run_forward_max = inputs, inputs_bytes, 0, 0
             for k in range(t, last):
                 if random[k]:
                     rng = rng_state_bytes
@@ -246,6 +248,12 @@ class DpSearch:
                 forward = structure.forward_fixed[k] + released + kept_saved
                 if forward > forward_max:
                     forward_max = forward
+                if replayed is not None:
+                    for j in structure.reads_before[k]:
+                        if j < t and not run_inputs >> j & 1:
+                            run_inputs |= 1 << j
+                            run_bytes += out[j]
+                    run_forward_max = max(run_forward_max, structure.forward_fixed[k] + run_released)
                 if k in kept_nodes:  # its output is kept like an input: one frontier bit
                     inputs |= 1 << k
                     inputs_bytes += out[k]
@@ -255,6 +263,8 @@ class DpSearch:
                 for g in structure.graduates[k]:
                     if inputs >> g & 1:
                         released += out[g]
+                    if replayed is not None and run_inputs >> g & 1:
+                        run_released += out[g]
                 b = k + 1
                 index = b - t - 1
                 if index >= len(scan.peak):  # (a few regions at a time: each call has set-up costs)
@@ -269,7 +279,10 @@ class DpSearch:
                 # Entries cheap enough for this region (and so for any longer one) ...
                 lo = bisect.bisect_left(front.negative_costs, region_ms - bound)
                 # ... and light enough for any region [t, b') with b' >= b.
-                floor = max(forward_max, inputs_bytes - kept_out + bounds.lower[index]) + rng
+                if replayed is None:
+                    floor = max(forward_max, inputs_bytes - kept_out + scan.lower[index]) + rng
+                else:
+                    floor = max(run_forward_max, run_bytes + replayed.lower[index]) + rng
                 if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
                     break
                 # (The kept nodes must be keep candidates: `Problem.keep_candidates`, inline.)
@@ -277,19 +290,23 @@ class DpSearch:
                         or stop == t or last_kept >= stop
                         or (last_kept == stop - 1 and stops_before[last_kept])):
                     continue  # (a region that saves nothing recomputes and frees nothing)
-                own = (replayed if replayed is not None and self.is_run(t, b) else scan).peak[index]
-                limit = live_budget - max(forward_max, inputs_bytes - kept_out + own) - rng
+                if replayed is not None and self.is_run(t, b):
+                    held, held_bytes, held_released = run_inputs, run_bytes, run_released
+                    limit = live_budget - max(run_forward_max, run_bytes + replayed.peak[index]) - rng
+                else:
+                    held, held_bytes, held_released = inputs, inputs_bytes, released
+                    limit = live_budget - max(forward_max, inputs_bytes - kept_out + scan.peak[index]) - rng
                 hi = bisect.bisect_right(front.helds, limit)
                 run_ms = self.run_ms(t, b) if self.problem.run_spans else 0.0
                 if run_ms:  # (not in the bounds above: the longer submodule call pays none)
                     lo = max(lo, bisect.bisect_left(front.negative_costs, region_ms + run_ms - bound))
                 if lo >= hi:
                     continue
-                new_key = inputs & frontier[b]
-                mask_bytes[new_key] = inputs_bytes - released
+                new_key = held & frontier[b]
+                mask_bytes[new_key] = held_bytes - held_released
                 # The RNG state and the kept saved tensors stay until the region's backward.
                 pending[b].setdefault(new_key, []).append(
-                    (front, lo, hi, released + rng + kept_saved, region_ms + run_ms, (t, b, keep)))
+                    (front, lo, hi, held_released + rng + kept_saved, region_ms + run_ms, (t, b, keep)))
                 if b == n and not feasibility_only:
                     bound = min(bound, front.entries[hi - 1].cost + region_ms + run_ms + slack)
         return bound

@@ -12,6 +12,8 @@ a region that may keep it (from there on it is `into_backward[j]`).
 It is monotone in i and bounded below by every keeper: `alive[j][k] >= 1 - in_region[k]` for
 a saver k, and `alive[j][i] >= prefix[k, i] - prefix[k, j]` for a consumer k and i in (j, k]
 (k's region starts in (j, i], so j is that region's input, held from its start's backward on).
+Where runs may be chosen, a consumer only passed j (a submodule call's argument it does not
+read) keeps it only in an allowed region: the sum of those regions' exact choices.
 Memory only grows with `alive`, so lower bounds are all the model needs.
 
 Kept nodes (selective checkpointing, `keep[j][s]`): see `solvers.ilp_keep`, which adds their
@@ -174,6 +176,19 @@ def build_model(
         """1 iff node k's region starts in (low, high]."""
         return starts_by(k, high) - starts_by(k, low)
 
+    calls_holding: dict[int, list[tuple[int, int]]] = {}  # k -> the allowed regions holding it
+
+    def call_region_starts_within(k: int, low: int, high: int) -> Any:
+        """1 iff node k is in a region that starts in (low, high] and is an allowed region (no
+        run): the region [a, e) is chosen iff e - 1 is in the region from a and e is not."""
+        if k not in calls_holding:
+            calls_holding[k] = [(r.start, r.stop) for r in problem.allowed_regions or () if r.start <= k < r.stop]
+        chosen: Any = 0
+        for a, e in calls_holding[k]:
+            if low < a <= high and a in member[e - 1]:
+                chosen = chosen + member[e - 1][a] - (member[e].get(a, 0) if e < n else 0)
+        return chosen
+
     # Outputs held in backward: alive[j][i] for i from j to its last possible keeper, where it
     # equals into_backward[j]. A saver k outside regions keeps j from the backward of k on; a
     # region starting at a in (j, k] that contains a consumer k keeps it from the backward of a
@@ -197,8 +212,11 @@ def build_model(
             for k in structure.consumers[j]:
                 if not member[k]:
                     continue
+                passed_only = problem.run_spans and j not in structure.reads_before[k]
                 for i in range(max(j + 1, min(member[k])), k + 1):
-                    model.add(row[i] >= starts_within(k, j, i))
+                    # (j only passed to k's submodule call: a run keeps no such input, a call region does)
+                    model.add(row[i] >= (call_region_starts_within(k, j, i) if passed_only
+                                         else starts_within(k, j, i)))
             for s, var in keep.get(j, {}).items():
                 if s + 1 < n:
                     model.add(row[s + 1] >= var)
@@ -360,10 +378,13 @@ def hint_plan(built: IlpModel, problem: Problem, regions: tuple[range, ...], kep
     n = structure.n
     start_of = [n] * n
     saver_of = [n] * n  # the last saving node of each node's region
+    in_run = [False] * n
     for region in regions:
+        run = problem.run_span_of(region) is not None
         for i in region:
             start_of[i] = region.start
             saver_of[i] = problem.recomputed(region).stop - 1
+            in_run[i] = run
     if any(start_of[i] < n and start_of[i] not in built.member[i] for i in range(n)):
         return False
     kept = frozenset(kept)
@@ -383,7 +404,8 @@ def hint_plan(built: IlpModel, problem: Problem, regions: tuple[range, ...], kep
         if not row:
             continue
         candidates = [k for k in structure.savers[j] if start_of[k] == n]
-        candidates += [start_of[k] for k in structure.consumers[j] if j < start_of[k] < n]
+        candidates += [start_of[k] for k in structure.consumers[j] if j < start_of[k] < n
+                       and not (in_run[k] and j not in structure.reads_before[k])]
         if j in kept:  # held until its region recomputes, before the backward of saver_of[j]
             candidates.append(saver_of[j] + 1)
         keeper = min(candidates, default=n)

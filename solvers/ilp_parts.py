@@ -63,7 +63,9 @@ def region_tables(
                 break
             if e >= last_stop:  # no allowed region from a reaches e
                 break
-            for j in structure.uses_before[e]:
+            # (where runs may be chosen, only what e reads: a run's tape keeps no more, so no
+            # region from a that holds less is cut)
+            for j in structure.reads_before[e] if problem.run_spans else structure.uses_before[e]:
                 if j < a and j not in inputs:
                     inputs.add(j)
                     inputs_bytes += out[j]
@@ -246,7 +248,8 @@ def rng_states(problem: Problem, member: list[dict[int, Any]], unit: int) -> lis
 
 def add_triangle_cuts(model: Any, structure: Structure, held: Any, same_region: Any) -> None:
     """Valid inequalities that the LP relaxation misses, one per triangle u -> v -> w with
-    u -> w in the graph, where each node saves its own output (as in the literature graphs).
+    u -> w in the graph (read edges: a run keeps no input it is only passed), where each node
+    saves its own output (as in the literature graphs).
 
     An output freed before the backward of w (`1 - held(u, w)`) needs its node in a region
     (its own saver would keep it otherwise) and each consumer up to w outside regions or in
@@ -260,11 +263,11 @@ def add_triangle_cuts(model: Any, structure: Structure, held: Any, same_region: 
     for u in range(structure.n):
         if u not in structure.savers[u]:
             continue
-        for v in structure.consumers[u]:
+        for v in structure.readers[u]:
             if v not in structure.savers[v]:
                 continue
-            for w in structure.consumers[v]:
-                if w not in structure.savers[w] or w not in structure.consumers[u]:
+            for w in structure.readers[v]:
+                if w not in structure.savers[w] or w not in structure.readers[u]:
                     continue
                 freed = 3 - held(u, w) - held(v, w) - held(w, w)
                 model.add(freed <= 1 + same_region(u, v) + same_region(v, w))

@@ -147,18 +147,20 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
             last_forward_use[owner] = max(last_forward_use[owner], k)
 
     # Outputs of the first pass: alive until the last forward use, the last saver's backward,
-    # or, for a region's input, until that region's backward is done (checkpoint keeps it).
+    # or, for a region's input, until that region's backward is done (checkpoint keeps it, and
+    # every tensor a submodule call it checkpoints is passed; a run's tape, what its calls read).
     last = list(last_forward_use)
     for j, node in enumerate(nodes):
         if node.is_output:
             last[j] = max(last[j], end_of_forward)
+    runs = {region for region in regions if problem.run_span_of(region) is not None}
     for k, node in enumerate(nodes):
         region = region_of.get(k)
         if region is None:
             for owner in node.saves:
                 last[owner] = max(last[owner], backward_step[k])
         else:
-            for owner in (*node.uses, *node.arguments):
+            for owner in node.uses if region in runs else (*node.uses, *node.arguments):
                 if owner < region.start:
                     last[owner] = max(last[owner], backward_step[region.start])
     first_copy_until: dict[int, int] = {}  # kept j -> where its recomputed "copy" ends (below)
@@ -188,7 +190,7 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
         hold(-1, "copies", problem.recompute_copy_bytes(region), recompute_step[recomputed.start], stop)
         # A run (`Problem.run_span_of`) replays its recorded calls, not the model's code: it
         # holds a recomputed output only until the last call that reads it.
-        replayed = problem.run_span_of(region) is not None
+        replayed = region in runs
         last_copy = {j: recompute_step[j] for j in recomputed}
         for k in recomputed:
             for owner in nodes[k].uses if replayed else (*nodes[k].uses, *nodes[k].holds, *nodes[k].arguments):

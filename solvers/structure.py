@@ -41,6 +41,9 @@ class Structure:
         savers: nodes (j itself included) that save j for their backward.
         uses_before: distinct owners < k that node k reads or is passed as a module call's
             arguments (k's region inputs if k starts it).
+        reads_before: those of uses_before that node k reads: a run's inputs (a run's replay
+            keeps what its calls read, not what the model's code passes to a submodule call).
+        readers: later nodes that read j in forward (consumers that are not passed j alone).
         holds_before: distinct owners < k that the model's code holds while k runs, not read by k.
         saves_of: distinct owners that node k saves.
         saves_for_backward: `NodeCost.saves_for_backward` (recomputation runs up to such nodes).
@@ -68,6 +71,8 @@ class Structure:
     consumers: tuple[tuple[int, ...], ...]
     savers: tuple[tuple[int, ...], ...]
     uses_before: tuple[tuple[int, ...], ...]
+    reads_before: tuple[tuple[int, ...], ...]
+    readers: tuple[tuple[int, ...], ...]
     holds_before: tuple[tuple[int, ...], ...]
     saves_of: tuple[tuple[int, ...], ...]
     saves_for_backward: tuple[bool, ...]
@@ -127,12 +132,17 @@ def _build(problem: Problem) -> Structure:
     consumers: list[list[int]] = [[] for _ in range(n)]
     savers: list[list[int]] = [[] for _ in range(n)]
     uses_before: list[tuple[int, ...]] = []
+    reads_before: list[tuple[int, ...]] = []
+    readers: list[list[int]] = [[] for _ in range(n)]
     holds_before: list[tuple[int, ...]] = []
     held_until = list(range(n))
     saves_of: list[tuple[int, ...]] = []
     for k, node in enumerate(nodes):
         inputs = tuple(sorted({owner for owner in (*node.uses, *node.arguments) if owner < k}))
         uses_before.append(inputs)
+        reads_before.append(tuple(sorted({owner for owner in node.uses if owner < k})))
+        for owner in reads_before[-1]:
+            readers[owner].append(k)
         holds_before.append(tuple(sorted({owner for owner in node.holds if owner < k} - set(inputs))))
         for owner in holds_before[-1]:
             held_until[owner] = max(held_until[owner], k)
@@ -213,6 +223,8 @@ def _build(problem: Problem) -> Structure:
         consumers=tuple(map(tuple, consumers)),
         savers=tuple(map(tuple, savers)),
         uses_before=tuple(uses_before),
+        reads_before=tuple(reads_before),
+        readers=tuple(map(tuple, readers)),
         holds_before=tuple(holds_before),
         saves_of=tuple(saves_of),
         saves_for_backward=tuple(node.saves_for_backward for node in nodes),

@@ -128,6 +128,11 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
         run_region_ms = draw(st.sampled_from([0.0, 0.5, -overhead]))
         max_run_nodes = draw(st.sampled_from([None, 1, 2]))
         nodes = tuple(replace(node, replayable=draw(st.integers(0, 4)) > 0) for node in nodes)
+        # a call passed outputs it does not read: a region that is the call keeps them, a run
+        # through its first node does not
+        starts = {r.start for r in allowed if r.start > 0}
+        nodes = tuple(replace(node, arguments=tuple(sorted(draw(st.sets(st.integers(0, i - 1), min_size=1, max_size=2)))))
+                      if i in starts and draw(st.booleans()) else node for i, node in enumerate(nodes))
     # with `segments`, some allowed regions are slices of a Sequential's children: they keep nothing
     segments = tuple(r for r in allowed if r not in run_spans and draw(st.booleans())) if options.get("segments") else ()
     return Problem(nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,

@@ -404,3 +404,30 @@ def test_a_run_holds_a_recomputed_output_only_until_its_last_read():
         for method in ("dp", "ilp"):
             found = solve(as_run, budget, method=method)
             assert found.recompute_ms == pytest.approx(truth.recompute_ms), (method, budget)
+
+
+def test_a_run_keeps_no_input_that_a_submodule_call_is_only_passed():
+    # c1 starts a submodule call passed a and x that reads only x (`arguments`). Checkpointing
+    # a region [1, 4) keeps a until the region's backward, as checkpoint keeps what a call it
+    # wraps is passed; a run [1, 4) inside the call [0, 5) records ATen calls, and its tape
+    # keeps only what they read: a is freed once the forward is done.
+    nodes = (NodeCost("a", 1.0, output_bytes=100, grad_bytes=100),
+             NodeCost("x", 1.0, output_bytes=8, grad_bytes=8),
+             NodeCost("c1", 1.0, output_bytes=500, grad_bytes=500, uses=(1,), saves=(1,), arguments=(0, 1)),
+             NodeCost("c2", 1.0, output_bytes=8, grad_bytes=8, uses=(2,), saves=(2,)),
+             NodeCost("out", 1.0, output_bytes=4, grad_bytes=4, uses=(3, 0), saves=(3,), is_output=True))
+    region = range(1, 4)
+    as_call = Problem(nodes, allowed_regions=(region,))
+    as_run = Problem(nodes, allowed_regions=(range(0, 5), range(2, 4)), run_spans=(range(0, 5),))
+    assert as_run.run_span_of(region) is not None and as_call.run_span_of(region) is None
+    call, run = simulate(as_call, (region,)), simulate(as_run, (region,))
+    step = call.labels.index("backward c2")
+    assert call.live_bytes[step] - run.live_bytes[step] == 100
+    # dp and ilp (its own model, not dp's plan) hold what the simulator holds: at every budget
+    # they find brute force's plan.
+    low, high = minimum_peak_bytes(as_run), peak_bytes(as_run)
+    for budget in range(low, high + 1):
+        truth = solve_brute_force(as_run, budget)
+        for method, options in (("dp", {}), ("ilp", {"hint": False})):
+            found = solve(as_run, budget, method=method, **options)
+            assert found.recompute_ms == pytest.approx(truth.recompute_ms), (method, budget)
