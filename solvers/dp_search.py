@@ -40,7 +40,9 @@ needs whatever the plan (`DpSearch.fixed_need`).
 
 Regions never start at memoryless nodes (views, shape queries) when the next node could start
 them instead. A run inside a submodule call (`Problem.run_spans`) also pays its recording
-(`Problem.run_ms`), outside the bounds that stop the scan of longer regions.
+(`Problem.run_ms`), outside the bounds that stop the scan of longer regions; its inputs are only
+what its nodes read (its tape keeps no argument of a call it is only passed), and its replay
+holds a recomputed output only until its last reader (`RegionScan`'s `replayed`).
 """
 from __future__ import annotations
 

@@ -31,8 +31,8 @@ from typing import Collection
 from solvers.problem import InfeasibleBudget, Problem
 from solvers.solution import Solution, Status
 from solvers.simulate import make_solution, peak_bytes
-from solvers.ilp_model import bound_by_optimum, build_model, hint_plan, load_cp_model, scaled_cost
-from solvers.ilp_warm_start import (SINGLE_NODE_SHARE, Plan, cp_sat_solver, greedy_single_nodes, lp_guided_plan,
+from solvers.ilp_model import bound_by_optimum, build_model, load_cp_model, scaled_cost
+from solvers.ilp_warm_start import (SINGLE_NODE_SHARE, Plan, cp_sat_solver, greedy_single_nodes, hint_plan, lp_guided_plan,
                                     plan_of_solution, single_node_optimum)
 
 logger = logging.getLogger(__name__)

@@ -58,7 +58,7 @@ import dataclasses
 from functools import reduce
 from typing import Any, Collection
 
-from solvers.ilp_keep import add_keep_variables, held_saved, keep_ends, keep_hints, kept_of, recompute_loads
+from solvers.ilp_keep import add_keep_variables, held_saved, keep_ends, kept_of, recompute_loads
 from solvers.ilp_parts import (add_triangle_cuts, objective_scale, recompute_terms, region_tables, rng_states,
                                run_terms, selective_terms)
 from solvers.problem import Problem
@@ -363,52 +363,3 @@ def bound_by_optimum(built: IlpModel, regions: tuple[range, ...], kept: Collecti
     slack = 3 * len(built.costs) + math.ceil(1e-9 * value) + 1
     built.model.add(built.objective >= value - slack)
     return slack
-
-
-def hint_plan(built: IlpModel, problem: Problem, regions: tuple[range, ...], kept: Collection[int] = ()) -> bool:
-    """Hint every variable with the values of a known plan; False if the plan is outside the
-    model (a region the budget pruning removed, or a kept node it cannot keep), in which case
-    nothing is hinted.
-
-    Example:
-        >>> hint_plan(built, problem, (range(2, 5),), (3,))
-        True
-    """
-    structure = Structure.of(problem)
-    n = structure.n
-    start_of = [n] * n
-    saver_of = [n] * n  # the last saving node of each node's region
-    in_run = [False] * n
-    for region in regions:
-        run = problem.run_span_of(region) is not None
-        for i in region:
-            start_of[i] = region.start
-            saver_of[i] = problem.recomputed(region).stop - 1
-            in_run[i] = run
-    if any(start_of[i] < n and start_of[i] not in built.member[i] for i in range(n)):
-        return False
-    kept = frozenset(kept)
-    keep_values = keep_hints(built.keep, saver_of, kept)
-    if keep_values is None:
-        return False
-    model = built.model
-    for i in range(n):
-        for a, var in built.member[i].items():
-            model.add_hint(var, start_of[i] == a)
-        model.add_hint(built.in_region[i], start_of[i] < n)
-    for var, value in keep_values:
-        model.add_hint(var, value)
-    for (k, i), var in built.prefix.items():
-        model.add_hint(var, start_of[k] <= i)
-    for j, row in enumerate(built.alive):
-        if not row:
-            continue
-        candidates = [k for k in structure.savers[j] if start_of[k] == n]
-        candidates += [start_of[k] for k in structure.consumers[j] if j < start_of[k] < n
-                       and not (in_run[k] and j not in structure.reads_before[k])]
-        if j in kept:  # held until its region recomputes, before the backward of saver_of[j]
-            candidates.append(saver_of[j] + 1)
-        keeper = min(candidates, default=n)
-        for i, var in row.items():
-            model.add_hint(var, keeper <= i)
-    return True

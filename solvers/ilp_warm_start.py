@@ -1,7 +1,8 @@
 """Searches on the CP-SAT model of `solvers.ilp_model` that `solvers.ilp` starts from: the
 solver's settings, reading a plan out of a solution, and the warm starts (a greedy plan of
 one-node regions, the best plan of one-node regions, and the search over long regions that the
-LP relaxation steers). See `solvers.ilp` for when each runs.
+LP relaxation steers), and hinting the model with a known plan (`hint_plan`). See `solvers.ilp`
+for when each runs.
 
 Example:
     >>> greedy_single_nodes(problem, budget_bytes)
@@ -13,11 +14,13 @@ import heapq
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Collection
 
-from solvers.ilp_model import IlpModel, build_model, hint_plan, load_cp_model
+from solvers.ilp_keep import keep_hints
+from solvers.ilp_model import IlpModel, build_model, load_cp_model
 from solvers.problem import Problem
 from solvers.simulate import peak_bytes
+from solvers.structure import Structure
 
 logger = logging.getLogger(__name__)
 
@@ -290,3 +293,52 @@ def cp_sat_solver(time_limit_s: float, workers: int) -> Any:
     # no bound arrived within 60 s (at 90%: bound 0 -> proven optimal in 26 s).
     solver.parameters.root_lp_iterations = 200_000
     return solver
+
+
+def hint_plan(built: IlpModel, problem: Problem, regions: tuple[range, ...], kept: Collection[int] = ()) -> bool:
+    """Hint every variable with the values of a known plan; False if the plan is outside the
+    model (a region the budget pruning removed, or a kept node it cannot keep), in which case
+    nothing is hinted.
+
+    Example:
+        >>> hint_plan(built, problem, (range(2, 5),), (3,))
+        True
+    """
+    structure = Structure.of(problem)
+    n = structure.n
+    start_of = [n] * n
+    saver_of = [n] * n  # the last saving node of each node's region
+    in_run = [False] * n
+    for region in regions:
+        run = problem.run_span_of(region) is not None
+        for i in region:
+            start_of[i] = region.start
+            saver_of[i] = problem.recomputed(region).stop - 1
+            in_run[i] = run
+    if any(start_of[i] < n and start_of[i] not in built.member[i] for i in range(n)):
+        return False
+    kept = frozenset(kept)
+    keep_values = keep_hints(built.keep, saver_of, kept)
+    if keep_values is None:
+        return False
+    model = built.model
+    for i in range(n):
+        for a, var in built.member[i].items():
+            model.add_hint(var, start_of[i] == a)
+        model.add_hint(built.in_region[i], start_of[i] < n)
+    for var, value in keep_values:
+        model.add_hint(var, value)
+    for (k, i), var in built.prefix.items():
+        model.add_hint(var, start_of[k] <= i)
+    for j, row in enumerate(built.alive):
+        if not row:
+            continue
+        candidates = [k for k in structure.savers[j] if start_of[k] == n]
+        candidates += [start_of[k] for k in structure.consumers[j] if j < start_of[k] < n
+                       and not (in_run[k] and j not in structure.reads_before[k])]
+        if j in kept:  # held until its region recomputes, before the backward of saver_of[j]
+            candidates.append(saver_of[j] + 1)
+        keeper = min(candidates, default=n)
+        for i, var in row.items():
+            model.add_hint(var, keeper <= i)
+    return True

@@ -42,7 +42,8 @@ def test_ilp_model_admits_every_plan_that_fits(problem: Problem, data: st.DataOb
     # (Regions that start at a memoryless node, and regions that save nothing, are left out of
     # the model on purpose: another plan beats them for sure.)
     from solvers.ilp_warm_start import cp_sat_solver as _solver
-    from solvers.ilp_model import build_model, hint_plan
+    from solvers.ilp_model import build_model
+    from solvers.ilp_warm_start import hint_plan
     from solvers.structure import Structure
 
     truth = Truth.of(problem)
