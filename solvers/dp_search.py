@@ -25,7 +25,7 @@ FEASIBLE instead of OPTIMAL. `DpSettings.for_problem` picks exact settings for n
 bounded ones (fewer sets, thinned fronts, boundaries on a grid) for wide DAGs, where `ilp` is
 the exact solver, and for chains of over 1000 nodes (regions of at most 128 nodes).
 
-A region [t, b) may also keep nodes (a selective-checkpoint policy; `DpSearch.region_keeps`). A
+A region [t, b) may also keep nodes (a selective-checkpoint policy; `dp_settings.region_keeps`). A
 kept node's output enters the frontier set like a region input (it is alive from its forward
 on), its saved tensors join the bytes the region keeps, the region's own scan counts both from
 its first recomputation step (solvers/region_scan.py), and its time leaves the region's cost
@@ -49,11 +49,11 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from itertools import accumulate, combinations
+from itertools import accumulate
 
-from solvers.problem import MAX_KEEP_CANDIDATES, Problem
+from solvers.problem import Problem
 from solvers.problem_index import allowed_stops
-from solvers.dp_settings import DpSettings, region_boundaries
+from solvers.dp_settings import DpSettings, region_boundaries, region_keeps
 from solvers.pareto import Entry, Front, Stair, merge_fronts, weaken_states
 from solvers.region_scan import RegionScan
 from solvers.structure import Structure
@@ -174,26 +174,11 @@ class DpSearch:
         return self._outside_need[t, key] if chain else following
 
     def region_keeps(self, t: int, last: int) -> list[tuple[tuple[int, ...], int, bool]]:
-        """What regions [t, b), b <= last, keep: (kept nodes, last b, whether only that b). With
-        allowed regions, nothing for all at once, then each allowed one's `Problem.keep_choices`;
-        without, each subset of the first `MAX_KEEP_CANDIDATES` keepable nodes from t, for the
-        regions holding no more keepable nodes than that (`Problem.keep_candidates`)."""
+        """`dp_settings.region_keeps` from t, cached: it does not depend on the budget."""
         cached = self._region_keeps.get((t, last))
-        if cached is not None:
-            return cached
-        found = [((), last, False)]
-        if self.problem.allowed_regions is not None:
-            for b in range(t + 1, last + 1):
-                if self.problem.allows_region(t, b):
-                    found += [(keep, b, True) for keep in self.problem.keep_choices(range(t, b))[1:]]
-        else:
-            first = bisect.bisect_left(self.keepable, t)
-            keepable = self.keepable[first:bisect.bisect_left(self.keepable, last, first)]
-            stop = keepable[MAX_KEEP_CANDIDATES] if len(keepable) > MAX_KEEP_CANDIDATES else last
-            found += [(keep, stop, False) for size in range(1, MAX_KEEP_CANDIDATES + 1)
-                      for keep in combinations(keepable[:MAX_KEEP_CANDIDATES], size)]
-        self._region_keeps[(t, last)] = found
-        return found
+        if cached is None:
+            cached = self._region_keeps[t, last] = region_keeps(self.problem, self.keepable, t, last)
+        return cached
 
     def _regions_from(self, t: int, keep: tuple[int, ...], last: int, fronts: dict[int, Front],
                       pending: list[dict[int, list[Stair]] | None], live_budget: int, bound: float, slack: float,

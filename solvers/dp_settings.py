@@ -1,11 +1,14 @@
 """How much of the search space the dp solver keeps (solvers/dp.py): exact settings for
-narrow graphs, bounded ones for wide DAGs and very long chains, and solver options over them.
+narrow graphs, bounded ones for wide DAGs and very long chains, solver options over them, and
+which kept nodes the regions from each boundary try (`region_keeps`).
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+from itertools import combinations
 
-from solvers.problem import Problem
+from solvers.problem import MAX_KEEP_CANDIDATES, Problem
 from solvers.structure import Structure
 
 
@@ -99,3 +102,28 @@ def region_boundaries(problem: Problem, stride: int, fraction: float = 0.0) -> l
         allowed[i] = True
     allowed[0] = allowed[n] = True
     return allowed
+
+
+def region_keeps(problem: Problem, keepable: list[int], t: int, last: int) -> list[tuple[tuple[int, ...], int, bool]]:
+    """What the regions [t, b), b <= last, that dp tries keep: (kept nodes, last b, whether only
+    that b). With allowed regions, nothing for all at once, then each allowed one's
+    `Problem.keep_choices`; without, each subset of the first `MAX_KEEP_CANDIDATES` of the sorted
+    `keepable` nodes from t, for the regions holding no more keepable nodes than that
+    (`Problem.keep_candidates`).
+
+    Example:
+        >>> region_keeps(problem, [], 0, len(problem))
+        [((), 5, False)]
+    """
+    found = [((), last, False)]
+    if problem.allowed_regions is not None:
+        for b in range(t + 1, last + 1):
+            if problem.allows_region(t, b):
+                found += [(keep, b, True) for keep in problem.keep_choices(range(t, b))[1:]]
+    else:
+        first = bisect.bisect_left(keepable, t)
+        candidates = keepable[first:bisect.bisect_left(keepable, last, first)]
+        stop = candidates[MAX_KEEP_CANDIDATES] if len(candidates) > MAX_KEEP_CANDIDATES else last
+        found += [(keep, stop, False) for size in range(1, MAX_KEEP_CANDIDATES + 1)
+                  for keep in combinations(candidates[:MAX_KEEP_CANDIDATES], size)]
+    return found

@@ -103,7 +103,7 @@ def scan_regions(structure: Structure, problem: Problem, start: int, kept: Colle
 
     def reads_before(e: int) -> tuple[int, ...]:
         if replayed:  # a run's replay holds an output for the calls that read it alone
-            return tuple(sorted({j for j in problem.nodes[e].uses if j < e}))
+            return structure.reads_before[e]
         return (*structure.uses_before[e], *structure.holds_before[e])
 
     saver = structure.saves_for_backward
