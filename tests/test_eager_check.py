@@ -13,7 +13,7 @@ from planner import InfeasibleBudget, plan
 from planner.api import GIB
 from planner.eager_check import BEYOND_GRAPH, held_outside_step
 from planner.measured_fit import BEYOND_PLAN
-from planner.examples import gpt
+from conftest import small_gpt
 
 EAGER_CHECK_WARNING = "the model's own training step peaked"  # (planner.eager_check's warning)
 
@@ -60,7 +60,7 @@ def test_memory_the_graph_does_not_show_is_measured_kept_free_and_named():
 
 
 def test_a_model_whose_code_matches_its_graph_gets_no_such_term():
-    model, tokens = gpt()
+    model, tokens = small_gpt()
     with warnings.catch_warnings():
         # (only the eager check's warning: the step readings may warn of node times on a busy machine)
         warnings.filterwarnings("error", message=EAGER_CHECK_WARNING, category=UserWarning)

@@ -27,7 +27,8 @@ def check_bound(problem: Problem, data: st.DataObject) -> None:
 
 
 @settings(max_examples=200, **SETTINGS)
-@given(problem=problems(max_nodes=9), data=st.data())
+# (8 nodes: 1597 plans of any regions to simulate per example; 9 took a minute of the suite)
+@given(problem=problems(max_nodes=8), data=st.data())
 def test_no_plan_of_any_regions_costs_less_than_the_bound(problem: Problem, data: st.DataObject) -> None:
     check_bound(problem, data)
 
