@@ -105,12 +105,17 @@ class DpSearch:
         for k in range(n - 1, -1, -1):
             need[k] = max(need[k + 1], structure.forward_fixed[k], structure.gradient_backward[k])
         self.fixed_need = need
-        self._mask_bytes: dict[int, int] = {}
-        self._region_keeps: dict[tuple[int, int], list[tuple[tuple[int, ...], int, bool]]] = {}
-        self._scans: dict[tuple[int, tuple[int, ...], bool], RegionScan] = {}
-        self._is_run: dict[tuple[int, int], bool] = {}
-        self._outside_need: dict[tuple[int, int], int] = {}
-        self._run_ms: dict[tuple[int, int], float] = {}
+        # What depends on the problem alone, kept on it: a later search with other settings (the
+        # minimum-peak search after an infeasible budget) or budget reuses it (on a 1000-node
+        # DAG, the scans were four fifths of a first search).
+        caches = problem.__dict__.setdefault("_dp_caches", {})
+        self._mask_bytes: dict[int, int] = caches.setdefault("mask_bytes", {})
+        self._region_keeps: dict[tuple[int, int], list[tuple[tuple[int, ...], int, bool]]] = caches.setdefault(
+            "region_keeps", {})
+        self._scans: dict[tuple[int, tuple[int, ...], bool], RegionScan] = caches.setdefault("scans", {})
+        self._is_run: dict[tuple[int, int], bool] = caches.setdefault("is_run", {})
+        self._outside_need: dict[tuple[int, int], int] = caches.setdefault("outside_need", {})
+        self._run_ms: dict[tuple[int, int], float] = caches.setdefault("run_ms", {})
 
     def mask_bytes(self, mask: int) -> int:
         cached = self._mask_bytes.get(mask)
@@ -207,6 +212,8 @@ class DpSearch:
         kept_nodes = frozenset(keep)
         last_kept = keep[-1] if keep else -1
         stops_before = self.stops_before
+        uses_before, reads_before = structure.uses_before, structure.reads_before
+        forward_fixed, graduates, boundary = structure.forward_fixed, structure.graduates, self.boundary
         # Where regions must be allowed ones, the stops allowed from t (`Problem.allows_region`;
         # the caller's `last` already respects `Problem.last_region_stop`).
         allowed = None if self.problem.allowed_regions is None else allowed_stops(self.problem).get(t, frozenset())
@@ -228,31 +235,39 @@ class DpSearch:
             for k in range(t, last):
                 if random[k]:
                     rng = rng_state_bytes
-                for j in structure.uses_before[k]:
-                    if j < t and not inputs >> j & 1:
+                for j in uses_before[k]:  # (ascending: those from t on are the region's own)
+                    if j >= t:
+                        break
+                    if not inputs >> j & 1:
                         inputs |= 1 << j
                         inputs_bytes += out[j]
-                forward = structure.forward_fixed[k] + released + kept_saved
+                forward = forward_fixed[k] + released + kept_saved
                 if forward > forward_max:
                     forward_max = forward
                 if replayed is not None:
-                    for j in structure.reads_before[k]:
-                        if j < t and not run_inputs >> j & 1:
+                    for j in reads_before[k]:
+                        if j >= t:
+                            break
+                        if not run_inputs >> j & 1:
                             run_inputs |= 1 << j
                             run_bytes += out[j]
-                    run_forward_max = max(run_forward_max, structure.forward_fixed[k] + run_released)
+                    run_forward_max = max(run_forward_max, forward_fixed[k] + run_released)
                 if k in kept_nodes:  # its output is kept like an input: one frontier bit
                     inputs |= 1 << k
                     inputs_bytes += out[k]
                     kept_out += out[k]
                     kept_saved += saved[k]
                     kept_ms += compute_ms[k]
-                for g in structure.graduates[k]:
+                for g in graduates[k]:
                     if inputs >> g & 1:
                         released += out[g]
                     if replayed is not None and run_inputs >> g & 1:
                         run_released += out[g]
                 b = k + 1
+                # Only stops a region may have are checked: the bounds below hold for every longer
+                # region, so checking them at the next such stop prunes the same transitions.
+                if not boundary[b] or (only_last and b != last) or (allowed is not None and b not in allowed):
+                    continue
                 index = b - t - 1
                 if index >= len(scan.peak):  # (a few regions at a time: each call has set-up costs)
                     scan.ensure(min(b + SCAN_AHEAD, last))
@@ -273,9 +288,7 @@ class DpSearch:
                 if lo >= len(front.helds) or front.helds[lo] > live_budget - floor:
                     break
                 # (The kept nodes must be keep candidates: `Problem.keep_candidates`, inline.)
-                if (not self.boundary[b] or (only_last and b != last) or (allowed is not None and b not in allowed)
-                        or stop == t or last_kept >= stop
-                        or (last_kept == stop - 1 and stops_before[last_kept])):
+                if stop == t or last_kept >= stop or (last_kept == stop - 1 and stops_before[last_kept]):
                     continue  # (a region that saves nothing recomputes and frees nothing)
                 if replayed is not None and self.is_run(t, b):
                     held, held_bytes, held_released = run_inputs, run_bytes, run_released
