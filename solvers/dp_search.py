@@ -43,20 +43,21 @@ them instead. A run inside a submodule call (`Problem.run_spans`) also pays its 
 (`Problem.run_ms`), outside the bounds that stop the scan of longer regions; its inputs are only
 what its nodes read (its tape keeps no argument of a call it is only passed), and its replay
 holds a recomputed output only until its last reader (`RegionScan`'s `replayed`).
+
+What the search reads that depends on the problem alone (frontier sets, region scans) is
+`solvers.dp_tables`, kept on the problem for later searches.
 """
 from __future__ import annotations
 
 import bisect
 import logging
 import math
-from itertools import accumulate
 
 from solvers.problem import Problem
 from solvers.problem_index import allowed_stops
-from solvers.dp_settings import DpSettings, region_boundaries, region_keeps
+from solvers.dp_settings import DpSettings, region_boundaries
+from solvers.dp_tables import DpTables
 from solvers.pareto import Entry, Front, Stair, merge_fronts, weaken_states
-from solvers.region_scan import RegionScan
-from solvers.structure import Structure
 
 SCAN_AHEAD = 16  # regions a scan computes past the one asked for
 
@@ -74,116 +75,10 @@ class DpSearch:
         # Allowed regions (submodule calls) bound the search themselves; any boundary may do.
         self.boundary = (region_boundaries(problem, stride, boundary_fraction) if problem.allowed_regions is None
                          else [True] * (len(problem) + 1))
-        self.structure = structure = Structure.of(problem)
         self.max_states = max_states
         self.max_front = max_front
-        n = structure.n
-        self.frontier = [0] * (n + 1)  # bit j set: j < t and last_ref[j] >= t
-        mask = 0
-        for t in range(n + 1):
-            if t > 0:
-                mask |= 1 << (t - 1)
-                for j in structure.graduates[t - 1]:
-                    mask &= ~(1 << j)
-            self.frontier[t] = mask
-        self.cumulative_ms = [0.0, *accumulate(structure.compute_ms)]
-        self.random = [node.random for node in problem.nodes]
-        # (without allowed regions; nodes with a keep span are kept only in allowed regions)
-        self.keepable = [k for k, node in enumerate(problem.nodes) if node.keepable and node.keep_span is None]
-        self.stops_before = [node.stops_before_output for node in problem.nodes]
-        self.cumulative_calls = [0, *accumulate(node.aten_calls for node in problem.nodes)]
-        self.cumulative_pack_ms = [0.0, *accumulate(problem.saved_tensor_ms * node.saved_tensors
-                                                    for node in problem.nodes)]
-        floor = list(structure.gradient_recompute)
-        for b in range(n - 1, -1, -1):
-            floor[b] = min(floor[b], floor[b + 1])
-        self.min_recompute_gradients = floor
-        # The most that any later step adds to what a state holds, whatever the plan: the forward
-        # step of each node k >= t, and its backward (inside a region or not) with the gradients
-        # in flight. A state holding more than the budget less this has no way to the end.
-        need = [0] * (n + 1)
-        for k in range(n - 1, -1, -1):
-            need[k] = max(need[k + 1], structure.forward_fixed[k], structure.gradient_backward[k])
-        self.fixed_need = need
-        # What depends on the problem alone, kept on it: a later search with other settings (the
-        # minimum-peak search after an infeasible budget) or budget reuses it (on a 1000-node
-        # DAG, the scans were four fifths of a first search).
-        caches = problem.__dict__.setdefault("_dp_caches", {})
-        self._mask_bytes: dict[int, int] = caches.setdefault("mask_bytes", {})
-        self._region_keeps: dict[tuple[int, int], list[tuple[tuple[int, ...], int, bool]]] = caches.setdefault(
-            "region_keeps", {})
-        self._scans: dict[tuple[int, tuple[int, ...], bool], RegionScan] = caches.setdefault("scans", {})
-        self._is_run: dict[tuple[int, int], bool] = caches.setdefault("is_run", {})
-        self._outside_need: dict[tuple[int, int], int] = caches.setdefault("outside_need", {})
-        self._run_ms: dict[tuple[int, int], float] = caches.setdefault("run_ms", {})
-
-    def mask_bytes(self, mask: int) -> int:
-        cached = self._mask_bytes.get(mask)
-        if cached is None:
-            out = self.structure.output_bytes
-            cached = 0
-            rest = mask
-            while rest:
-                low = rest & -rest
-                cached += out[low.bit_length() - 1]
-                rest ^= low
-            self._mask_bytes[mask] = cached
-        return cached
-
-    def scan(self, t: int, keep: tuple[int, ...], replayed: bool) -> RegionScan:
-        """The region scan from t keeping `keep` (of runs, where `replayed`), cached: it does not
-        depend on the budget, so later searches (e.g. for a minimum peak) reuse it."""
-        cached = self._scans.get((t, keep, replayed))
-        if cached is None:
-            cached = self._scans[t, keep, replayed] = RegionScan(
-                self.structure, self.problem, t, self.min_recompute_gradients, keep, replayed)
-        return cached
-
-    def is_run(self, t: int, b: int) -> bool:
-        """Whether region [t, b) is a run (`Problem.run_span_of`), cached."""
-        cached = self._is_run.get((t, b))
-        if cached is None:
-            cached = self._is_run[t, b] = self.problem.run_span_of(range(t, b)) is not None
-        return cached
-
-    def run_ms(self, t: int, b: int) -> float:
-        """`Problem.run_ms` of region [t, b), cached: each front at t asks again."""
-        cached = self._run_ms.get((t, b))
-        if cached is None:
-            cached = self._run_ms[t, b] = self.problem.run_ms(range(t, b))
-        return cached
-
-    def outside_need(self, t: int, key: int) -> int:
-        """The live bytes that leaving every node from t on outside any region needs, beyond
-        what a state at boundary t with frontier set `key` holds: a plan of that state whose
-        held bytes fit `live_budget` less this is complete as it stands, and its cost bounds the
-        search's (what the transitions "node k outside every region", k >= t, check one by one).
-        Budget-independent, so cached across runs."""
-        structure = self.structure
-        out, saved, n = structure.output_bytes, structure.saved_bytes, structure.n
-        chain: list[tuple[int, int, int, int]] = []  # (k, key, need at k, held added at k)
-        k, mask, mask_bytes = t, key, self.mask_bytes(key)
-        while k < n and (k, mask) not in self._outside_need:
-            kept, kept_bytes = mask, mask_bytes
-            for j in structure.saves_of[k]:
-                if not kept >> j & 1:
-                    kept |= 1 << j
-                    kept_bytes += out[j]
-            resolved = sum(out[g] for g in structure.graduates[k] if kept >> g & 1)
-            chain.append((k, mask, max(structure.forward_fixed[k], kept_bytes + saved[k] + structure.gradient_backward[k]),
-                          resolved + saved[k]))
-            k, mask, mask_bytes = k + 1, kept & self.frontier[k + 1], kept_bytes - resolved
-        following = 0 if k == n else self._outside_need[k, mask]
-        for k, mask, need, added in reversed(chain):
-            following = self._outside_need[k, mask] = max(need, following + added)
-        return self._outside_need[t, key] if chain else following
-
-    def region_keeps(self, t: int, last: int) -> list[tuple[tuple[int, ...], int, bool]]:
-        """`dp_settings.region_keeps` from t, cached: it does not depend on the budget."""
-        cached = self._region_keeps.get((t, last))
-        if cached is None:
-            cached = self._region_keeps[t, last] = region_keeps(self.problem, self.keepable, t, last)
-        return cached
+        self.tables = DpTables.of(problem)
+        self.structure = self.tables.structure
 
     def _regions_from(self, t: int, keep: tuple[int, ...], last: int, fronts: dict[int, Front],
                       pending: list[dict[int, list[Stair]] | None], live_budget: int, bound: float, slack: float,
@@ -198,29 +93,29 @@ class DpSearch:
         out = structure.output_bytes
         saved = structure.saved_bytes
         compute_ms = structure.compute_ms
-        frontier = self.frontier
-        cumulative_ms = self.cumulative_ms
-        mask_bytes = self._mask_bytes
+        frontier = self.tables.frontier
+        cumulative_ms = self.tables.cumulative_ms
+        mask_bytes = self.tables.mask_bytes_table
         overhead_ms = self.problem.region_overhead_ms
         if keep:  # the selective policy's fixed costs (its per-call cost grows with b, below)
             overhead_ms += self.problem.keep_region_ms + self.problem.kept_node_ms * len(keep)
         keep_call_ms = self.problem.keep_call_ms if keep else 0.0
-        calls = self.cumulative_calls
-        pack_ms = self.cumulative_pack_ms  # checkpoint's cost per saved tensor, summed
+        calls = self.tables.cumulative_calls
+        pack_ms = self.tables.cumulative_pack_ms  # checkpoint's cost per saved tensor, summed
         rng_state_bytes = self.problem.rng_state_bytes
-        random = self.random
+        random = self.tables.random
         kept_nodes = frozenset(keep)
         last_kept = keep[-1] if keep else -1
-        stops_before = self.stops_before
+        stops_before = self.tables.stops_before
         uses_before, reads_before = structure.uses_before, structure.reads_before
         forward_fixed, graduates, boundary = structure.forward_fixed, structure.graduates, self.boundary
         # Where regions must be allowed ones, the stops allowed from t (`Problem.allows_region`;
         # the caller's `last` already respects `Problem.last_region_stop`).
         allowed = None if self.problem.allowed_regions is None else allowed_stops(self.problem).get(t, frozenset())
-        scan = self.scan(t, keep, False)
+        scan = self.tables.scan(t, keep, False)
         # Regions that are runs replay their calls and hold less (`RegionScan`); no less than
         # that bounds every region from t.
-        replayed = self.scan(t, keep, True) if self.problem.run_spans and not keep else None
+        replayed = self.tables.scan(t, keep, True) if self.problem.run_spans and not keep else None
         for key, front in fronts.items():
             inputs = key
             inputs_bytes = mask_bytes[key]
@@ -290,14 +185,14 @@ class DpSearch:
                 # (The kept nodes must be keep candidates: `Problem.keep_candidates`, inline.)
                 if stop == t or last_kept >= stop or (last_kept == stop - 1 and stops_before[last_kept]):
                     continue  # (a region that saves nothing recomputes and frees nothing)
-                if replayed is not None and self.is_run(t, b):
+                if replayed is not None and self.tables.is_run(t, b):
                     held, held_bytes, held_released = run_inputs, run_bytes, run_released
                     limit = live_budget - max(run_forward_max, run_bytes + replayed.peak[index]) - rng
                 else:
                     held, held_bytes, held_released = inputs, inputs_bytes, released
                     limit = live_budget - max(forward_max, inputs_bytes - kept_out + scan.peak[index]) - rng
                 hi = bisect.bisect_right(front.helds, limit)
-                run_ms = self.run_ms(t, b) if self.problem.run_spans else 0.0
+                run_ms = self.tables.run_ms(t, b) if self.problem.run_spans else 0.0
                 if run_ms:  # (not in the bounds above: the longer submodule call pays none)
                     lo = max(lo, bisect.bisect_left(front.negative_costs, region_ms + run_ms - bound))
                 if lo >= hi:
@@ -320,7 +215,7 @@ class DpSearch:
         n = structure.n
         out = structure.output_bytes
         saved = structure.saved_bytes
-        frontier = self.frontier
+        frontier = self.tables.frontier
         bisect_right = bisect.bisect_right
         slack = 1e-9 * max(1.0, abs(cost_bound)) if cost_bound != float("inf") else 0.0
         bound = cost_bound + slack
@@ -332,19 +227,19 @@ class DpSearch:
         # A bounded search (merged sets, thinned fronts) may lose its path after it lowered the
         # bound, so it stands as a plan of its own.
         completed: Entry | None = None
-        self._mask_bytes[0] = 0
+        self.tables.mask_bytes_table[0] = 0
         for t in range(n):
             states = pending[t]
             pending[t] = None
             if not states:
                 continue
             if len(states) > self.max_states:
-                states = weaken_states(states, self.max_states, self.mask_bytes)
+                states = weaken_states(states, self.max_states, self.tables.mask_bytes)
                 exact = False
             # States with no way to the end are dropped only while the search is exact: in a
             # bounded one, that changes which sets it merges, and its plans on wide DAGs came
             # out dearer (random_layered_n250 at 50%: 97238 against 67400).
-            held_limit = live_budget - self.fixed_need[t] if exact and not bucket_bytes else math.inf
+            held_limit = live_budget - self.tables.fixed_need[t] if exact and not bucket_bytes else math.inf
             fronts = {}
             for key in sorted(states):
                 front = merge_fronts(states[key], bound, feasibility_only, bucket_bytes, held_limit)
@@ -352,7 +247,7 @@ class DpSearch:
                     fronts[key] = front
             if not feasibility_only:  # a state that fits without further regions is a plan already
                 for key, front in fronts.items():
-                    fitting = bisect_right(front.helds, live_budget - self.outside_need(t, key))
+                    fitting = bisect_right(front.helds, live_budget - self.tables.outside_need(t, key))
                     if fitting and (completed is None or front.entries[fitting - 1].cost < completed.cost):
                         completed = front.entries[fitting - 1]
                         # (with room for its own cost: later merges keep only costs below the bound)
@@ -361,7 +256,7 @@ class DpSearch:
             # Node t outside every region.
             forward_need = structure.forward_fixed[t]
             backward_fixed = saved[t] + structure.gradient_backward[t]
-            mask_bytes = self._mask_bytes
+            mask_bytes = self.tables.mask_bytes_table
             for key, front in fronts.items():
                 kept = key
                 kept_bytes = mask_bytes[key]
@@ -388,7 +283,7 @@ class DpSearch:
             last = self.problem.last_region_stop(t)
             if self.max_region_nodes is not None:
                 last = min(last, t + self.max_region_nodes)
-            for keep, stop, only_last in self.region_keeps(t, last):
+            for keep, stop, only_last in self.tables.region_keeps(t, last):
                 bound = self._regions_from(t, keep, stop, fronts, pending, live_budget, bound, slack,
                                            feasibility_only, only_last)
         best: Entry | None = None

@@ -4,6 +4,7 @@ budget never costs more, and ilp's warm starts and bounds hold.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -115,21 +116,28 @@ def test_more_budget_never_costs_more(problem: Problem) -> None:
 @settings(max_examples=40, **SETTINGS)
 @given(problem=problems(max_nodes=9), data=st.data())
 def test_dp_search_reused_across_budgets_equals_a_fresh_one(problem: Problem, data: st.DataObject) -> None:
-    # A search caches its region scans across runs (the search for a minimum peak runs it at
-    # many budgets): a scan extended further by an earlier run, at a larger budget, must give
-    # a later run what a fresh one would.
+    # A problem keeps its dp tables, region scans included, across searches and runs (the
+    # search for a minimum peak runs at many budgets, on a coarser grid): a scan extended
+    # further by an earlier run, at a larger budget or another stride, must give a later run
+    # what a fresh one would (on a copy of the problem, which has no tables).
+    from dataclasses import replace
+
     from solvers.dp_search import dp_search
     from solvers.dp_settings import dp_settings
 
     truth = Truth.of(problem)
-    settings_ = dp_settings(problem, {})
-    reused = dp_search(problem, settings_)
+    exact = dp_settings(problem, {})
+    coarse = replace(exact, stride=2)
+    reused = {exact: dp_search(problem, exact), coarse: dp_search(problem, coarse)}
     live = sorted(budgets(truth, data), reverse=data.draw(st.booleans(), label="descending"))
     for budget in [*live, *reversed(live)]:
-        for feasibility_only in (False, True):
-            found, _ = reused.run(budget - problem.static_bytes, feasibility_only=feasibility_only)
-            fresh, _ = dp_search(problem, settings_).run(budget - problem.static_bytes, feasibility_only=feasibility_only)
-            assert (found is None) == (fresh is None) == (truth.optimum(budget) is None)
+        for (settings_, search), feasibility_only in itertools.product(reused.items(), (False, True)):
+            found, _ = search.run(budget - problem.static_bytes, feasibility_only=feasibility_only)
+            fresh, _ = dp_search(replace(problem), settings_).run(budget - problem.static_bytes,
+                                                                  feasibility_only=feasibility_only)
+            assert (found is None) == (fresh is None)
+            if settings_ == exact:
+                assert (found is None) == (truth.optimum(budget) is None)
             if found is not None:
                 assert (found.regions(), found.kept(), found.cost) == (fresh.regions(), fresh.kept(), fresh.cost)
 
