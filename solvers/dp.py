@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from solvers.dp_search import dp_search
 from solvers.dp_settings import dp_settings
+from solvers.dp_tables import DpTables
 from solvers.problem import InfeasibleBudget, Problem
 from solvers.solution import Solution, Status
 from solvers.simulate import make_solution, peak_bytes
@@ -38,9 +39,10 @@ def minimum_peak_dp(problem: Problem, above: int | None = None, **options: objec
     return peak, exact
 
 
-def minimum_peak_plan_dp(problem: Problem, above: int | None = None, **options: object
-                         ) -> tuple[int, bool, tuple[range, ...], tuple[int, ...]]:
-    """`minimum_peak_dp` plus a plan that reaches that peak. Example:
+def minimum_peak_plan_dp(problem: Problem, above: int | None = None, tables: DpTables | None = None,
+                         **options: object) -> tuple[int, bool, tuple[range, ...], tuple[int, ...]]:
+    """`minimum_peak_dp` plus a plan that reaches that peak; `tables`: those of an earlier search
+    of the problem (`solvers.dp_tables`), to reuse. Example:
         >>> peak, exact, regions, kept = minimum_peak_plan_dp(problem)
         >>> peak_bytes(problem, regions, kept) == peak
         True
@@ -51,7 +53,7 @@ def minimum_peak_plan_dp(problem: Problem, above: int | None = None, **options: 
     cache = problem.__dict__.setdefault("_minimum_peak_dp", {})
     if (settings, above) in cache:  # (a bounded search's result depends on where it starts)
         return cache[settings, above]
-    search = dp_search(problem, settings)
+    search = dp_search(problem, settings, tables)
     structure = search.structure
     high = peak_bytes(problem) - problem.static_bytes  # the empty plan fits this
     best: tuple[range, ...] = ()
@@ -109,14 +111,15 @@ def solve_dp(problem: Problem, budget_bytes: int, cost_bound_ms: float | None = 
         return make_solution(problem, (), budget_bytes, Status.OPTIMAL, "dp", started)
     live_budget = budget_bytes - problem.static_bytes
     structure = Structure.of(problem)
-    search = dp_search(problem, settings)
+    tables = DpTables(problem)  # (shared with the search for the minimum, should nothing fit)
+    search = dp_search(problem, settings, tables)
     found, exact = None, True
     if live_budget >= 0:
         found, exact = search.run(live_budget, float("inf") if cost_bound_ms is None else cost_bound_ms)
         if found is None and cost_bound_ms is not None:  # the bound, not the budget, may be why
             found, exact = search.run(live_budget)
     if found is None:
-        minimum, proven, plan, kept = minimum_peak_plan_dp(problem, above=max(live_budget, -1), **options)
+        minimum, proven, plan, kept = minimum_peak_plan_dp(problem, max(live_budget, -1), tables, **options)
         if minimum <= budget_bytes:  # the bounded search for the minimum found what the other missed
             return make_solution(problem, plan, budget_bytes, Status.FEASIBLE, "dp", started, kept)
         raise InfeasibleBudget(budget_bytes, minimum, problem.static_bytes, "dp", proven=proven)

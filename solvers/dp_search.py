@@ -45,7 +45,7 @@ what its nodes read (its tape keeps no argument of a call it is only passed), an
 holds a recomputed output only until its last reader (`RegionScan`'s `replayed`).
 
 What the search reads that depends on the problem alone (frontier sets, region scans) is
-`solvers.dp_tables`, kept on the problem for later searches.
+`solvers.dp_tables`, which searches of the same problem may share.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class DpSearch:
     """The DP over boundaries for one problem; `run` solves it for one budget."""
 
     def __init__(self, problem: Problem, max_states: int, max_front: int | None = None, stride: int = 1,
-                 max_region_nodes: int | None = None, boundary_fraction: float = 0.0):
+                 max_region_nodes: int | None = None, boundary_fraction: float = 0.0, tables: DpTables | None = None):
         self.problem = problem
         self.stride = stride
         self.max_region_nodes = max_region_nodes
@@ -77,7 +77,7 @@ class DpSearch:
                          else [True] * (len(problem) + 1))
         self.max_states = max_states
         self.max_front = max_front
-        self.tables = DpTables.of(problem)
+        self.tables = DpTables(problem) if tables is None else tables
         self.structure = self.tables.structure
 
     def _regions_from(self, t: int, keep: tuple[int, ...], last: int, fronts: dict[int, Front],
@@ -303,9 +303,15 @@ class DpSearch:
         return best, exact
 
 
-def dp_search(problem: Problem, settings: DpSettings) -> DpSearch:
+def dp_search(problem: Problem, settings: DpSettings, tables: DpTables | None = None) -> DpSearch:
+    """The search for `problem` with `settings`, reading `tables` (shared with another search of
+    the same problem) or its own.
+
+    Example:
+        >>> found, exact = dp_search(problem, dp_settings(problem, {})).run(budget_bytes - problem.static_bytes)
+    """
     return DpSearch(problem, settings.max_states, settings.max_front, settings.stride, settings.max_region_nodes,
-                   settings.boundary_fraction)
+                    settings.boundary_fraction, tables)
 
 
 __all__ = ["DpSearch", "dp_search"]

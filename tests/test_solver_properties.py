@@ -116,25 +116,26 @@ def test_more_budget_never_costs_more(problem: Problem) -> None:
 @settings(max_examples=40, **SETTINGS)
 @given(problem=problems(max_nodes=9), data=st.data())
 def test_dp_search_reused_across_budgets_equals_a_fresh_one(problem: Problem, data: st.DataObject) -> None:
-    # A problem keeps its dp tables, region scans included, across searches and runs (the
-    # search for a minimum peak runs at many budgets, on a coarser grid): a scan extended
-    # further by an earlier run, at a larger budget or another stride, must give a later run
-    # what a fresh one would (on a copy of the problem, which has no tables).
+    # Searches may share their dp tables, region scans included (the search for a minimum peak
+    # reuses those of the search that found no plan, and runs at many budgets on a coarser
+    # grid): a scan extended further by an earlier run, at a larger budget or another stride,
+    # must give a later run what a fresh search would.
     from dataclasses import replace
 
     from solvers.dp_search import dp_search
     from solvers.dp_settings import dp_settings
+    from solvers.dp_tables import DpTables
 
     truth = Truth.of(problem)
     exact = dp_settings(problem, {})
     coarse = replace(exact, stride=2)
-    reused = {exact: dp_search(problem, exact), coarse: dp_search(problem, coarse)}
+    tables = DpTables(problem)
+    reused = {exact: dp_search(problem, exact, tables), coarse: dp_search(problem, coarse, tables)}
     live = sorted(budgets(truth, data), reverse=data.draw(st.booleans(), label="descending"))
     for budget in [*live, *reversed(live)]:
         for (settings_, search), feasibility_only in itertools.product(reused.items(), (False, True)):
             found, _ = search.run(budget - problem.static_bytes, feasibility_only=feasibility_only)
-            fresh, _ = dp_search(replace(problem), settings_).run(budget - problem.static_bytes,
-                                                                  feasibility_only=feasibility_only)
+            fresh, _ = dp_search(problem, settings_).run(budget - problem.static_bytes, feasibility_only=feasibility_only)
             assert (found is None) == (fresh is None)
             if settings_ == exact:
                 assert (found is None) == (truth.optimum(budget) is None)
