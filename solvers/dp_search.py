@@ -93,29 +93,30 @@ class DpSearch:
         out = structure.output_bytes
         saved = structure.saved_bytes
         compute_ms = structure.compute_ms
-        frontier = self.tables.frontier
-        cumulative_ms = self.tables.cumulative_ms
-        mask_bytes = self.tables.mask_bytes_table
+        tables = self.tables
+        frontier = tables.frontier
+        cumulative_ms = tables.cumulative_ms
+        mask_bytes = tables.mask_bytes_table
         overhead_ms = self.problem.region_overhead_ms
         if keep:  # the selective policy's fixed costs (its per-call cost grows with b, below)
             overhead_ms += self.problem.keep_region_ms + self.problem.kept_node_ms * len(keep)
         keep_call_ms = self.problem.keep_call_ms if keep else 0.0
-        calls = self.tables.cumulative_calls
-        pack_ms = self.tables.cumulative_pack_ms  # checkpoint's cost per saved tensor, summed
+        calls = tables.cumulative_calls
+        pack_ms = tables.cumulative_pack_ms  # checkpoint's cost per saved tensor, summed
         rng_state_bytes = self.problem.rng_state_bytes
-        random = self.tables.random
+        random = tables.random
         kept_nodes = frozenset(keep)
         last_kept = keep[-1] if keep else -1
-        stops_before = self.tables.stops_before
+        stops_before = tables.stops_before
         uses_before, reads_before = structure.uses_before, structure.reads_before
         forward_fixed, graduates, boundary = structure.forward_fixed, structure.graduates, self.boundary
         # Where regions must be allowed ones, the stops allowed from t (`Problem.allows_region`;
         # the caller's `last` already respects `Problem.last_region_stop`).
         allowed = None if self.problem.allowed_regions is None else allowed_stops(self.problem).get(t, frozenset())
-        scan = self.tables.scan(t, keep, False)
+        scan = tables.scan(t, keep, False)
         # Regions that are runs replay their calls and hold less (`RegionScan`); no less than
         # that bounds every region from t.
-        replayed = self.tables.scan(t, keep, True) if self.problem.run_spans and not keep else None
+        replayed = tables.scan(t, keep, True) if self.problem.run_spans and not keep else None
         for key, front in fronts.items():
             inputs = key
             inputs_bytes = mask_bytes[key]
@@ -185,14 +186,14 @@ class DpSearch:
                 # (The kept nodes must be keep candidates: `Problem.keep_candidates`, inline.)
                 if stop == t or last_kept >= stop or (last_kept == stop - 1 and stops_before[last_kept]):
                     continue  # (a region that saves nothing recomputes and frees nothing)
-                if replayed is not None and self.tables.is_run(t, b):
+                if replayed is not None and tables.is_run(t, b):
                     held, held_bytes, held_released = run_inputs, run_bytes, run_released
                     limit = live_budget - max(run_forward_max, run_bytes + replayed.peak[index]) - rng
                 else:
                     held, held_bytes, held_released = inputs, inputs_bytes, released
                     limit = live_budget - max(forward_max, inputs_bytes - kept_out + scan.peak[index]) - rng
                 hi = bisect.bisect_right(front.helds, limit)
-                run_ms = self.tables.run_ms(t, b) if self.problem.run_spans else 0.0
+                run_ms = tables.run_ms(t, b) if self.problem.run_spans else 0.0
                 if run_ms:  # (not in the bounds above: the longer submodule call pays none)
                     lo = max(lo, bisect.bisect_left(front.negative_costs, region_ms + run_ms - bound))
                 if lo >= hi:
@@ -215,7 +216,8 @@ class DpSearch:
         n = structure.n
         out = structure.output_bytes
         saved = structure.saved_bytes
-        frontier = self.tables.frontier
+        tables = self.tables
+        frontier = tables.frontier
         bisect_right = bisect.bisect_right
         slack = 1e-9 * max(1.0, abs(cost_bound)) if cost_bound != float("inf") else 0.0
         bound = cost_bound + slack
@@ -227,19 +229,19 @@ class DpSearch:
         # A bounded search (merged sets, thinned fronts) may lose its path after it lowered the
         # bound, so it stands as a plan of its own.
         completed: Entry | None = None
-        self.tables.mask_bytes_table[0] = 0
+        tables.mask_bytes_table[0] = 0
         for t in range(n):
             states = pending[t]
             pending[t] = None
             if not states:
                 continue
             if len(states) > self.max_states:
-                states = weaken_states(states, self.max_states, self.tables.mask_bytes)
+                states = weaken_states(states, self.max_states, tables.mask_bytes)
                 exact = False
             # States with no way to the end are dropped only while the search is exact: in a
             # bounded one, that changes which sets it merges, and its plans on wide DAGs came
             # out dearer (random_layered_n250 at 50%: 97238 against 67400).
-            held_limit = live_budget - self.tables.fixed_need[t] if exact and not bucket_bytes else math.inf
+            held_limit = live_budget - tables.fixed_need[t] if exact and not bucket_bytes else math.inf
             fronts = {}
             for key in sorted(states):
                 front = merge_fronts(states[key], bound, feasibility_only, bucket_bytes, held_limit)
@@ -247,7 +249,7 @@ class DpSearch:
                     fronts[key] = front
             if not feasibility_only:  # a state that fits without further regions is a plan already
                 for key, front in fronts.items():
-                    fitting = bisect_right(front.helds, live_budget - self.tables.outside_need(t, key))
+                    fitting = bisect_right(front.helds, live_budget - tables.outside_need(t, key))
                     if fitting and (completed is None or front.entries[fitting - 1].cost < completed.cost):
                         completed = front.entries[fitting - 1]
                         # (with room for its own cost: later merges keep only costs below the bound)
@@ -256,7 +258,7 @@ class DpSearch:
             # Node t outside every region.
             forward_need = structure.forward_fixed[t]
             backward_fixed = saved[t] + structure.gradient_backward[t]
-            mask_bytes = self.tables.mask_bytes_table
+            mask_bytes = tables.mask_bytes_table
             for key, front in fronts.items():
                 kept = key
                 kept_bytes = mask_bytes[key]
@@ -283,7 +285,7 @@ class DpSearch:
             last = self.problem.last_region_stop(t)
             if self.max_region_nodes is not None:
                 last = min(last, t + self.max_region_nodes)
-            for keep, stop, only_last in self.tables.region_keeps(t, last):
+            for keep, stop, only_last in tables.region_keeps(t, last):
                 bound = self._regions_from(t, keep, stop, fronts, pending, live_budget, bound, slack,
                                            feasibility_only, only_last)
         best: Entry | None = None
