@@ -25,6 +25,7 @@ from solvers import (
 )
 from solvers.brute_force import solve_brute_force
 from solvers.region_scan import scan_regions
+from solvers.sqrt import max_segments, segments
 from solvers.structure import Structure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +116,23 @@ def test_infeasible_budget_carries_the_minimum():
             solve(problem, minimum - 1, method=method)
         assert raised.value.minimum_bytes == minimum and raised.value.proven, method
         assert method.replace("auto", "dp") in str(raised.value)
+
+
+def test_sqrt_tries_up_to_four_sqrt_n_segments_and_calls_its_minimum_unproven(monkeypatch):
+    problem = chain([10] * 400, [1.0] * 400)
+    assert max_segments(len(problem)) == 80 and max_segments(100) == 64 and max_segments(20) == 20
+    peaks = {count: peak_bytes(problem, segments(problem, count)[:-1]) for count in range(1, 81)}
+    least = min(peaks.values())
+    # on a chain, more segments only hold more
+    assert all(peak_bytes(problem, segments(problem, count)[:-1]) > least for count in range(81, 401, 8))
+    simulated = []
+    monkeypatch.setattr(solvers.sqrt, "peak_bytes", lambda *args: simulated.append(args) or peak_bytes(*args))
+    with pytest.raises(InfeasibleBudget) as raised:
+        solve(problem, least - 1, method="sqrt")
+    assert raised.value.minimum_bytes == least and not raised.value.proven
+    assert len(simulated) <= 81  # no plan at all, then 1..80 segments
+    fitted = solve(problem, least, method="sqrt")
+    assert fitted.peak_bytes == least and len(fitted.regions) + 1 <= 80
 
 
 def test_budget_below_static_memory():
