@@ -171,8 +171,9 @@ class Plan(PlanFigures):
     def verify(self, sample: Any = None, steps: int = 3) -> Verification:
         """Run real forward+backward steps of the original and the planned module and measure
         both: peak memory, step time, whether outputs and gradients match, and the error of the
-        predicted peaks. The result is kept and shown in the report. The original model is
-        left as it was (gradients, buffers and RNG state are restored).
+        predicted peaks and of the predicted step overhead (`recompute_ms`). The result is kept
+        and shown in the report. The original model is left as it was (gradients, buffers and
+        RNG state are restored).
 
         Example:
             >>> record = p.verify(steps=3)
@@ -186,7 +187,7 @@ class Plan(PlanFigures):
                              "the real model (load_plan(path).apply(model)), then train")
         self.verification = verify_modules(
             self._model, self.module(), self._sample if sample is None else sample, steps,
-            self.predicted_peak_bytes, self.baseline_peak_bytes, self.budget_bytes,
+            self.predicted_peak_bytes, self.baseline_peak_bytes, self.budget_bytes, self.recompute_ms,
         )
         return self.verification
 

@@ -263,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     planning.add_argument("--plot", metavar="MEMORY.png", help="write the predicted memory plot (needs matplotlib)")
     planning.add_argument("--verify", action="store_true",
                           help="run real training steps of the original and the planned module and "
-                          "report measured peaks, step times and whether gradients match")
+                          "report measured peaks, step times, the step overhead beside the predicted one and whether "
+                          "gradients match")
     planning.add_argument("--verify-steps", type=_positive_int, default=3, help="steps for --verify (default 3)")
     planning.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
     planning.set_defaults(run=_plan)

@@ -22,6 +22,10 @@ class Verification:
 
     Peaks count parameters, gradients, buffers and inputs plus the largest live activation
     memory of one forward+backward (steps after a warm-up, gradients already allocated).
+    `overhead_ms` is what the plan adds to a step, the median over steps of the planned step's
+    time less the original's just before it; `predicted_overhead_ms` the plan's `recompute_ms`
+    (None where none was given). A few steps read the overhead only roughly where step times
+    vary (a shared CPU): pass more steps to `Plan.verify` for a closer reading.
     """
 
     original_peak_bytes: int
@@ -34,6 +38,8 @@ class Verification:
     outputs_match: bool
     gradients_match: bool
     steps: int
+    overhead_ms: float | None = None  # (None in records saved before it was measured)
+    predicted_overhead_ms: float | None = None
 
     @property
     def overhead_percent(self) -> float:
@@ -65,9 +71,19 @@ class Verification:
             f"  {'within budget':<22}{ok(self.within_budget):>12} (budget {format_bytes(self.budget_bytes)})",
             f"  {'step time':<22}{self.original_step_ms:>9.1f} ms -> {self.planned_step_ms:.1f} ms "
             f"({self.overhead_percent:+.0f}%)",
+            *self._overhead_lines(),
             f"  {'outputs match':<22}{ok(self.outputs_match):>12}",
             f"  {'gradients match':<22}{ok(self.gradients_match):>12}",
         ])
+
+    def _overhead_lines(self) -> list[str]:
+        if self.overhead_ms is None:
+            return []
+        if self.predicted_overhead_ms is None:
+            return [f"  {'step overhead':<22}{self.overhead_ms:>+9.1f} ms"]
+        error = self.predicted_overhead_ms - self.overhead_ms
+        return [f"  {'step overhead':<22}{self.overhead_ms:>+9.1f} ms{self.predicted_overhead_ms:>9.1f} ms"
+                f"{error:>+6.1f} ms"]
 
 
 def training_loss(output: Any) -> torch.Tensor:
@@ -184,8 +200,9 @@ def step_ms(module: nn.Module, sample: Any, device: torch.device) -> float:
 
 def verify_modules(original: nn.Module, planned: nn.Module, sample: Any, steps: int,
                    predicted_peak_bytes: int, predicted_original_peak_bytes: int,
-                   budget_bytes: int) -> Verification:
+                   budget_bytes: int, predicted_overhead_ms: float | None = None) -> Verification:
     """Compare `planned` with `original` on real steps; leaves `original` as it was.
+    `predicted_overhead_ms`: what the plan is predicted to add to a step (its `recompute_ms`).
 
     Example:
         >>> print(verify_modules(model, p.module(), x, 3, p.predicted_peak_bytes,
@@ -219,4 +236,6 @@ def verify_modules(original: nn.Module, planned: nn.Module, sample: Any, steps: 
         outputs_match=outputs_match,
         gradients_match=gradients_match,
         steps=steps,
+        overhead_ms=statistics.median(after - before for after, before in zip(times["planned"], times["original"])),
+        predicted_overhead_ms=predicted_overhead_ms,
     )

@@ -1,4 +1,6 @@
 """Memory truth: the CPU tracker, verify(), budgets and their errors."""
+import copy
+import dataclasses
 import math
 
 import pytest
@@ -6,10 +8,11 @@ import torch
 from torch import nn
 
 from conftest import MODELS, small_gpt
-from planner import InfeasibleBudget, plan
+from planner import InfeasibleBudget, plan, verify
 from planner.api import GIB
 from planner.allocations import ProfiledPeakMemory
 from planner.memory import LiveBytesTracker, PeakMemory
+from planner.plan_records import verification_from_record
 from planner.verify import training_loss
 
 
@@ -73,6 +76,7 @@ def test_measured_peak_is_within_ten_percent_of_prediction(name):
     assert abs(record.original_peak_error) <= 0.10, str(record)
     assert abs(record.peak_error) <= 0.10, str(record)
     assert record.within_budget, str(record)
+    assert record.predicted_overhead_ms == p.recompute_ms and record.overhead_ms is not None
     assert "Verification" in str(p), "the report shows measured figures once verified"
 
 
@@ -129,6 +133,21 @@ def test_verify_leaves_the_model_as_it_was():
     p.verify(steps=1)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(parameter.grad is None for parameter in model.parameters())
+
+
+def test_verify_reads_the_step_overhead_from_paired_steps_beside_the_prediction(monkeypatch):
+    torch.manual_seed(0)
+    model, x = nn.Linear(8, 8), torch.randn(4, 8)
+    clock = iter([10.0, 13.0, 20.0, 21.0, 10.0, 19.0])  # (original, planned) in each of 3 steps
+    monkeypatch.setattr(verify, "step_ms", lambda module, sample, device: next(clock))
+    record = verify.verify_modules(model, copy.deepcopy(model), x, 3, 1, 1, 1 << 20, predicted_overhead_ms=2.5)
+    # the median of each step's difference (3, 1, 9), not the difference of the medians (19 - 10)
+    assert record.overhead_ms == 3.0 and record.planned_step_ms - record.original_step_ms == 9.0
+    assert "step overhead" in str(record) and "+3.0 ms      2.5 ms  -0.5 ms" in str(record)
+    saved = {key: value for key, value in dataclasses.asdict(record).items()
+             if key not in ("overhead_ms", "predicted_overhead_ms")}  # a record saved before they were
+    old = verification_from_record(saved)
+    assert old.overhead_ms is None and "step overhead" not in str(old)
 
 
 def test_infeasible_budget_names_the_minimum_and_what_dominates():
