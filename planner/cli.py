@@ -73,8 +73,8 @@ def _error(message: str) -> None:
 
 def _infeasible(error: InfeasibleBudget) -> int:
     _error(str(error))
-    print(f"hint: the smallest budget that fits is about --budget-gb {_round_up_gb(error.minimum_bytes)}",
-          file=sys.stderr)
+    smallest = "the smallest budget that fits" if error.proven else f"the smallest budget {error.solver} fits"
+    print(f"hint: {smallest} is about --budget-gb {_round_up_gb(error.minimum_bytes)}", file=sys.stderr)
     return EXIT_INFEASIBLE
 
 

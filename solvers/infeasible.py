@@ -33,8 +33,10 @@ class InfeasibleBudget(ValueError):
         activations = minimum_bytes - static_bytes
         dominant = "static memory dominates" if static_bytes >= activations else "activations dominate"
         by = f" for solver {solver!r}" if solver else ""
+        # (a solver that does not prove its minimum gives the least peak it reached)
+        unproven = "" if proven else ", the least it reached: another solver may fit less"
         super().__init__(
             f"budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(minimum_bytes)}"
-            f"{by} (parameters+gradients and other static memory {format_bytes(static_bytes)}, "
-            f"activations at least {format_bytes(activations)}: {dominant})"
+            f"{by}{unproven} (parameters+gradients and other static memory {format_bytes(static_bytes)}, "
+            f"activations {'at least ' if proven else ''}{format_bytes(activations)}: {dominant})"
         )

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from conftest import small_mlp
-from planner import load_plan, plan
+from planner import InfeasibleBudget, cli, load_plan, plan
 from planner.api import GIB
 from planner.cli import load_model, main, parse_shapes, resize_sample
 
@@ -106,6 +106,13 @@ def test_sample_resizes_the_factorys_tensors(capsys, tmp_path):
     assert [(a["name"], a["tensor"]["shape"], a["tensor"]["dtype"]) for a in arguments] == [
         ("x", [2, 3], "float32"), ("y", [2, 3], "int64"),
     ]
+
+
+def test_the_hint_says_whose_smallest_budget_it_is(capsys):
+    cli._infeasible(InfeasibleBudget(1 << 20, 3 << 30, 1 << 30, "sqrt", proven=False))
+    assert "hint: the smallest budget sqrt fits is about --budget-gb 3" in capsys.readouterr().err
+    cli._infeasible(InfeasibleBudget(1 << 20, 3 << 30, 1 << 30, "dp"))
+    assert "hint: the smallest budget that fits is about --budget-gb 3" in capsys.readouterr().err
 
 
 def test_resize_sample_keeps_dtype_device_and_value_range():

@@ -130,6 +130,7 @@ def test_sqrt_tries_up_to_four_sqrt_n_segments_and_calls_its_minimum_unproven(mo
     with pytest.raises(InfeasibleBudget) as raised:
         solve(problem, least - 1, method="sqrt")
     assert raised.value.minimum_bytes == least and not raised.value.proven
+    assert "the least it reached: another solver may fit less" in str(raised.value)
     assert len(simulated) <= 81  # no plan at all, then 1..80 segments
     fitted = solve(problem, least, method="sqrt")
     assert fitted.peak_bytes == least and len(fitted.regions) + 1 <= 80
