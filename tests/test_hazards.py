@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import small_cnn, small_gpt, snapshot, train_step
+from conftest import COMPILE_BACKEND, small_cnn, small_gpt, snapshot, train_step
 from planner import TraceError, plan
 from planner.api import GIB
 from planner.examples import TinyGPT
@@ -166,7 +166,7 @@ def test_autocast_bfloat16_matches_the_original_under_autocast():
 
 
 def _compiled_grads(module, sample):
-    compiled = torch.compile(module)
+    compiled = torch.compile(module, backend=COMPILE_BACKEND)
     output, grads = train_step(compiled, sample)
     return output, {key.removeprefix("_orig_mod."): value for key, value in grads.items()}
 

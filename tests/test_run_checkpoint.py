@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import assert_trains_like, cnn_step, small_cnn_plan, small_gpt, train_step
+from conftest import COMPILE_BACKEND, assert_trains_like, cnn_step, small_cnn_plan, small_gpt, train_step
 from planner import load_plan, plan
 from planner.examples import Block, TinyGPT
 from planner.overhead import forward_calls
@@ -168,7 +168,7 @@ def test_torch_compile_of_a_plan_with_runs_trains_like_eager():
     p = plan(model, tokens, budget_gb=80, repeats=1, measure="run")
     planned = p.with_regions([(f"blocks_{i}_norm2", f"blocks_{i}_mlp_1") for i in range(4)]).module()
     expected_output, expected = train_step(model, tokens)
-    output, grads = train_step(torch.compile(planned), tokens)
+    output, grads = train_step(torch.compile(planned, backend=COMPILE_BACKEND), tokens)
     torch.testing.assert_close(output, expected_output, rtol=1e-4, atol=1e-5)
     for key, value in expected.items():
         torch.testing.assert_close(grads[f"_orig_mod.{key}"], value, rtol=1e-4, atol=1e-5, msg=key)
@@ -200,7 +200,7 @@ def test_torch_compile_of_runs_in_the_models_own_forward_trains_like_eager():
     model, images, p = small_cnn_plan()
     planned = p.with_regions([("stages_0_4", "stages_1_0"), ("stages_1_4", "stages_2_0")]).module()
     grads, buffers = cnn_step(copy.deepcopy(model), images)
-    compiled_grads, compiled_buffers = cnn_step(torch.compile(planned), images)
+    compiled_grads, compiled_buffers = cnn_step(torch.compile(planned, backend=COMPILE_BACKEND), images)
     for got, want in zip(compiled_grads + compiled_buffers, grads + buffers):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
