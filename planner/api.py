@@ -170,10 +170,9 @@ class Plan(PlanFigures):
 
     def verify(self, sample: Any = None, steps: int = 3) -> Verification:
         """Run real forward+backward steps of the original and the planned module and measure
-        both: peak memory, step time, whether outputs and gradients match, and the error of the
-        predicted peaks and of the predicted step overhead (`recompute_ms`). The result is kept
-        and shown in the report. The original model is left as it was (gradients, buffers and
-        RNG state are restored).
+        both: peaks, step times, whether outputs and gradients match, and the errors of the
+        predicted peaks and step overhead (`recompute_ms`), kept and shown in the report. The
+        original model is left as it was (gradients, buffers and RNG state are restored).
 
         Example:
             >>> record = p.verify(steps=3)
