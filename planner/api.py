@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -13,24 +13,19 @@ from torch import nn
 from planner.apply import ModuleCheckpoint, apply_plan, sample_shapes, shallow_clone
 from planner.state_check import check_state, state_shapes
 from planner.given_regions import named_regions, submodule_regions
-from planner.graph import (build_problem, compute_nodes, kept_indices, module_calls, module_checkpoint, module_path,
-                           run_checkpoints, saved_calls)
-from planner.measure import check_measure, measure_model, plan_device
+from planner.graph import compute_nodes, kept_indices, module_path
+from planner.measure import check_measure, plan_device
+from planner.plan_problem import measure_problem
 from planner.plan_setup import Setup, check_gb, check_trainable
-from planner.memory import preserved_state
-from planner.block_costs import selective_overhead_for_plan
-from planner.eager_check import held_outside_step, keep_free_beyond_graph, steady_peak
+from planner.eager_check import held_outside_step, steady_peak
 from planner.measured_fit import BEYOND_PLAN, fit_to_measured
-from planner.step_costs import step_residuals
-from planner.overhead import checkpoint_overhead_ms
 from planner.profile_records import GraphProfile
 from planner.region_specs import region_specs
-from planner.segments import sequential_segments
 from planner.report import PlanFigures, describe_checkpoints, format_report
-from planner.static import check_optimizer, check_world_size, static_breakdown
+from planner.static import check_optimizer, check_world_size
 from planner.targets import target as find_target
-from planner.trace import Traced, split_sample, trace
-from planner.verify import Verification, training_loss, verify_modules
+from planner.trace import Traced, split_sample
+from planner.verify import Verification, verify_modules
 from solvers import Problem, Solution, Status, peak_bytes, solve
 
 logger = logging.getLogger(__name__)
@@ -337,44 +332,12 @@ def plan(
         raise TypeError("the sample holds no tensor: pass the model's input tensors as the sample")
     where = plan_device([*model.parameters(), *model.buffers(), *sample_tensors], gpu)
     say = progress or (lambda message: logger.info(message))
-
-    say("tracing")
-    on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *sample_tensors))
-    traced = trace(model, sample, leaves, frontend, fake_device=where.profile_device if on_meta else None)
-    inputs = traced.graph_inputs(args, kwargs)
-    with preserved_state(model, [where.device] if where.local else []):
-        summary = measure_model(traced.gm, inputs, where, measure, budget_bytes, repeats, say,
-                          loss=lambda result: training_loss(traced.model_output(result)),
-                          run_model=lambda: model(*args, **kwargs))
-    breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes,
-                                 where.device, optimizer, world_size, reserved_bytes, summary.loss_bytes)
-    wrapped = {call.nodes: spec for call in module_calls(traced.gm)
-               if (spec := module_checkpoint(traced.gm, call, type(model).__name__)) is not None}
-    # Measured where the plan runs; for a GPU elsewhere, this CPU's (checkpoint's own work is
-    # mostly on the host), an estimate like the target's node times.
-    overhead_device = where.device if where.local else torch.device("cpu")
-    overhead_ms, saved_tensor_ms = checkpoint_overhead_ms(overhead_device)
-    segments, sequentials = sequential_segments(model, traced.gm, wrapped)
-    problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
-                            summary.gradients, saved_tensor_ms, tuple(segments), sequentials)
-    costs = selective_overhead_for_plan(
-        model, problem, wrapped, overhead_device, where.local and not on_meta, lambda: model(*args, **kwargs),
-        lambda region, kept: saved_calls(traced.gm, region, kept))
-    problem = replace(problem, **asdict(costs))
-    if summary.measurement == "whole step" and where.local and not on_meta:  # (the step fits here)
-        say("timing checkpoint calls and runs in training steps")
-        residuals = step_residuals(
-            model, problem, wrapped, lambda runs: run_checkpoints(traced.gm, problem, runs, wrapped).values(),
-            lambda keeps: [replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, kept))
-                           for region, kept in keeps],
-            lambda module: training_loss(module(*args, **kwargs)).backward(), where.device)
-        problem = residuals.priced(problem)
-        if world_size == 1:  # (FSDP2's per-rank terms are not what one unsharded step holds)
-            say("measuring the model's own step against the traced graph")
-            problem, breakdown = keep_free_beyond_graph(model, sample, problem, breakdown, where.device, where.name)
-    say(f"solving for {len(compute_nodes(traced.gm))} nodes with solver {solver!r}")
-    return _solved(model, sample, traced, problem, summary, budget_bytes, reserved_bytes, solver, solver_options or {},
-                   Setup(where, world_size, optimizer, breakdown), {**wrapped, **segments})
+    measured = measure_problem(model, sample, where, budget_bytes, reserved_bytes, optimizer, world_size, leaves,
+                               frontend, repeats, measure, say)
+    say(f"solving for {len(compute_nodes(measured.traced.gm))} nodes with solver {solver!r}")
+    return _solved(model, sample, measured.traced, measured.problem, measured.summary, budget_bytes, reserved_bytes,
+                   solver, solver_options or {}, Setup(where, world_size, optimizer, measured.breakdown),
+                   measured.wrapped)
 
 
 def _solved(model: nn.Module, sample: Any, traced: Traced, problem: Problem, summary: GraphProfile,
