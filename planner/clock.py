@@ -23,7 +23,8 @@ step) and times each between two runs of it (`sandwiched_rounds`): this CPU's sp
 rounds; benchmarks/RESULTS.md, session notes of 2026-11-29 06:53). The planner's own step
 readings (`planner.step_costs`) keep paired rounds: sandwiched, planning took 40-80% longer on
 this CPU (one planning test 46 s, then 57.5), its readings were still too wide to tell a CNN's
-slices apart, and a GPU's steps hardly drift.
+slices apart, and a GPU's steps hardly drift. Paired rounds read each step against the unplanned
+ones before and after it, interpolated (`paired_differences`), for one unplanned step more.
 """
 from __future__ import annotations
 
@@ -112,12 +113,14 @@ def _sleep_cycles_per_ms(index: int) -> float:
 
 
 def timed_rounds(device: torch.device, calls: dict[str, Callable[[], object]], rounds: int,
-                 kernels_only: bool = False) -> dict[str, list[float]]:
+                 kernels_only: bool = False, closing: str | None = None) -> dict[str, list[float]]:
     """Each call run once to warm up, then timed in `rounds` rounds, one after another in each:
     its times (ms), round by round. `kernels_only` on CUDA times each call's kernels alone, with
     GPU work queued ahead of it for twice the host's launch time of its warm-up (`elapsed_ms`):
     what a cost measured outside the model's step adds inside backward, whose queue hides the
-    host's work.
+    host's work. `closing` names a call timed once more after the last round (one time more
+    than the others): `paired_differences` then reads the calls after it in a round against
+    its runs on either side of them.
 
     Example:
         >>> timed_rounds(torch.device("cpu"), {"a": step_a, "b": step_b}, 7)["a"]
@@ -132,6 +135,8 @@ def timed_rounds(device: torch.device, calls: dict[str, Callable[[], object]], r
     for _ in range(rounds):
         for name, call in calls.items():
             samples[name].append(elapsed_ms(device, call, ahead.get(name, 0.0)))
+    if closing is not None:
+        samples[closing].append(elapsed_ms(device, calls[closing], ahead.get(closing, 0.0)))
     return samples
 
 
@@ -166,15 +171,38 @@ def sandwiched_rounds(calls: dict[str, Callable[[], float]], baseline: str, roun
     return differences
 
 
+def paired_differences(times: dict[str, list[float]], slower: str, faster: str) -> list[float]:
+    """`slower`'s time less `faster`'s, round by round, in `timed_rounds`' order of calls (the
+    order of `times`). Where `faster` ran before `slower` in each round and once more after the
+    last (`timed_rounds(..., closing=faster)`), `faster`'s time is interpolated between its run
+    in that round and in the next, by how many calls `slower` ran after it: a drift of the
+    machine's speed within the round cancels too. On this CPU, 120 unplanned steps of TinyGPT
+    (one second each) read against themselves, as a call 1-5 places later in rounds of six,
+    spread 282 ms (10-90%) paired in the round and 195 ms interpolated (146 ms steps: 64 and 49).
+
+    Example:
+        >>> paired_differences({"b": [2.0, 4.0, 6.0, 8.0], "a": [4.0, 6.0, 8.0]}, "a", "b")
+        [1.0, 1.0, 1.0]
+    """
+    ahead, behind = times[slower], times[faster]
+    names = list(times)
+    places = names.index(slower) - names.index(faster)
+    if places <= 0 or len(behind) != len(ahead) + 1:
+        return [a - b for a, b in zip(ahead, behind)]
+    share = places / len(names)
+    return [a - ((1 - share) * b + share * after) for a, b, after in zip(ahead, behind, behind[1:])]
+
+
 def paired_difference(times: dict[str, list[float]], slower: str, faster: str) -> float:
-    """The median over rounds of `slower`'s time less `faster`'s in the same round: a drift of
-    the machine's speed over the rounds cancels, as it would not between two medians.
+    """The median over rounds of `slower`'s time less `faster`'s in the same round
+    (`paired_differences`): a drift of the machine's speed over the rounds cancels, as it would
+    not between two medians.
 
     Example:
         >>> paired_difference({"a": [3.0, 5.0, 4.0], "b": [2.0, 4.5, 3.0]}, "a", "b")
         1.0
     """
-    return statistics.median(a - b for a, b in zip(times[slower], times[faster]))
+    return statistics.median(paired_differences(times, slower, faster))
 
 
 def paired_interval(times: dict[str, list[float]], slower: str, faster: str) -> tuple[float, float] | None:
@@ -184,7 +212,7 @@ def paired_interval(times: dict[str, list[float]], slower: str, faster: str) -> 
         >>> paired_interval({"a": [3, 5, 4, 6, 4, 5], "b": [2, 4, 3, 4, 3, 4]}, "a", "b")
         (1, 2)
     """
-    return median_interval([a - b for a, b in zip(times[slower], times[faster])])
+    return median_interval(paired_differences(times, slower, faster))
 
 
 def median_interval(values: Sequence[float]) -> tuple[float, float] | None:
@@ -227,6 +255,6 @@ def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, p
     return measured_ms
 
 
-__all__ = ["AHEAD_MS", "ahead_for", "elapsed_ms", "launch_ms", "median_interval", "paired_difference",
+__all__ = ["AHEAD_MS", "ahead_for", "elapsed_ms", "launch_ms", "median_interval", "paired_difference", "paired_differences",
            "paired_interval", "queue_ahead", "reading_or_price", "sandwiched_rounds",
            "timed_rounds"]

@@ -121,7 +121,7 @@ def _measure(device: torch.device, depth: int) -> tuple[int, float]:
                 h = module(h)
 
     times = timed_rounds(device, {"plain": plain, "checkpointed": checkpointed, "forward": forward_only}, FINE_ROUNDS,
-                         kernels_only=True)
+                         kernels_only=True, closing="plain")
     return saved, (paired_difference(times, "checkpointed", "plain") - statistics.median(times["forward"])) / _CALLS
 
 
@@ -185,7 +185,8 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
             h.sum().backward()
         return run
 
-    times = timed_rounds(device, {"plain": step(False), "selective": step(True)}, _ROUNDS, kernels_only=True)
+    times = timed_rounds(device, {"plain": step(False), "selective": step(True)}, _ROUNDS, kernels_only=True,
+                         closing="plain")
     return seen, paired_difference(times, "selective", "plain") / _CALLS
 
 

@@ -150,7 +150,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
 
     with preserved_state(model, [device]):
         times = timed_rounds(device, {"unplanned": step(model), **{name: step(m) for name, m in planned.items()}},
-                             rounds)
+                             rounds, closing="unplanned")
     measured = {name: paired_difference(times, name, "unplanned") for name in planned}
     intervals = {name: paired_interval(times, name, "unplanned") for name in planned}
 

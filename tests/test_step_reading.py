@@ -9,7 +9,7 @@ import torch
 
 from conftest import small_gpt
 from planner import plan
-from planner.clock import paired_interval, reading_or_price
+from planner.clock import paired_difference, paired_differences, paired_interval, reading_or_price, timed_rounds
 
 pytestmark = pytest.mark.full_timing_rounds  # (the block's fake rounds are as many as a planning's)
 
@@ -28,6 +28,26 @@ def test_the_paired_interval_is_the_distribution_free_95_percent_interval_of_a_m
     assert (found is None) == (n < 6)
 
 
+def test_paired_rounds_read_each_call_against_the_baseline_runs_around_it_under_a_drifting_clock(monkeypatch):
+    # A machine whose every call takes 1 ms longer than the one before: "plan" costs 5 ms more
+    # than "base", "other" 2 ms more. Timed in rounds base, other, plan, with base once more at
+    # the end, each reads exactly its own cost; paired in the round only, the drift adds to it.
+    import planner.clock as clock
+
+    clock_ms = iter(range(1000))
+    cost = {"base": 10.0, "other": 12.0, "plan": 15.0}
+    monkeypatch.setattr(clock, "elapsed_ms", lambda device, call, ahead_ms=0.0: call() + next(clock_ms))
+    calls = {name: (lambda ms=ms: ms) for name, ms in cost.items()}
+    times = timed_rounds(torch.device("cpu"), calls, 7, closing="base")
+    assert [len(times[name]) for name in cost] == [8, 7, 7]
+    assert paired_differences(times, "plan", "base") == [5.0] * 7
+    assert paired_difference(times, "other", "base") == 2.0
+    assert paired_interval(times, "plan", "base") == (5.0, 5.0)
+    unclosed = timed_rounds(torch.device("cpu"), calls, 7)
+    assert paired_differences(unclosed, "plan", "base") == [7.0] * 7  # (two calls of drift)
+    assert paired_difference(times, "base", "plan") == -7.0  # (plan ran first: paired in the round)
+
+
 def test_a_reading_inside_its_interval_of_the_price_keeps_the_price():
     assert reading_or_price(12.0, (-30.0, 51.0), 20.0, "runs") == 20.0
     assert reading_or_price(31.0, (28.0, 35.0), 20.0, "runs") == 31.0
@@ -35,7 +55,7 @@ def test_a_reading_inside_its_interval_of_the_price_keeps_the_price():
 
 
 def _fake_rounds(differences: list[float]):
-    def timed_rounds(device, calls, rounds):
+    def timed_rounds(device, calls, rounds, closing=None):
         assert rounds == len(differences)
         return {name: [1000.0 + (0.0 if name == "unplanned" else d) for d in differences] for name in calls}
     return timed_rounds
