@@ -255,6 +255,6 @@ def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, p
     return measured_ms
 
 
-__all__ = ["AHEAD_MS", "ahead_for", "elapsed_ms", "launch_ms", "median_interval", "paired_difference", "paired_differences",
-           "paired_interval", "queue_ahead", "reading_or_price", "sandwiched_rounds",
+__all__ = ["AHEAD_MS", "ahead_for", "elapsed_ms", "launch_ms", "median_interval", "paired_difference",
+           "paired_differences", "paired_interval", "queue_ahead", "reading_or_price", "sandwiched_rounds",
            "timed_rounds"]
