@@ -7,7 +7,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import torch
 from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, sample_shapes, shallow_clone
@@ -16,7 +15,7 @@ from planner.given_regions import named_regions, submodule_regions
 from planner.graph import compute_nodes, kept_indices, module_path
 from planner.measure import check_measure, plan_device
 from planner.plan_problem import measure_problem
-from planner.plan_setup import Setup, check_gb, check_trainable
+from planner.plan_setup import Setup, check_gb, check_trainable, sample_tensors
 from planner.eager_check import held_outside_step, steady_peak
 from planner.measured_fit import BEYOND_PLAN, fit_to_measured
 from planner.profile_records import GraphProfile
@@ -24,7 +23,7 @@ from planner.region_specs import region_specs
 from planner.report import PlanFigures, describe_checkpoints, format_report
 from planner.static import check_optimizer, check_world_size
 from planner.targets import target as find_target
-from planner.trace import Traced, split_sample
+from planner.trace import Traced
 from planner.verify import Verification, verify_modules
 from solvers import Problem, Solution, Status, peak_bytes, solve
 
@@ -326,11 +325,10 @@ def plan(
         budget_bytes = int(check_gb("budget_gb", budget_gb) * GIB)
     reserved_bytes = int(check_gb("reserved_gb", reserved_gb, allow_zero=True) * GIB)
     check_trainable(model)
-    args, kwargs = split_sample(sample)
-    sample_tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
-    if not sample_tensors:
+    tensors = sample_tensors(sample)
+    if not tensors:
         raise TypeError("the sample holds no tensor: pass the model's input tensors as the sample")
-    where = plan_device([*model.parameters(), *model.buffers(), *sample_tensors], gpu)
+    where = plan_device([*model.parameters(), *model.buffers(), *tensors], gpu)
     say = progress or (lambda message: logger.info(message))
     measured = measure_problem(model, sample, where, budget_bytes, reserved_bytes, optimizer, world_size, leaves,
                                frontend, repeats, measure, say)

@@ -20,6 +20,7 @@ from planner.profile_records import GraphProfile
 from planner.segments import sequential_segments
 from planner.static import static_breakdown
 from planner.step_costs import step_residuals
+from planner.plan_setup import sample_tensors
 from planner.trace import Traced, split_sample, trace
 from planner.verify import training_loss
 from solvers import Problem
@@ -52,9 +53,8 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, budget_byt
         290
     """
     args, kwargs = split_sample(sample)
-    sample_tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
     say("tracing")
-    on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *sample_tensors))
+    on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *sample_tensors(sample)))
     traced = trace(model, sample, leaves, frontend, fake_device=where.profile_device if on_meta else None)
     inputs = traced.graph_inputs(args, kwargs)
     with preserved_state(model, [where.device] if where.local else []):

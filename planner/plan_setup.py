@@ -1,5 +1,5 @@
 """What a plan is for besides its budget (`Setup`), and the checks of what the user gives: sizes
-in GiB, a model to train."""
+in GiB, a model to train, a sample's tensors."""
 from __future__ import annotations
 
 import math
@@ -7,9 +7,11 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
 from torch import nn
 
 from planner.measure import PlanDevice
+from planner.trace import split_sample
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,17 @@ class Setup:
 
     def with_reserve(self, reserved_bytes: int) -> "Setup":
         return replace(self, static_breakdown={**(self.static_breakdown or {}), "reserved": reserved_bytes})
+
+
+def sample_tensors(sample: Any) -> list[torch.Tensor]:
+    """The tensors a sample passes to forward directly (positional and keyword arguments).
+
+    Example:
+        >>> sample_tensors({"input_ids": torch.ones(2), "use_cache": False})
+        [tensor([1., 1.])]
+    """
+    args, kwargs = split_sample(sample)
+    return [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
 
 
 def check_trainable(model: nn.Module) -> None:

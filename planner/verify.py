@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from planner.clock import elapsed_ms
+from planner.clock import elapsed_ms, paired_difference
 from planner.memory import PeakMemory, preserved_state, storage_bytes
 from planner.trace import split_sample
 from solvers import format_bytes
@@ -236,6 +236,6 @@ def verify_modules(original: nn.Module, planned: nn.Module, sample: Any, steps: 
         outputs_match=outputs_match,
         gradients_match=gradients_match,
         steps=steps,
-        overhead_ms=statistics.median(after - before for after, before in zip(times["planned"], times["original"])),
+        overhead_ms=paired_difference(times, "planned", "original"),
         predicted_overhead_ms=predicted_overhead_ms,
     )
