@@ -69,8 +69,8 @@ from cpu_memory import retain_freed_memory  # noqa: E402
 from decision_space import beyond_the_planner  # noqa: E402
 from compare_plot import plot  # noqa: E402
 from compare_steps import inductor_with_budget, measure_allocator, measure_tensors, step, timed_step  # noqa: E402
-from compare_report import (Config, ModelResult, method_text, mib, summary_lines, table, validation,  # noqa: E402
-                            verdict)
+from compare_report import method_text, summary_lines, table, validation, verdict  # noqa: E402
+from compare_results import Config, ModelResult, mib  # noqa: E402
 
 STARTED = time.perf_counter()
 

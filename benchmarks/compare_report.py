@@ -1,13 +1,15 @@
 """The results of `benchmarks/compare.py` and their report: per model, one table of every
 configuration (peak, step time, measured and predicted overhead, share of every block's), the
 issue's targets met or missed (with why), and how the allocator's view compares with the tensor
-tracker's (`benchmarks/compare_plot.py` draws peak against step time)."""
+tracker's (`benchmarks/compare_plot.py` draws peak against step time). The run's figures and
+how a measured overhead is read against a prediction are in `benchmarks/compare_results.py`."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
-from typing import Any
 
+from compare_results import (PREDICTION_SLACK_MS, PREDICTION_TOLERANCE, Config, ModelResult, every_overhead_ms,
+                             interval_verdict, median_difference_ms, mib, overhead_ms, prediction_ok, within_noise,
+                             within_tolerance)
 from decision_space import EVERY_KEEP_LIMIT
 
 # Most a plan's overhead may be, as a share of checkpointing every block, at each budget.
@@ -17,67 +19,9 @@ OUT_OF_REACH = ": out of reach of any plan of whole graph nodes (lower bound abo
 # and for models where wrapping submodule calls cannot meet it, whatever they keep
 OUT_OF_WRAPPING = (": out of reach of plans that wrap submodule calls (every keep subset of calls of up to "
                    f"{EVERY_KEEP_LIMIT} keepable nodes, runs inside calls)")
-PREDICTION_TOLERANCE = 0.10  # predicted overhead within 10% of the measured one,
-PREDICTION_SLACK_MS = 2.0  # or within 2 ms
-
-
-def mib(nbytes: int | None) -> str:
-    return "-" if nbytes is None else f"{nbytes / 2**20:.1f} MiB"
-
-
-@dataclass
-class Config:
-    name: str
-    kind: str  # "baseline", "compile", "planner"
-    module: Any = None
-    budget_bytes: int | None = None
-    solver: str = ""
-    fraction: float | None = None
-    infeasible: str = ""  # why there is no module
-    note: str = ""
-    compile_s: float | None = None
-    predicted_peak_bytes: int | None = None
-    peak: int | None = None  # the allocator's, kernel scratch included
-    peak_without_scratch: int | None = None
-    tensor_peak: int | None = None  # LiveBytesTracker's (eager configurations only)
-    times_ms: list[float] = field(default_factory=list)
-    # per round, the step less the mean of the two unplanned steps around it (`clock.sandwiched_rounds`)
-    overheads_ms: list[float] = field(default_factory=list)
-    backend: Any = None
-    regions: tuple[tuple[str, ...], ...] | None = None  # planner: the recomputed node ranges
-    budget_label: str = ""  # planner: "every block's peak", "40%", ...
-    predicted_overhead_ms: float | None = None  # planner: p.recompute_ms
-    optimal: bool = False  # planner: the solver proved its plan the cheapest of its decision space
-    bound_ms: float | None = None  # planner: no plan of whole graph nodes costs less at this budget
-    any_run_ms: float | None = None  # planner: cheapest of whole regions on any run of nodes (dp)
-    # planner: cheapest with every keep subset of small submodule calls (dp, proven optimal;
-    # `decision_space.every_keep_subset`)
-    every_keep_ms: float | None = None
-    plan: Any = None  # planner: the Plan
-    retimed_ms: float | None = None  # planner, every block: predicted from node times of the rounds
-
-    @property
-    def eager(self) -> bool:
-        return self.kind != "compile"
-
-    @property
-    def step_ms(self) -> float | None:
-        return statistics.median(self.times_ms) if self.times_ms else None
-
-    @property
-    def spread_ms(self) -> float:
-        """max - min of the step times over rounds."""
-        return max(self.times_ms) - min(self.times_ms) if self.times_ms else 0.0
-
-
-@dataclass
-class ModelResult:
-    spec: Any  # compare_models.Spec
-    description: str
-    configs: list[Config]  # "none" first
-    plan_s: float
-    notes: list[str]
-    every_predicted_ms: float | None = None  # the planner's prediction of every block's overhead
+# a prediction target's flag for models where no prediction's miss is beyond the timing noise
+NOT_SHOWN_OFF = (": no plan's prediction shown off (each measured overhead's 95% interval reaches within 10% "
+                 "or 2 ms of it)")
 
 
 def method_text(rounds: int, threads: int, retained: bool, device_text: str = "") -> str:
@@ -105,45 +49,6 @@ def method_text(rounds: int, threads: int, retained: bool, device_text: str = ""
         "unplanned step on this machine with one thread; each model's *none* row gives what this run "
         "measured (the machine was shared)." + device_text
     )
-
-
-def overhead_ms(result: ModelResult, config: Config) -> float:
-    """Measured overhead: the median over rounds of the configuration's step time less the mean
-    of the two unplanned steps around it (`planner.clock.sandwiched_rounds`): the machine's speed
-    changes cancel, as they would not between the two medians (`median_difference_ms`) or steps
-    a round apart. 0 for the unplanned one."""
-    return statistics.median(config.overheads_ms) if config.overheads_ms else 0.0
-
-
-def median_difference_ms(result: ModelResult, config: Config) -> float:
-    """The configuration's median step time less the unplanned one's (how runs stamped
-    before 2026-11-27 05:40 measured overhead; the report gives it for comparison)."""
-    return config.step_ms - result.configs[0].step_ms
-
-
-def every_overhead_ms(result: ModelResult) -> float:
-    every = next(c for c in result.configs if c.name == "every block")
-    return overhead_ms(result, every)
-
-
-def prediction_ok(result: ModelResult, config: Config, predicted_ms: float | None = None) -> bool:
-    """Whether `predicted_ms` (default: the plan's `recompute_ms`) is within the tolerance of
-    the configuration's measured overhead."""
-    predicted_ms = config.predicted_overhead_ms if predicted_ms is None else predicted_ms
-    return within_tolerance(predicted_ms, overhead_ms(result, config))
-
-
-def within_tolerance(predicted_ms: float, measured_ms: float) -> bool:
-    """Issue 14's test of a prediction: within 10% of the measured overhead, or within 2 ms."""
-    return abs(predicted_ms - measured_ms) <= max(PREDICTION_TOLERANCE * abs(measured_ms), PREDICTION_SLACK_MS)
-
-
-def overhead_interval_ms(result: ModelResult, config: Config) -> tuple[float, float] | None:
-    """A 95% interval for the configuration's overhead from its rounds (`clock.median_interval`
-    of `overheads_ms`). None with fewer than 6 rounds, where no such interval reaches 95%."""
-    from planner.clock import median_interval
-
-    return median_interval(config.overheads_ms)
 
 
 def table(result: ModelResult) -> str:
@@ -255,6 +160,16 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
             line += "" if beyond else " (within the timing noise)"
         lines.append(line + ".")
 
+    def told(configs: list[Config], predictions: dict[str, float], key: str) -> str:
+        """'; the rounds' 95% intervals show ...', counting `interval_verdict` over `configs`,
+        and the flag of `key` + NOT_SHOWN_OFF."""
+        verdicts = [interval_verdict(result, c, predictions[c.name]) for c in configs]
+        shown_off = [c.name for c, v in zip(configs, verdicts) if v == "off"]
+        flags[key + NOT_SHOWN_OFF] = not shown_off if configs else None
+        return (f"; the rounds' 95% intervals show {verdicts.count('within')} within, {len(shown_off)} off"
+                + (f" ({', '.join(shown_off)})" if shown_off else "")
+                + f", and leave {verdicts.count('undecided')} undecided (the timing noise wider than the tolerance)")
+
     predicted = [c for c in ran if c.predicted_overhead_ms is not None]
     off = [c for c in predicted if not prediction_ok(result, c)]
     flags["predicted overhead within 10% or 2 ms"] = not off if predicted else None
@@ -268,7 +183,8 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
            if result.every_predicted_ms is not None else "")
         + f"; measured as the difference of the two medians instead: "
           f"{sum(within_tolerance(c.predicted_overhead_ms, median_difference_ms(result, c)) for c in predicted)}/"
-          f"{len(predicted)}" + ".")
+          f"{len(predicted)}"
+        + told(predicted, {c.name: c.predicted_overhead_ms for c in predicted}, "predicted overhead") + ".")
     retimed = [c for c in predicted if c.retimed_ms is not None]
     if retimed:
         off = [c for c in retimed if not prediction_ok(result, c, c.retimed_ms)]
@@ -281,18 +197,10 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
                 f"{c.name} predicted {c.retimed_ms:.0f} ms, measured {overhead_ms(result, c):+.0f} ms"
                 + within_noise(result, c, c.retimed_ms) for c in off))
             + (f"; every block: predicted {every_config.retimed_ms:.0f} ms, measured {every:+.0f} ms"
-               if every_config.retimed_ms is not None else "") + ".")
+               if every_config.retimed_ms is not None else "")
+            + told(retimed, {c.name: c.retimed_ms for c in retimed}, "predicted from the rounds' node times") + ".")
     lines.append(noise_line)
     return lines, flags
-
-
-def within_noise(result: ModelResult, config: Config, predicted_ms: float) -> str:
-    """' (inside ...)' where the prediction lies inside the 95% interval of the measured
-    overhead (`overhead_interval_ms`): the rounds cannot tell it from the measurement."""
-    interval = overhead_interval_ms(result, config)
-    if interval is None or not interval[0] <= predicted_ms <= interval[1]:
-        return ""
-    return f" (inside the measured overhead's 95% interval, {interval[0]:+.0f} to {interval[1]:+.0f} ms)"
 
 
 def wrapping(result: ModelResult, config: Config, target: float) -> str:
@@ -379,7 +287,7 @@ def summary_lines(all_flags: dict[str, list[bool | None]]) -> str:
     lines = []
     for key, values in all_flags.items():
         applies = sum(1 for value in values if value is not None)
-        verb = "shown" if key.endswith((OUT_OF_REACH, OUT_OF_WRAPPING)) else "met"
+        verb = "shown" if key.endswith((OUT_OF_REACH, OUT_OF_WRAPPING)) else "true" if key.endswith(NOT_SHOWN_OFF) else "met"
         line = f"- {key}: {verb} on {sum(1 for value in values if value)} of {applies} models where it applies"
         lines.append(line + (f" (not applicable on {values.count(None)})" if None in values else ""))
     return "\n".join(lines)

@@ -24,7 +24,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from compare_report import SHARE_TARGETS, within_tolerance  # noqa: E402
+from compare_report import SHARE_TARGETS  # noqa: E402
+from compare_results import within_tolerance  # noqa: E402
 from results import RESULTS, append_results  # noqa: E402
 
 HEADING = "## Planner vs. today's options ("

@@ -1,0 +1,139 @@
+"""What one run of `benchmarks/compare.py` measured, per model and configuration, and how a
+measured overhead is read against a prediction: the median over rounds, a 95% interval for it,
+issue 14's tolerance (within 10% or 2 ms), and what the interval can tell of a prediction.
+
+Example:
+    >>> within_tolerance(predicted_ms=100.0, measured_ms=108.0)
+    True
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+PREDICTION_TOLERANCE = 0.10  # predicted overhead within 10% of the measured one,
+PREDICTION_SLACK_MS = 2.0  # or within 2 ms
+
+
+def mib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**20:.1f} MiB"
+
+
+@dataclass
+class Config:
+    name: str
+    kind: str  # "baseline", "compile", "planner"
+    module: Any = None
+    budget_bytes: int | None = None
+    solver: str = ""
+    fraction: float | None = None
+    infeasible: str = ""  # why there is no module
+    note: str = ""
+    compile_s: float | None = None
+    predicted_peak_bytes: int | None = None
+    peak: int | None = None  # the allocator's, kernel scratch included
+    peak_without_scratch: int | None = None
+    tensor_peak: int | None = None  # LiveBytesTracker's (eager configurations only)
+    times_ms: list[float] = field(default_factory=list)
+    # per round, the step less the mean of the two unplanned steps around it (`clock.sandwiched_rounds`)
+    overheads_ms: list[float] = field(default_factory=list)
+    backend: Any = None
+    regions: tuple[tuple[str, ...], ...] | None = None  # planner: the recomputed node ranges
+    budget_label: str = ""  # planner: "every block's peak", "40%", ...
+    predicted_overhead_ms: float | None = None  # planner: p.recompute_ms
+    optimal: bool = False  # planner: the solver proved its plan the cheapest of its decision space
+    bound_ms: float | None = None  # planner: no plan of whole graph nodes costs less at this budget
+    any_run_ms: float | None = None  # planner: cheapest of whole regions on any run of nodes (dp)
+    # planner: cheapest with every keep subset of small submodule calls (dp, proven optimal;
+    # `decision_space.every_keep_subset`)
+    every_keep_ms: float | None = None
+    plan: Any = None  # planner: the Plan
+    retimed_ms: float | None = None  # planner, every block: predicted from node times of the rounds
+
+    @property
+    def eager(self) -> bool:
+        return self.kind != "compile"
+
+    @property
+    def step_ms(self) -> float | None:
+        return statistics.median(self.times_ms) if self.times_ms else None
+
+    @property
+    def spread_ms(self) -> float:
+        """max - min of the step times over rounds."""
+        return max(self.times_ms) - min(self.times_ms) if self.times_ms else 0.0
+
+
+@dataclass
+class ModelResult:
+    spec: Any  # compare_models.Spec
+    description: str
+    configs: list[Config]  # "none" first
+    plan_s: float
+    notes: list[str]
+    every_predicted_ms: float | None = None  # the planner's prediction of every block's overhead
+
+
+def overhead_ms(result: ModelResult, config: Config) -> float:
+    """Measured overhead: the median over rounds of the configuration's step time less the mean
+    of the two unplanned steps around it (`planner.clock.sandwiched_rounds`): the machine's speed
+    changes cancel, as they would not between the two medians (`median_difference_ms`) or steps
+    a round apart. 0 for the unplanned one."""
+    return statistics.median(config.overheads_ms) if config.overheads_ms else 0.0
+
+
+def median_difference_ms(result: ModelResult, config: Config) -> float:
+    """The configuration's median step time less the unplanned one's (how runs stamped
+    before 2026-11-27 05:40 measured overhead; the report gives it for comparison)."""
+    return config.step_ms - result.configs[0].step_ms
+
+
+def every_overhead_ms(result: ModelResult) -> float:
+    every = next(c for c in result.configs if c.name == "every block")
+    return overhead_ms(result, every)
+
+
+def prediction_ok(result: ModelResult, config: Config, predicted_ms: float | None = None) -> bool:
+    """Whether `predicted_ms` (default: the plan's `recompute_ms`) is within the tolerance of
+    the configuration's measured overhead."""
+    predicted_ms = config.predicted_overhead_ms if predicted_ms is None else predicted_ms
+    return within_tolerance(predicted_ms, overhead_ms(result, config))
+
+
+def within_tolerance(predicted_ms: float, measured_ms: float) -> bool:
+    """Issue 14's test of a prediction: within 10% of the measured overhead, or within 2 ms."""
+    return abs(predicted_ms - measured_ms) <= max(PREDICTION_TOLERANCE * abs(measured_ms), PREDICTION_SLACK_MS)
+
+
+def overhead_interval_ms(result: ModelResult, config: Config) -> tuple[float, float] | None:
+    """A 95% interval for the configuration's overhead from its rounds (`clock.median_interval`
+    of `overheads_ms`). None with fewer than 6 rounds, where no such interval reaches 95%."""
+    from planner.clock import median_interval
+
+    return median_interval(config.overheads_ms)
+
+
+def interval_verdict(result: ModelResult, config: Config, predicted_ms: float) -> str:
+    """What the rounds can say of a prediction: "within" where every overhead in the measured
+    one's 95% interval (`overhead_interval_ms`) is within 10% or 2 ms of it, "off" where none
+    is, else "undecided" (the timing noise is wider than the tolerance). The tolerance holds on
+    one stretch of measured values around the prediction, so the interval's point nearest to
+    the prediction decides "off", and its two ends decide "within"."""
+    interval = overhead_interval_ms(result, config)
+    if interval is None:
+        return "undecided"
+    low, high = interval
+    if within_tolerance(predicted_ms, low) and within_tolerance(predicted_ms, high):
+        return "within"
+    nearest = min(max(predicted_ms, low), high)
+    return "undecided" if within_tolerance(predicted_ms, nearest) else "off"
+
+
+def within_noise(result: ModelResult, config: Config, predicted_ms: float) -> str:
+    """' (inside ...)' where the prediction lies inside the 95% interval of the measured
+    overhead (`overhead_interval_ms`): the rounds cannot tell it from the measurement."""
+    interval = overhead_interval_ms(result, config)
+    if interval is None or not interval[0] <= predicted_ms <= interval[1]:
+        return ""
+    return f" (inside the measured overhead's 95% interval, {interval[0]:+.0f} to {interval[1]:+.0f} ms)"
