@@ -115,11 +115,16 @@ def overhead_interval_ms(result: ModelResult, config: Config) -> tuple[float, fl
 
 
 def interval_verdict(result: ModelResult, config: Config, predicted_ms: float) -> str:
-    """What the rounds can say of a prediction: "within" where every overhead in the measured
-    one's 95% interval (`overhead_interval_ms`) is within 10% or 2 ms of it, "off" where none
-    is, else "undecided" (the timing noise is wider than the tolerance). The tolerance holds on
-    one stretch of measured values around the prediction, so the interval's point nearest to
-    the prediction decides "off", and its two ends decide "within"."""
+    """What the rounds can say of a prediction: "within" where it passes `within_tolerance`
+    against every overhead in the measured one's 95% interval (`overhead_interval_ms`), "off"
+    where it passes against none, else "undecided" (the timing noise is wider than the
+    tolerance). It passes on one stretch of measured values around the prediction, so the
+    interval's two ends decide "within", and its point nearest to the prediction "off".
+
+    Example:
+        >>> interval_verdict(result, config, predicted_ms=100.0)  # overheads_ms all near +100
+        'within'
+    """
     interval = overhead_interval_ms(result, config)
     if interval is None:
         return "undecided"
