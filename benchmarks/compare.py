@@ -41,6 +41,9 @@ scratch is checked against it.
                                            [--rounds 7] [--solvers auto] [--compile-budgets 0.5]
                                            [--no-save]
 
+Each model's notes also keep the planner's cost figures and the readings its planning took off
+the model's steps (`compare_results.PlanningReadings`), so that runs can be read together.
+
 Prints a table per model and, unless --no-save or --quick, appends them to
 benchmarks/RESULTS.md and writes benchmarks/results/compare_<model>.png. `--quick` uses tiny
 sizes and one round (a smoke run; its plots go to a temporary folder).
@@ -64,13 +67,13 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from retime import NodeRetimer  # noqa: E402
-from compare_models import SPECS, Spec, every_block, on_device, segments, sqrt_segments  # noqa: E402
+from compare_models import SPECS, Spec, every_block, every_block_plan, on_device, segments, sqrt_segments  # noqa: E402
 from cpu_memory import retain_freed_memory  # noqa: E402
 from decision_space import beyond_the_planner  # noqa: E402
 from compare_plot import plot  # noqa: E402
 from compare_steps import inductor_with_budget, measure_allocator, measure_tensors, step, timed_step  # noqa: E402
 from compare_report import method_text, summary_lines, table, validation, verdict  # noqa: E402
-from compare_results import Config, ModelResult, mib  # noqa: E402
+from compare_results import Config, ModelResult, PlanningReadings, mib  # noqa: E402
 
 STARTED = time.perf_counter()
 
@@ -81,21 +84,6 @@ def log(message: str) -> None:
 
 # --------------------------------------------------------------------------------------------
 # One model
-
-
-def block_names(spec: Spec, model) -> list[str]:
-    """The qualified names of the model's blocks."""
-    blocks = set(map(id, spec.blocks(model)))
-    return [name for name, module in model.named_modules() if id(module) in blocks]
-
-
-def every_block_plan(spec: Spec, model, base):
-    """The planner's plan checkpointing every block (its `recompute_ms`: the predicted
-    overhead), or None where a block is not a submodule call it can checkpoint."""
-    try:
-        return base.with_submodules(block_names(spec, model))
-    except ValueError:
-        return None
 
 
 def run_model(spec: Spec, args) -> ModelResult:
@@ -134,15 +122,19 @@ def run_model(spec: Spec, args) -> ModelResult:
 
     log(f"{spec.key}: planning (plan(model, sample, budget_gb=80))")
     started = time.perf_counter()
-    base = plan(model, sample, budget_gb=80, repeats=args.plan_repeats)
+    with PlanningReadings().watching() as readings:
+        base = plan(model, sample, budget_gb=80, repeats=args.plan_repeats)
     plan_s = time.perf_counter() - started
     log(f"{spec.key}: measured and solved in {plan_s:.1f} s; {len(base.problem)} nodes via {base.frontend}")
     none.note = f"the planner's prediction {mib(base.baseline_peak_bytes)}"
     figures = base.problem
-    log(f"{spec.key}: cost figures: forward {sum(n.compute_ms for n in figures.nodes):.2f} ms (sum of node times); "
-        f"per checkpoint call {figures.region_overhead_ms:.3f} ms, per saved tensor {1000 * figures.saved_tensor_ms:.1f} us, "
-        f"per run {figures.run_region_ms:.3f} ms, per recorded call {1000 * figures.recorded_call_ms:.1f} us, "
-        f"per keeping region {figures.keep_region_ms:.3f} ms")
+    notes.append(f"planner's cost figures: forward {sum(n.compute_ms for n in figures.nodes):.2f} ms (sum of node "
+                 f"times); per checkpoint call {figures.region_overhead_ms:.3f} ms, per saved tensor "
+                 f"{1000 * figures.saved_tensor_ms:.1f} us, per run {figures.run_region_ms:.3f} ms, per recorded call "
+                 f"{1000 * figures.recorded_call_ms:.1f} us, per keeping region {figures.keep_region_ms:.3f} ms")
+    log(f"{spec.key}: {notes[-1]}")
+    if readings.lines:  # (kept, so that runs can be read together: see compare_results.PlanningReadings)
+        notes.append("planner's readings (medians of paired rounds): " + "; ".join(readings.lines))
     if BEYOND_GRAPH in base.static_breakdown:
         notes.append(f"planner: the {BEYOND_GRAPH}, {mib(base.static_breakdown[BEYOND_GRAPH])}, kept free in every plan")
     every_plan = every_block_plan(spec, model, base)

@@ -228,3 +228,18 @@ def sqrt_segments(spec: Spec, model):
                f"all but the last under one checkpoint call")
     copied.train()
     return copied, how
+
+
+def block_names(spec: Spec, model) -> list[str]:
+    """The qualified names of the model's blocks."""
+    blocks = set(map(id, spec.blocks(model)))
+    return [name for name, module in model.named_modules() if id(module) in blocks]
+
+
+def every_block_plan(spec: Spec, model, base):
+    """The planner's plan checkpointing every block (its `recompute_ms`: the predicted
+    overhead), or None where a block is not a submodule call it can checkpoint."""
+    try:
+        return base.with_submodules(block_names(spec, model))
+    except ValueError:
+        return None

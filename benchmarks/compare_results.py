@@ -8,9 +8,12 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 PREDICTION_TOLERANCE = 0.10  # predicted overhead within 10% of the measured one,
 PREDICTION_SLACK_MS = 2.0  # or within 2 ms
@@ -142,3 +145,45 @@ def within_noise(result: ModelResult, config: Config, predicted_ms: float) -> st
     if interval is None or not interval[0] <= predicted_ms <= interval[1]:
         return ""
     return f" (inside the measured overhead's 95% interval, {interval[0]:+.0f} to {interval[1]:+.0f} ms)"
+
+
+class PlanningReadings(logging.Handler):
+    """The readings a planning took off the model's own steps and a block's
+    (`planner.clock.reading_or_price` logs each): what was read, its 95% interval, the price it
+    was held against, and whether it replaced the price. Kept with the run's notes, so that runs
+    can be read together: one planning's interval rarely tells a small cost from its price.
+
+    Example:
+        >>> readings = PlanningReadings()
+        >>> with readings.watching():
+        ...     base = plan(model, sample, budget_gb=80)
+        >>> readings.lines[0]
+        '8 calls in the model's step +4.46 ms (95% -39.17 to +47.89) against 1.82 ms priced: the price stood'
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from planner.clock import READING_STOOD, READING_TAKEN
+
+        if record.msg not in (READING_STOOD, READING_TAKEN):
+            return
+        what, measured_ms, low, high, price_ms = record.args
+        interval = "" if math.isnan(low) else f" (95% {low:+.2f} to {high:+.2f})"
+        outcome = "the price stood" if record.msg == READING_STOOD else "the reading replaced it"
+        self.lines.append(f"{what} {measured_ms:+.2f} ms{interval} against {price_ms:.2f} ms priced: {outcome}")
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[PlanningReadings]:
+        """Attached to planner.clock's logger, at INFO at least, for a `with` block."""
+        logger = logging.getLogger("planner.clock")
+        level = logger.level
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+        logger.addHandler(self)
+        try:
+            yield self
+        finally:
+            logger.removeHandler(self)
+            logger.setLevel(level)

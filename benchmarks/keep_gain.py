@@ -32,9 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.compare import block_names  # noqa: E402
 from benchmarks.decision_space import EVERY_KEEP_LIMIT, any_run, every_keep_subset, without_keeps  # noqa: E402
-from benchmarks.compare_models import SPECS  # noqa: E402
+from benchmarks.compare_models import SPECS, block_names  # noqa: E402
 from benchmarks.cpu_memory import retain_freed_memory  # noqa: E402
 from benchmarks.results import append_results  # noqa: E402
 

@@ -26,9 +26,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from compare import block_names  # noqa: E402
 from compare_steps import step, timed_step  # noqa: E402
-from compare_models import SPECS  # noqa: E402
+from compare_models import SPECS, block_names  # noqa: E402
 from cpu_memory import retain_freed_memory  # noqa: E402
 
 

@@ -1,6 +1,8 @@
 """The step fit keeps a figure where its rounds cannot tell the step's reading from the price."""
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import replace
 from math import comb
 
@@ -52,6 +54,21 @@ def test_a_reading_inside_its_interval_of_the_price_keeps_the_price():
     assert reading_or_price(12.0, (-30.0, 51.0), 20.0, "runs") == 20.0
     assert reading_or_price(31.0, (28.0, 35.0), 20.0, "runs") == 31.0
     assert reading_or_price(31.0, None, 20.0, "runs") == 31.0  # (too few rounds for an interval)
+
+
+def test_each_reading_is_logged_with_its_interval_price_and_outcome(caplog):
+    from planner.clock import READING_STOOD, READING_TAKEN
+
+    with caplog.at_level(logging.INFO, logger="planner.clock"):
+        reading_or_price(12.0, (-30.0, 51.0), 20.0, "24 runs")
+        reading_or_price(31.0, (28.0, 35.0), 20.0, "6 blocks")
+        reading_or_price(31.0, None, 20.0, "6 calls")
+    records = [record for record in caplog.records if record.name == "planner.clock"]
+    assert [record.msg for record in records] == [READING_STOOD, READING_TAKEN, READING_TAKEN]
+    assert records[0].args == ("24 runs", 12.0, -30.0, 51.0, 20.0)
+    assert records[1].args == ("6 blocks", 31.0, 28.0, 35.0, 20.0)
+    assert records[2].args[0] == "6 calls" and math.isnan(records[2].args[2])
+    assert "the reading replaces it" in records[1].getMessage()
 
 
 def _fake_rounds(differences: list[float]):
