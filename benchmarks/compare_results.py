@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -166,12 +165,15 @@ class PlanningReadings(logging.Handler):
         self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        from planner.clock import READING_STOOD, READING_TAKEN
+        from planner.clock import READING_STOOD, READING_TAKEN, READING_TAKEN_ALONE
 
-        if record.msg not in (READING_STOOD, READING_TAKEN):
+        if record.msg not in (READING_STOOD, READING_TAKEN, READING_TAKEN_ALONE):
             return
-        what, measured_ms, low, high, price_ms = record.args
-        interval = "" if math.isnan(low) else f" (95% {low:+.2f} to {high:+.2f})"
+        if record.msg == READING_TAKEN_ALONE:
+            (what, measured_ms, price_ms), interval = record.args, ""
+        else:
+            what, measured_ms, low, high, price_ms = record.args
+            interval = f" (95% {low:+.2f} to {high:+.2f})"
         outcome = "the price stood" if record.msg == READING_STOOD else "the reading replaced it"
         self.lines.append(f"{what} {measured_ms:+.2f} ms{interval} against {price_ms:.2f} ms priced: {outcome}")
 

@@ -235,10 +235,11 @@ def median_interval(values: Sequence[float]) -> tuple[float, float] | None:
     return ordered[below - 1], ordered[n - below]
 
 
-# reading_or_price's two log messages; their arguments: what, the reading, its 95% interval, the price
+# reading_or_price's log messages; their arguments: what, the reading, its 95% interval (not in the last), the price
 READING_STOOD = ("%s measured %+.2f ms (95%%: %+.2f to %+.2f), which cannot be told from the %.2f ms the figures "
                  "so far price it at: those stand")
 READING_TAKEN = "%s measured %+.2f ms (95%%: %+.2f to %+.2f), against %.2f ms priced so far: the reading replaces it"
+READING_TAKEN_ALONE = "%s measured %+.2f ms (too few rounds for an interval), against %.2f ms priced so far: taken"
 
 
 def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, price_ms: float, what: str) -> float:
@@ -257,10 +258,13 @@ def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, p
     if interval is not None and interval[0] <= price_ms <= interval[1]:
         logger.info(READING_STOOD, what, measured_ms, *interval, price_ms)
         return price_ms
-    logger.info(READING_TAKEN, what, measured_ms, *(interval or (math.nan, math.nan)), price_ms)
+    if interval is None:
+        logger.info(READING_TAKEN_ALONE, what, measured_ms, price_ms)
+    else:
+        logger.info(READING_TAKEN, what, measured_ms, *interval, price_ms)
     return measured_ms
 
 
-__all__ = ["AHEAD_MS", "READING_STOOD", "READING_TAKEN", "ahead_for", "elapsed_ms", "launch_ms", "median_interval",
-           "paired_difference", "paired_differences", "paired_interval", "queue_ahead", "reading_or_price",
-           "sandwiched_rounds", "timed_rounds"]
+__all__ = ["AHEAD_MS", "READING_STOOD", "READING_TAKEN", "READING_TAKEN_ALONE", "ahead_for", "elapsed_ms",
+           "launch_ms", "median_interval", "paired_difference", "paired_differences", "paired_interval", "queue_ahead",
+           "reading_or_price", "sandwiched_rounds", "timed_rounds"]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import replace
 from math import comb
 
@@ -57,17 +56,17 @@ def test_a_reading_inside_its_interval_of_the_price_keeps_the_price():
 
 
 def test_each_reading_is_logged_with_its_interval_price_and_outcome(caplog):
-    from planner.clock import READING_STOOD, READING_TAKEN
+    from planner.clock import READING_STOOD, READING_TAKEN, READING_TAKEN_ALONE
 
     with caplog.at_level(logging.INFO, logger="planner.clock"):
         reading_or_price(12.0, (-30.0, 51.0), 20.0, "24 runs")
         reading_or_price(31.0, (28.0, 35.0), 20.0, "6 blocks")
         reading_or_price(31.0, None, 20.0, "6 calls")
     records = [record for record in caplog.records if record.name == "planner.clock"]
-    assert [record.msg for record in records] == [READING_STOOD, READING_TAKEN, READING_TAKEN]
+    assert [record.msg for record in records] == [READING_STOOD, READING_TAKEN, READING_TAKEN_ALONE]
     assert records[0].args == ("24 runs", 12.0, -30.0, 51.0, 20.0)
     assert records[1].args == ("6 blocks", 31.0, 28.0, 35.0, 20.0)
-    assert records[2].args[0] == "6 calls" and math.isnan(records[2].args[2])
+    assert records[2].args == ("6 calls", 31.0, 20.0)
     assert "the reading replaces it" in records[1].getMessage()
 
 
