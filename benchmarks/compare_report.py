@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 
 from compare_results import (PREDICTION_SLACK_MS, PREDICTION_TOLERANCE, Config, ModelResult, every_overhead_ms,
-                             interval_verdict, median_difference_ms, mib, overhead_ms, prediction_ok, within_noise,
+                             interval_note, interval_verdict, median_difference_ms, mib, overhead_ms, prediction_ok,
                              within_tolerance)
 from decision_space import EVERY_KEEP_LIMIT
 
@@ -178,7 +178,7 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
         f"{len(predicted) - len(off)}/{len(predicted)}"
         + ("" if not off else "; off: " + ", ".join(
             f"{c.name} predicted {c.predicted_overhead_ms:.0f} ms, measured {overhead_ms(result, c):+.0f} ms"
-            + within_noise(result, c, c.predicted_overhead_ms) for c in off))
+            + interval_note(result, c, c.predicted_overhead_ms) for c in off))
         + (f"; every block: predicted {result.every_predicted_ms:.0f} ms, measured {every:+.0f} ms"
            if result.every_predicted_ms is not None else "")
         + f"; measured as the difference of the two medians instead: "
@@ -195,7 +195,7 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
             f"{100 * PREDICTION_TOLERANCE:.0f}% or {PREDICTION_SLACK_MS:g} ms of measured: {len(retimed) - len(off)}/"
             f"{len(retimed)}" + ("" if not off else "; off: " + ", ".join(
                 f"{c.name} predicted {c.retimed_ms:.0f} ms, measured {overhead_ms(result, c):+.0f} ms"
-                + within_noise(result, c, c.retimed_ms) for c in off))
+                + interval_note(result, c, c.retimed_ms) for c in off))
             + (f"; every block: predicted {every_config.retimed_ms:.0f} ms, measured {every:+.0f} ms"
                if every_config.retimed_ms is not None else "")
             + told(retimed, {c.name: c.retimed_ms for c in retimed}, "predicted from the rounds' node times") + ".")

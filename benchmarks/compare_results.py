@@ -137,13 +137,15 @@ def interval_verdict(result: ModelResult, config: Config, predicted_ms: float) -
     return "undecided" if within_tolerance(predicted_ms, nearest) else "off"
 
 
-def within_noise(result: ModelResult, config: Config, predicted_ms: float) -> str:
-    """' (inside ...)' where the prediction lies inside the 95% interval of the measured
-    overhead (`overhead_interval_ms`): the rounds cannot tell it from the measurement."""
+def interval_note(result: ModelResult, config: Config, predicted_ms: float) -> str:
+    """' (...)' after a prediction its median measurement misses: what the whole 95% interval
+    of the measured overhead says of it (`interval_verdict`: "off", or "undecided" where the
+    timing noise is wider than the tolerance; never "within", which the median would pass)."""
     interval = overhead_interval_ms(result, config)
-    if interval is None or not interval[0] <= predicted_ms <= interval[1]:
+    if interval is None:
         return ""
-    return f" (inside the measured overhead's 95% interval, {interval[0]:+.0f} to {interval[1]:+.0f} ms)"
+    where = "shown off by" if interval_verdict(result, config, predicted_ms) == "off" else "undecided by"
+    return f" ({where} the measured overhead's 95% interval, {interval[0]:+.0f} to {interval[1]:+.0f} ms)"
 
 
 class PlanningReadings(logging.Handler):
