@@ -280,12 +280,13 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     model runs here, on its own submodule with the most keepable nodes, a block (its real ops
     cost the policy more), keeping all of them (`calls_of(region, kept)`: the calls to cache).
     (0, 0, 0) where nothing is keepable. What recording runs costs per ATen call of the submodule
-    and per call recorded (`Problem.run_call_ms`, `recorded_call_ms`), measured on that block;
-    else the policy's cost per call stands in for both. And checkpoint's cost per saved tensor
-    (`Problem.saved_tensor_ms`): the tiny modules' unless checkpoint of that block costs more
-    than the tiny modules' figures predict for it (on this CPU, about twice as much). Each figure
-    read off the block stands only where its rounds tell it from the tiny modules' price (per
-    kept node: 0); else that price does (`SelectiveCost.figure`). (Where the
+    and per call recorded (`Problem.run_call_ms`, `recorded_call_ms`), measured on that block.
+    And checkpoint's cost per saved tensor (`Problem.saved_tensor_ms`): the tiny modules' unless
+    checkpoint of that block costs more than the tiny modules' figures predict for it (on this
+    CPU, about twice as much). Each figure read off the block stands only where its rounds tell
+    it from its price, else that price does (`SelectiveCost.figure`): the tiny modules' figures;
+    per kept node, nothing; per call counted or recorded, the policy's cost per call (the
+    block's, where read), which also stands in for both where no block is measured. (Where the
     model's whole step runs here, `planner.step_costs` reads the cost per call and per saved
     tensor off that step instead, and what a run costs beyond them, `Problem.run_region_ms`.)
 
@@ -315,15 +316,19 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
             with preserved_state(model, [device]):
                 cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept,
                                                 recomputed_share(problem, region))
-            # Each figure as read, unless its rounds cannot tell it from what the tiny modules
-            # price it at (per kept node: nothing); then that price stands.
+            # Each figure as read, unless its rounds cannot tell it from what the figures held so
+            # far price it at (per kept node: nothing); then that price stands. Counting and
+            # recording runs are priced by the policy's cost per call in this block, not the tiny
+            # modules': all three are a dispatch mode's Python work per ATen call, and in a block
+            # each read 2-3x the tiny modules' (BERT's and GPT-2's layers in 60 rounds: policy
+            # 28-39 us, counting 41-43 us, against 15-16 us), though 15 rounds rarely tell
+            # counting's or recording's reading from the tiny price alone.
             name = wrapped[region].module
-            tiny_call = per_call
-            per_call = cost.figure("per_call_ms", tiny_call, f"a selective policy per ATen call in {name}")
+            per_call = cost.figure("per_call_ms", per_call, f"a selective policy per ATen call in {name}")
             per_kept = cost.figure("per_kept_ms", 0.0, f"a selective policy per node kept in {name}")
-            per_counted = cost.figure("per_counted_call_ms", tiny_call, f"counting runs per ATen call in {name}")
+            per_counted = cost.figure("per_counted_call_ms", per_call, f"counting runs per ATen call in {name}")
             per_recorded = per_call if cost.per_recorded_call_ms is None else cost.figure(
-                "per_recorded_call_ms", tiny_call, f"recording and replaying runs per ATen call in {name}")
+                "per_recorded_call_ms", per_call, f"recording and replaying runs per ATen call in {name}")
             saved = sum(problem.nodes[i].saved_tensors for i in region)
             if cost.checkpoint_ms is not None and saved:
                 checkpoint_ms = cost.figure("checkpoint_ms", problem.region_overhead_ms + saved * problem.saved_tensor_ms,
