@@ -132,7 +132,8 @@ def run_model(spec: Spec, args) -> ModelResult:
                  f"times); per checkpoint call {figures.region_overhead_ms:.3f} ms, per saved tensor "
                  f"{1000 * figures.saved_tensor_ms:.1f} us, per run {figures.run_region_ms:.3f} ms, per counted call "
                  f"{1000 * figures.run_call_ms:.1f} us, per recorded call {1000 * figures.recorded_call_ms:.1f} us, "
-                 f"per keeping region {figures.keep_region_ms:.3f} ms, per policy call {1000 * figures.keep_call_ms:.1f} us")
+                 f"per keeping region {figures.keep_region_ms:.3f} ms, per policy call "
+                 f"{1000 * figures.keep_call_ms:.1f} us")
     log(f"{spec.key}: {notes[-1]}")
     if readings.lines:  # (kept, so that runs can be read together: see compare_results.PlanningReadings)
         notes.append("planner's readings (medians of paired rounds): " + "; ".join(readings.lines))
