@@ -67,7 +67,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from retime import NodeRetimer  # noqa: E402
-from compare_models import SPECS, Spec, every_block, every_block_plan, on_device, segments, sqrt_segments  # noqa: E402
+from compare_models import (SPECS, Spec, every_block, every_block_plan, on_device, segments,  # noqa: E402
+                            sqrt_segments)
 from cpu_memory import retain_freed_memory  # noqa: E402
 from decision_space import beyond_the_planner  # noqa: E402
 from compare_plot import plot  # noqa: E402
