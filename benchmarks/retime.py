@@ -1,12 +1,13 @@
 """The planner's predictions again, from node times measured in the timing rounds.
 
-A plan's `recompute_ms` is predicted from node times measured once, as `plan()` runs. On a
-shared machine the speed of one stretch of seconds differs from the next by several percent,
-so a prediction can miss a step time measured minutes later although its cost model is right.
-`NodeRetimer` times every graph node once per round, between the configurations' steps (the
-planner's own `TimingInterpreter` pass over the traced graph), and predicts each plan again
-from the per-node medians: the cost model's error, the machine's drift removed. The cost
-model's other terms (per checkpoint call, per recorded call, ...) stay as `plan()` measured them.
+A plan's `recompute_ms` is predicted from node times measured as `plan()` runs (in its step
+rounds, where the whole step runs there: `planner.node_rounds`). On a shared machine the speed
+of one stretch of seconds differs from the next by several percent, so a prediction can miss a
+step time measured minutes later although its cost model is right. `NodeRetimer` times every
+graph node once per round, between the configurations' steps (`planner.node_rounds.NodeRounds`,
+the pass `plan()` makes), and predicts each plan again from the per-node medians: the cost
+model's error, the machine's drift removed. The cost model's other terms (per checkpoint call,
+per recorded call, ...) stay as `plan()` measured them.
 
 Example:
     >>> retimer = NodeRetimer(base)           # base = plan(model, sample, ...)
@@ -16,52 +17,33 @@ Example:
 """
 from __future__ import annotations
 
-import dataclasses
-import statistics
-
 
 class NodeRetimer:
     def __init__(self, base) -> None:
+        import torch
+        from planner.node_rounds import NodeRounds
         from planner.trace import split_sample
 
         self.base = base
         args, kwargs = split_sample(base.sample)
-        self.inputs = base.traced.graph_inputs(args, kwargs)
-        self.times: dict[str, list[float]] = {}
-        self.stop_times: dict[str, list[float]] = {}
-        self.launch_ms: dict[str, float] = {}
+        inputs = base.traced.graph_inputs(args, kwargs)
+        device = inputs[0].device if inputs else torch.device("cpu")
+        self.rounds = NodeRounds(base.traced.gm, inputs, device)
 
     def measure(self) -> None:
         """One pass over the traced graph, autograd on, each node timed (the model's state,
         BatchNorm statistics and RNG, restored after it)."""
-        import torch
-        from planner.memory import preserved_state
-        from planner.timing import TimingInterpreter
-
-        gm = self.base.traced.gm
-        device = self.inputs[0].device if self.inputs else torch.device("cpu")
-        with preserved_state(gm, [device]), torch.enable_grad():
-            timer = TimingInterpreter(gm, self.times, device, self.stop_times, self.launch_ms)
-            timer.run(*self.inputs)
-            timer.collect()
+        self.rounds.measure()
 
     def problem(self):
         """The plan's problem with node times (and times to the last save) as medians over the rounds."""
-        nodes = []
-        for node in self.base.problem.nodes:
-            if node.name not in self.times:
-                nodes.append(node)
-                continue
-            compute = statistics.median(self.times[node.name])
-            stop = node.stop_ms
-            if node.name in self.stop_times:
-                stop = min(compute, statistics.median(self.stop_times[node.name]))
-            nodes.append(dataclasses.replace(node, compute_ms=compute, stop_ms=stop))
-        return dataclasses.replace(self.base.problem, nodes=tuple(nodes))
+        from planner.node_rounds import with_node_times
+
+        return with_node_times(self.base.problem, self.rounds.medians())
 
     def predict(self, planned) -> float | None:
         """`planned.recompute_ms` with the rounds' node times (None before any round)."""
-        if not self.times:
+        if not self.rounds.passes:
             return None
         solution = planned.solution
         return self.problem().recompute_ms(solution.regions, solution.kept)

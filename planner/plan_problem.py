@@ -15,6 +15,7 @@ from planner.eager_check import keep_free_beyond_graph
 from planner.graph import build_problem, module_calls, module_checkpoint, run_checkpoints, saved_calls
 from planner.measure import PlanDevice, measure_model
 from planner.memory import preserved_state
+from planner.node_rounds import NodeRounds
 from planner.overhead import checkpoint_overhead_ms
 from planner.profile_records import GraphProfile
 from planner.segments import sequential_segments
@@ -77,12 +78,13 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, budget_byt
         lambda region, kept: saved_calls(traced.gm, region, kept))
     problem = replace(problem, **asdict(costs))
     if summary.measurement == "whole step" and where.local and not on_meta:  # (the step fits here)
-        say("timing checkpoint calls and runs in training steps")
+        say("timing checkpoint calls and runs in training steps, and the nodes again in the same rounds")
         residuals = step_residuals(
             model, problem, wrapped, lambda runs: run_checkpoints(traced.gm, problem, runs, wrapped).values(),
             lambda keeps: [replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, kept))
                            for region, kept in keeps],
-            lambda module: training_loss(module(*args, **kwargs)).backward(), where.device)
+            lambda module: training_loss(module(*args, **kwargs)).backward(), where.device,
+            node_rounds=NodeRounds(traced.gm, inputs, where.device))
         problem = residuals.priced(problem)
         if world_size == 1:  # (FSDP2's per-rank terms are not what one unsharded step holds)
             say("measuring the model's own step against the traced graph")

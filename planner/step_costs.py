@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import torch
@@ -46,6 +46,7 @@ from torch import nn
 from planner.apply import ModuleCheckpoint, apply_plan, shallow_clone
 from planner.clock import paired_difference, paired_interval, reading_or_price, timed_rounds
 from planner.memory import preserved_state
+from planner.node_rounds import NodeRounds, NodeTimes, with_node_times
 from planner.step_fit import fit_two, node_time_scale, node_times_high, scaled_node_times
 from planner.step_regions import keeping_calls, large_calls, lone_short_runs, long_runs, small_calls
 from solvers import Problem
@@ -54,6 +55,7 @@ from solvers.problem_index import run_structure
 logger = logging.getLogger(__name__)
 
 STEP_ROUNDS = 9  # paired rounds of whole steps: each residual is read off a difference of steps
+_NODE_PASS = "node times"  # each round's pass over the graph that times every node (`NodeRounds`)
 
 
 @dataclass(frozen=True)
@@ -66,9 +68,11 @@ class StepResiduals:
     `Problem.keep_region_ms`): neither has a fixed cost below the call's, before correction or
     after, whichever is lower. `recorded_call_ms` (at least 0; None where not measured) replaces
     `Problem.recorded_call_ms`. `calls`, `runs`, `keeps`, `blocks` and `long_runs` say how many
-    regions each was read off (0: not measured). `node_time_scale` (at most 1) multiplies every
-    node's time where the blocks measured far under them (`step_fit.node_times_high`): the
-    other figures were read beyond the times so scaled."""
+    regions each was read off (0: not measured). `node_times` are the nodes' times measured in
+    the same rounds (`planner.node_rounds`; empty: not measured), which replace the problem's
+    before anything else; `node_time_scale` (at most 1) multiplies every node's time where the
+    blocks measured far under them (`step_fit.node_times_high`): the other figures were read
+    beyond the times so replaced and scaled."""
 
     per_call_ms: float = 0.0
     per_run_ms: float = 0.0
@@ -81,6 +85,7 @@ class StepResiduals:
     recorded_call_ms: float | None = None
     long_runs: int = 0
     node_time_scale: float = 1.0
+    node_times: NodeTimes = field(default_factory=dict)
 
     def priced(self, problem: Problem) -> Problem:
         """`problem` with these residuals in its figures.
@@ -89,7 +94,7 @@ class StepResiduals:
             >>> StepResiduals(0.5, saved_tensor_ms=0.02).priced(problem).saved_tensor_ms
             0.02
         """
-        problem = scaled_node_times(problem, self.node_time_scale)
+        problem = scaled_node_times(with_node_times(problem, self.node_times), self.node_time_scale)
         return replace(problem, region_overhead_ms=problem.region_overhead_ms + self.per_call_ms,
                        saved_tensor_ms=problem.saved_tensor_ms if self.saved_tensor_ms is None else self.saved_tensor_ms,
                        run_region_ms=self.per_run_ms, keep_region_ms=max(0.0, problem.keep_region_ms + self.per_keep_ms),
@@ -101,7 +106,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                    checkpoints_of: Callable[[Sequence[range]], Sequence[ModuleCheckpoint]],
                    keeping_of: Callable[[Sequence[tuple[range, tuple[int, ...]]]], Sequence[ModuleCheckpoint]],
                    train_step: Callable[[nn.Module], None], device: torch.device,
-                   rounds: int | None = None) -> StepResiduals:
+                   rounds: int | None = None, node_rounds: NodeRounds | None = None) -> StepResiduals:
     """What a checkpoint call, a saved tensor, a run and a region keeping nodes cost a training
     step beyond `problem`'s other figures, read off the model's own step, `train_step(module)`
     (forward, loss, backward), on copies sharing the parameters: with `small_calls` and with
@@ -110,7 +115,9 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     run's cost and a recorded call's, `run_and_recorded_call_ms`) and with `keeping_calls`
     under their selective policies (`keeping_of(pairs)`), each against the unplanned step, in
     `rounds` paired rounds (default `STEP_ROUNDS`). A run's and a keeping region's residuals
-    are what they cost beyond a checkpoint call's corrected cost. A set whose rounds cannot tell
+    are what they cost beyond a checkpoint call's corrected cost. With `node_rounds`, every
+    node is also timed once per round, and the figures are read beyond those times (medians
+    over the rounds), not the problem's, measured a minute earlier. A set whose rounds cannot tell
     its measurement from its price under the figures held so far is taken at that price
     (`clock.reading_or_price`).
     Where the blocks measured far under their nodes' times, those are scaled down first
@@ -148,9 +155,13 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                 parameter.grad = None
         return run
 
+    calls_in_round = {"unplanned": step(model), **{name: step(m) for name, m in planned.items()}}
+    if node_rounds is not None:  # (last in each round: its own time is not read, only its nodes')
+        calls_in_round[_NODE_PASS] = node_rounds.measure
     with preserved_state(model, [device]):
-        times = timed_rounds(device, {"unplanned": step(model), **{name: step(m) for name, m in planned.items()}},
-                             rounds, closing="unplanned")
+        times = timed_rounds(device, calls_in_round, rounds, closing="unplanned")
+    node_times = node_rounds.medians() if node_rounds is not None else {}
+    problem = with_node_times(problem, node_times)
     measured = {name: paired_difference(times, name, "unplanned") for name in planned}
     intervals = {name: paired_interval(times, name, "unplanned") for name in planned}
 
@@ -197,7 +208,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                              kept)
     return StepResiduals(priced.region_overhead_ms - problem.region_overhead_ms, per_run, len(calls), len(runs),
                          per_keep, len(keeps), priced.saved_tensor_ms if calls else None, len(blocks), recorded,
-                         len(longs), scale)
+                         len(longs), scale, node_times)
 
 
 def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, blocks: list[range],

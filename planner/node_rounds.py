@@ -1,0 +1,87 @@
+"""Node times read in the same stretch of time as the steps they are compared with.
+
+`plan()` first times every node in a few passes of the traced graph, back to back: a second or
+two. On a shared CPU the machine's speed moves by 20-30% within seconds, so those times can
+all be high or all low together, and every figure later read off the model's steps (a
+recomputation's cost beyond its nodes' times) then carries that error. (Three plannings of
+TinyGPT in a row summed its forward's node times to 354, 277 and 265 ms.) `NodeRounds` times
+every node once more in each round of those steps, one whole pass of the graph per round, and
+prices the problem with the medians over the rounds (`priced`): node times and step readings
+from the same minute. `benchmarks/retime.py` does the same between the benchmark's steps.
+
+Example:
+    >>> rounds = NodeRounds(traced.gm, inputs, torch.device("cpu"))
+    >>> for _ in range(9):
+    ...     time_the_steps(); rounds.measure()
+    >>> problem = with_node_times(problem, rounds.medians())
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+
+from planner.memory import preserved_state
+from planner.timing import TimingInterpreter
+from solvers import Problem
+
+# a node's forward time and the time to its last saved tensor (None: it saves none), in ms
+NodeTimes = dict[str, tuple[float, float | None]]
+
+
+class NodeRounds:
+    """Every compute node of `gm` timed once per `measure()`: one pass of the graph on `inputs`,
+    autograd on, as `planner.profile` times them (`TimingInterpreter`); the graph's buffers
+    and the RNG are left as they were."""
+
+    def __init__(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], device: torch.device) -> None:
+        self.gm = gm
+        self.inputs = list(inputs)
+        self.device = device
+        self.times: dict[str, list[float]] = {}
+        self.stop_times: dict[str, list[float]] = {}
+        self.launch_ms: dict[str, float] = {}  # (on CUDA: how far ahead to queue each node, as profile does)
+        self.passes = 0
+
+    def measure(self) -> None:
+        """One pass over the graph, each compute node timed."""
+        with preserved_state(self.gm, [self.device]), torch.enable_grad():
+            timer = TimingInterpreter(self.gm, self.times, self.device, self.stop_times, self.launch_ms)
+            timer.run(*self.inputs)
+            timer.collect()
+        self.passes += 1
+
+    def medians(self) -> NodeTimes:
+        """Each timed node's median forward time and time to its last save over the passes.
+
+        Example:
+            >>> rounds.medians()["linear"]
+            (0.41, 0.39)
+        """
+        return {name: (statistics.median(times), statistics.median(self.stop_times[name])
+                       if name in self.stop_times else None) for name, times in self.times.items()}
+
+
+def with_node_times(problem: Problem, times: NodeTimes) -> Problem:
+    """`problem` with the forward time (`NodeCost.compute_ms`) and the time to the last save
+    (`stop_ms`, at most the forward time) of each node named in `times`; others as they were.
+
+    Example:
+        >>> with_node_times(problem, {"linear": (0.4, 0.3)}).nodes[1].compute_ms
+        0.4
+    """
+    if not times:
+        return problem
+    nodes = []
+    for node in problem.nodes:
+        if node.name in times:
+            compute, stop = times[node.name]
+            node = replace(node, compute_ms=compute, stop_ms=node.stop_ms if stop is None else min(compute, stop))
+        nodes.append(node)
+    return replace(problem, nodes=tuple(nodes))
+
+
+__all__ = ["NodeRounds", "NodeTimes", "with_node_times"]

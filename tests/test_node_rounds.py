@@ -1,0 +1,78 @@
+"""Node times read in the step rounds (`planner.node_rounds`): where the machine was slow while
+`plan()` first timed the nodes, the figures read off the model's steps, and the plan's node
+times, are those of the rounds, not of that slow moment."""
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from conftest import small_gpt
+from planner import plan
+from planner.node_rounds import NodeRounds, with_node_times
+
+
+class Slow(nn.Module):
+    """Doubles its input after sleeping `delay_ms[0]` ms: a node whose speed the test sets."""
+
+    def __init__(self, delay_ms: list[float]):
+        super().__init__()
+        self.delay_ms = delay_ms
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delay_ms[0] / 1000)
+        return x * 2.0
+
+
+def _slow_gpt(delay_ms: list[float]) -> tuple[nn.Module, torch.Tensor, tuple[str, ...]]:
+    model, tokens = small_gpt()
+    for block in model.blocks:
+        block.mlp.insert(2, Slow(delay_ms))  # after the GELU
+    return model, tokens, tuple(f"blocks.{i}.mlp.2" for i in range(len(model.blocks)))
+
+
+def test_node_rounds_time_every_node_and_price_the_problem_with_their_medians():
+    delay_ms = [3.0]
+    model, tokens, leaves = _slow_gpt(delay_ms)
+    base = plan(model, tokens, budget_gb=80, repeats=1, leaves=leaves, measure="no-run")
+    inputs = base.traced.graph_inputs((tokens,), {})
+    rounds = NodeRounds(base.traced.gm, inputs, torch.device("cpu"))
+    delay_ms[0] = 12.0
+    for _ in range(3):
+        rounds.measure()
+    assert rounds.passes == 3
+    medians = rounds.medians()
+    slow = [node.name for node in base.traced.gm.graph.nodes if node.op == "call_module" and node.target in leaves]
+    assert len(slow) == len(leaves) and all(12.0 <= medians[name][0] < 20.0 for name in slow)
+    problem = with_node_times(base.problem, medians)
+    for before, after in zip(base.problem.nodes, problem.nodes):
+        if after.name in slow:
+            assert before.compute_ms < 10.0 <= after.compute_ms  # (3 ms as planned, 12 ms in the rounds)
+        if after.name in medians:
+            assert after.compute_ms == medians[after.name][0] and after.stop_cost_ms <= after.compute_ms
+        else:
+            assert after == before
+
+
+def test_a_plans_node_times_come_from_its_step_rounds_not_a_fast_moment_before(monkeypatch):
+    # The nodes are first timed while the machine is fast (the Slow nodes take 2 ms), and the
+    # step rounds run on a slow one (12 ms): the plan prices recomputation at the rounds' times.
+    # (Node times found high are scaled down to what the blocks measured, `step_fit`; found low,
+    # they were not, and every recomputation was predicted low.)
+    from planner import plan_problem, step_costs
+
+    delay_ms = [2.0]
+    model, tokens, leaves = _slow_gpt(delay_ms)
+    original = plan_problem.selective_overhead_for_plan
+
+    def machine_slower(*args, **kwargs):  # (between the first timing and the step rounds)
+        delay_ms[0] = 12.0
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(plan_problem, "selective_overhead_for_plan", machine_slower)
+    monkeypatch.setattr(step_costs, "STEP_ROUNDS", 3)
+    p = plan(model, tokens, budget_gb=80, repeats=1, leaves=leaves)
+    slow = [node for node in p.problem.nodes if node.name.startswith("blocks_") and node.name.endswith("_mlp_2")]
+    assert len(slow) == len(leaves)
+    assert all(12.0 <= node.compute_ms < 20.0 for node in slow), [node.compute_ms for node in slow]
