@@ -41,6 +41,12 @@ from solvers.problem import MAX_RUN_CANDIDATES
 logger = logging.getLogger(__name__)
 
 _FORWARDS = 4  # forwards per timed step where a dispatch mode's cost is read off forwards alone
+# Rounds of a block's steps at most, while its policy's cost per ATen call cannot be told from
+# the tiny modules' (`selective_overhead_for_plan`): in 60 rounds BERT's and GPT-2's layers read
+# 28 and 39 us against 15-16 us, which 15 rounds often leave undecided (ViT's layer read +0.05 ms,
+# 95% +0.01 to +0.07, against 0.01 priced, which stood: its 80% plan, keeping 28 nodes, was then
+# predicted at 32 ms against +69 measured; benchmarks/RESULTS.md, 2026-12-02 16:04).
+MAX_BLOCK_ROUNDS = 3 * FINE_ROUNDS
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,8 @@ def _clear_grads(module: nn.Module) -> None:
 
 
 def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], per_region_ms: float,
-                       device: torch.device, kept: KeptCalls | None = None, replayed_share: float = 1.0
+                       device: torch.device, kept: KeptCalls | None = None, replayed_share: float = 1.0,
+                       undecided: Callable[[SelectiveCost], bool] | None = None, max_rounds: int = FINE_ROUNDS
                        ) -> SelectiveCost:
     """What a selective policy adds inside one of the model's own submodules (called with `args`,
     `kwargs` as captured from a forward). Per call: the step-time difference between plain and
@@ -142,7 +149,10 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     saved tensor (a block ending in a linear and a residual add skips both), so "a forward" is
     the forward's measured time times `replayed_share`, the share of its node time that
     recomputation runs (`recomputed_share`). Differences are medians over rounds of paired
-    times, each with its 95% interval (`SelectiveCost.intervals`). The caller restores the module's state (buffers, RNG).
+    times, each with its 95% interval (`SelectiveCost.intervals`), over `FINE_ROUNDS` rounds, and
+    `FINE_ROUNDS` more at a time, up to `max_rounds`, while `undecided(cost)` says a figure the
+    caller needs cannot yet be told from its price. The caller restores the module's state
+    (buffers, RNG).
 
     Example:
         >>> selective_costs_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu")).per_call_ms
@@ -203,6 +213,19 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
     # On a GPU, kernel time alone, as `planner.overhead` measures: backward's queue hides host work.
     times = timed_rounds(device, steps, FINE_ROUNDS, kernels_only=True)
+    cost = _figures(times, per_region_ms, calls_per_step, len(forward_names), len(names), replayed_share, kept)
+    while undecided is not None and undecided(cost) and len(times["plain"]) < max_rounds:
+        for name, more in timed_rounds(device, steps, FINE_ROUNDS, kernels_only=True).items():
+            times[name].extend(more)
+        cost = _figures(times, per_region_ms, calls_per_step, len(forward_names), len(names), replayed_share, kept)
+    logger.info("%s: the selective policy's and runs' costs read off %d rounds", type(module).__name__,
+                len(times["plain"]))
+    return cost
+
+
+def _figures(times: dict[str, list[float]], per_region_ms: float, calls_per_step: int, forward_count: int,
+             counted_count: int, replayed_share: float, kept: KeptCalls | None) -> SelectiveCost:
+    """`selective_costs_on`'s figures, read off the times of its rounds."""
     intervals: dict[str, tuple[float, float]] = {}
 
     def read(name: str, *readings: tuple[str, str, float, int]) -> float:
@@ -218,18 +241,18 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     # Per call, the policy: on steps (its forward and recomputation, beyond its fixed cost) and on
     # forwards alone (its forward mode), pooled round by round: the two halve each other's noise.
     per_call = max(0.0, read("per_call_ms", ("selective", "plain", per_region_ms, max(1, calls_per_step)),
-                             ("policy forwards", "bare", 0.0, max(1, _FORWARDS * len(forward_names)))))
+                             ("policy forwards", "bare", 0.0, max(1, _FORWARDS * forward_count))))
     # what node times predict a recomputation at: the measured forward, up to where it stops
     forward_ms = replayed_share * statistics.median(times["bare"]) / _FORWARDS
     # checkpoint itself: a checkpointed step against an unchecked one, less the recomputation
     checkpoint_ms = read("checkpoint_ms", ("plain", "unchecked", forward_ms, 1))
-    per_counted = max(0.0, read("per_counted_call_ms", ("counted", "bare", 0.0, max(1, _FORWARDS * len(names)))))
+    per_counted = max(0.0, read("per_counted_call_ms", ("counted", "bare", 0.0, max(1, _FORWARDS * counted_count))))
     # Beyond counting: the calls' recomputation as node times predict it (forwards with grad),
     # and what recording and replay add per call.
     per_recorded = None
     if "recorded step" in times:
         per_recorded = max(0.0, read("per_recorded_call_ms", ("recorded step", "counted step", forward_ms,
-                                                               max(1, len(names)))))
+                                                               max(1, counted_count))))
     per_kept = 0.0
     if "keeping" in times and kept is not None:
         per_kept = max(0.0, read("per_kept_ms", ("keeping", "selective", -kept.skipped_ms, len(kept.nodes))))
@@ -237,7 +260,8 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
 
 
 def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,
-                             device: torch.device, kept: KeptCalls | None = None, replayed_share: float = 1.0
+                             device: torch.device, kept: KeptCalls | None = None, replayed_share: float = 1.0,
+                             undecided: Callable[[SelectiveCost], bool] | None = None, max_rounds: int = FINE_ROUNDS
                              ) -> SelectiveCost:
     """`selective_costs_on` for the submodule `path` of `model`, called as one forward
     (`run_model()`) calls it. The caller restores the model's state (buffers, RNG).
@@ -268,7 +292,7 @@ def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[]
 
     args, kwargs = captured[0]
     return selective_costs_on(module, tuple(activation(a) for a in args), kwargs, per_region_ms, device, kept,
-                              replayed_share)
+                              replayed_share, undecided, max_rounds)
 
 
 def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
@@ -286,7 +310,9 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     CPU, about twice as much). Each figure read off the block stands only where its rounds tell
     it from its price, else that price does (`SelectiveCost.figure`): the tiny modules' figures;
     per kept node, nothing; per call counted or recorded, the policy's cost per call (the
-    block's, where read), which also stands in for both where no block is measured. (Where the
+    block's, where read), which also stands in for both where no block is measured. The block
+    is timed in more rounds, up to `MAX_BLOCK_ROUNDS`, while its policy's cost per call cannot
+    be told from the tiny modules' figure, on which the other prices hang. (Where the
     model's whole step runs here, `planner.step_costs` reads the cost per call and per saved
     tensor off that step instead, and what a run costs beyond them, `Problem.run_region_ms`.)
 
@@ -313,9 +339,13 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
         kept = KeptCalls(nodes, calls_of(region, nodes),
                          problem.region_recompute_ms(region) - problem.region_recompute_ms(region, nodes))
         try:
+            def undecided(cost: SelectiveCost, price_ms: float = per_call) -> bool:
+                interval = cost.intervals.get("per_call_ms")
+                return interval is not None and interval[0] <= price_ms <= interval[1]
+
             with preserved_state(model, [device]):
                 cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept,
-                                                recomputed_share(problem, region))
+                                                recomputed_share(problem, region), undecided, MAX_BLOCK_ROUNDS)
             # Each figure as read, unless its rounds cannot tell it from what the figures held so
             # far price it at (per kept node: nothing); then that price stands. Counting and
             # recording runs are priced by the policy's cost per call in this block, not the tiny
@@ -344,5 +374,5 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     return MeasuredCosts(per_region, per_call, per_kept, per_counted, per_recorded, per_saved_tensor)
 
 
-__all__ = ["KeptCalls", "MeasuredCosts", "SelectiveCost", "recomputed_share", "selective_costs_in_model",
-           "selective_costs_on", "selective_overhead_for_plan"]
+__all__ = ["MAX_BLOCK_ROUNDS", "KeptCalls", "MeasuredCosts", "SelectiveCost", "recomputed_share",
+           "selective_costs_in_model", "selective_costs_on", "selective_overhead_for_plan"]

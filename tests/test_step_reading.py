@@ -147,7 +147,8 @@ def test_a_blocks_policy_and_recording_figures_inside_their_noise_leave_their_pr
     # The block's rounds, each configuration spread over +-1 s: every figure read off them
     # (per ATen call under a policy, per kept node, per call counted and per call recorded)
     # is the tiny modules' price (per kept node: nothing). Before, each was max(0, the noise).
-    # Rounds that agree are read as measured.
+    # The rounds go on while the policy's cost per call is undecided, up to MAX_BLOCK_ROUNDS.
+    # Rounds that agree are read as measured, after the first FINE_ROUNDS.
     from planner import block_costs
     from planner.graph import saved_calls
     from planner.overhead import selective_overhead_ms
@@ -158,14 +159,19 @@ def test_a_blocks_policy_and_recording_figures_inside_their_noise_leave_their_pr
     # figures are read off spreads symmetrically over about +-1 s
     base = {"unchecked": 1000.0, "plain": 1030.0, "selective": 1090.0, "keeping": 1190.0, "bare": 20.0,
             "counted": 60.0, "policy forwards": 60.0, "counted step": 1000.0, "recorded step": 1160.0}
-    spread = [-1000.0, -700.0, -400.0, -200.0, -100.0, -50.0, -20.0, 0.0, 20.0, 50.0, 100.0, 200.0, 400.0, 700.0,
-              1000.0]  # (as many as the block's rounds)
+    spread = [-1000.0, 1000.0, -900.0, 900.0, -800.0, 800.0, -700.0, 0.0, 700.0, -800.0, 800.0, -900.0, 900.0,
+              -1000.0, 1000.0]  # (as many as the block's rounds at a time; each time again, as noisy)
     everywhere = {"plain": spread, "unchecked": spread[::-1], "keeping": spread, "bare": spread,
                   "counted step": spread}
 
+    timed: list[int] = []
+
     def costs(noise: dict[str, list[float]]) -> block_costs.MeasuredCosts:
+        timed.clear()
+
         def timed_rounds(device, calls, rounds, kernels_only=False):
             assert set(calls) <= set(base) and rounds == len(spread), set(calls) - set(base)
+            timed.append(rounds)
             return {name: [base[name] + noise.get(name, [0.0] * rounds)[i] for i in range(rounds)] for name in calls}
         monkeypatch.setattr(block_costs, "timed_rounds", timed_rounds)
         return block_costs.selective_overhead_for_plan(
@@ -174,11 +180,13 @@ def test_a_blocks_policy_and_recording_figures_inside_their_noise_leave_their_pr
 
     tiny_call = selective_overhead_ms(torch.device("cpu"))[1]
     noisy = costs(everywhere)
+    assert sum(timed) == block_costs.MAX_BLOCK_ROUNDS > len(spread)
     assert noisy.keep_call_ms == pytest.approx(tiny_call)
     assert noisy.kept_node_ms == 0.0
     assert noisy.run_call_ms == pytest.approx(tiny_call) and noisy.recorded_call_ms == pytest.approx(tiny_call)
     assert noisy.saved_tensor_ms == pytest.approx(p.problem.saved_tensor_ms)
     agreed = costs({})
+    assert timed == [len(spread)]
     assert agreed.keep_call_ms != pytest.approx(tiny_call) and agreed.kept_node_ms > 1.0
     assert agreed.run_call_ms != pytest.approx(tiny_call) and agreed.recorded_call_ms != pytest.approx(tiny_call)
     assert agreed.saved_tensor_ms > p.problem.saved_tensor_ms
