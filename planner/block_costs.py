@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.apply import ModuleCheckpoint
-from planner.clock import median_interval, reading_or_price, timed_rounds
+from planner.clock import holds, median_interval, reading_or_price, timed_rounds
 from planner.keep_policy import keep_contexts
 from planner.memory import preserved_state
 from planner.overhead import FINE_ROUNDS, forward_calls, selective_contexts, selective_overhead_ms
@@ -89,6 +89,15 @@ class SelectiveCost:
             0.02
         """
         return reading_or_price(getattr(self, name), self.intervals.get(name), price_ms, what)
+
+    def undecided(self, name: str, price_ms: float) -> bool:
+        """Whether the figure `name`'s interval holds `price_ms` (`clock.holds`).
+
+        Example:
+            >>> SelectiveCost(0.03, intervals={"per_call_ms": (-0.01, 0.08)}).undecided("per_call_ms", 0.02)
+            True
+        """
+        return holds(self.intervals.get(name), price_ms)
 
 
 @dataclass(frozen=True)
@@ -212,12 +221,15 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     if kept is not None and kept.nodes:
         steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
     # On a GPU, kernel time alone, as `planner.overhead` measures: backward's queue hides host work.
+    figures = functools.partial(_figures, per_region_ms=per_region_ms, calls_per_step=calls_per_step,
+                                forward_count=len(forward_names), counted_count=len(names),
+                                replayed_share=replayed_share, kept=kept)
     times = timed_rounds(device, steps, FINE_ROUNDS, kernels_only=True)
-    cost = _figures(times, per_region_ms, calls_per_step, len(forward_names), len(names), replayed_share, kept)
+    cost = figures(times)
     while undecided is not None and undecided(cost) and len(times["plain"]) < max_rounds:
         for name, more in timed_rounds(device, steps, FINE_ROUNDS, kernels_only=True).items():
             times[name].extend(more)
-        cost = _figures(times, per_region_ms, calls_per_step, len(forward_names), len(names), replayed_share, kept)
+        cost = figures(times)
     logger.info("%s: the selective policy's and runs' costs read off %d rounds", type(module).__name__,
                 len(times["plain"]))
     return cost
@@ -338,14 +350,12 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
         nodes = tuple(problem.keepable_in(region))
         kept = KeptCalls(nodes, calls_of(region, nodes),
                          problem.region_recompute_ms(region) - problem.region_recompute_ms(region, nodes))
+        tiny_call = per_call
         try:
-            def undecided(cost: SelectiveCost, price_ms: float = per_call) -> bool:
-                interval = cost.intervals.get("per_call_ms")
-                return interval is not None and interval[0] <= price_ms <= interval[1]
-
             with preserved_state(model, [device]):
                 cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept,
-                                                recomputed_share(problem, region), undecided, MAX_BLOCK_ROUNDS)
+                                                recomputed_share(problem, region),
+                                                lambda read: read.undecided("per_call_ms", tiny_call), MAX_BLOCK_ROUNDS)
             # Each figure as read, unless its rounds cannot tell it from what the figures held so
             # far price it at (per kept node: nothing); then that price stands. Counting and
             # recording runs are priced by the policy's cost per call in this block, not the tiny

@@ -242,6 +242,17 @@ READING_TAKEN = "%s measured %+.2f ms (95%%: %+.2f to %+.2f), against %.2f ms pr
 READING_TAKEN_ALONE = "%s measured %+.2f ms (too few rounds for an interval), against %.2f ms priced so far: taken"
 
 
+def holds(interval: tuple[float, float] | None, price_ms: float) -> bool:
+    """Whether a reading's 95% `interval` (None: too few rounds for one) holds `price_ms`: its
+    rounds cannot tell the reading from that price.
+
+    Example:
+        >>> holds((-30.0, 51.0), 20.0)
+        True
+    """
+    return interval is not None and interval[0] <= price_ms <= interval[1]
+
+
 def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, price_ms: float, what: str) -> float:
     """`measured_ms`, a cost read off timed rounds (a median of paired differences), or
     `price_ms`, what the figures held so far price it at, where that lies inside the reading's
@@ -255,7 +266,7 @@ def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, p
         >>> reading_or_price(31.0, (28.0, 35.0), 20.0, "24 runs")
         31.0
     """
-    if interval is not None and interval[0] <= price_ms <= interval[1]:
+    if holds(interval, price_ms):
         logger.info(READING_STOOD, what, measured_ms, *interval, price_ms)
         return price_ms
     if interval is None:
@@ -265,6 +276,6 @@ def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, p
     return measured_ms
 
 
-__all__ = ["AHEAD_MS", "READING_STOOD", "READING_TAKEN", "READING_TAKEN_ALONE", "ahead_for", "elapsed_ms",
+__all__ = ["AHEAD_MS", "READING_STOOD", "READING_TAKEN", "READING_TAKEN_ALONE", "ahead_for", "elapsed_ms", "holds",
            "launch_ms", "median_interval", "paired_difference", "paired_differences", "paired_interval", "queue_ahead",
            "reading_or_price", "sandwiched_rounds", "timed_rounds"]
