@@ -150,7 +150,8 @@ def interval_note(result: ModelResult, config: Config, predicted_ms: float) -> s
 
 class PlanningReadings(logging.Handler):
     """The readings a planning took off the model's own steps and a block's
-    (`planner.clock.reading_or_price` logs each): what was read, its 95% interval, the price it
+    (`planner.clock.reading_or_price` logs each): what was read, its interval (at
+    `planner.clock.READING_LEVEL`), the price it
     was held against, and whether it replaced the price. Kept with the run's notes, so that runs
     can be read together: one planning's interval rarely tells a small cost from its price.
 
@@ -159,7 +160,7 @@ class PlanningReadings(logging.Handler):
         >>> with readings.watching():
         ...     base = plan(model, sample, budget_gb=80)
         >>> readings.lines[0]
-        '8 calls in the model's step +4.46 ms (95% -39.17 to +47.89) against 1.82 ms priced: the price stood'
+        '8 calls in the model's step +4.46 ms (99.5% -39.17 to +47.89) against 1.82 ms priced: the price stood'
     """
 
     def __init__(self) -> None:
@@ -167,7 +168,7 @@ class PlanningReadings(logging.Handler):
         self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        from planner.clock import READING_STOOD, READING_TAKEN, READING_TAKEN_ALONE
+        from planner.clock import READING_LEVEL, READING_STOOD, READING_TAKEN, READING_TAKEN_ALONE
 
         if record.msg not in (READING_STOOD, READING_TAKEN, READING_TAKEN_ALONE):
             return
@@ -175,7 +176,7 @@ class PlanningReadings(logging.Handler):
             (what, measured_ms, price_ms), interval = record.args, ""
         else:
             what, measured_ms, low, high, price_ms = record.args
-            interval = f" (95% {low:+.2f} to {high:+.2f})"
+            interval = f" ({100 * READING_LEVEL:g}% {low:+.2f} to {high:+.2f})"
         outcome = "the price stood" if record.msg == READING_STOOD else "the reading replaced it"
         self.lines.append(f"{what} {measured_ms:+.2f} ms{interval} against {price_ms:.2f} ms priced: {outcome}")
 

@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.apply import ModuleCheckpoint
-from planner.clock import holds, median_interval, reading_or_price, timed_rounds
+from planner.clock import READING_LEVEL, holds, median_interval, reading_or_price, timed_rounds
 from planner.keep_policy import keep_contexts
 from planner.memory import preserved_state
 from planner.overhead import FINE_ROUNDS, forward_calls, selective_contexts, selective_overhead_ms
@@ -76,8 +76,8 @@ class SelectiveCost:
     per_recorded_call_ms: float | None = 0.0
     # checkpoint's own cost for one call of the submodule (no policy), beyond its forward
     checkpoint_ms: float | None = None
-    # each figure's 95% interval, by field name, in its own units (`clock.median_interval`,
-    # before the floor at 0; absent: too few rounds for one)
+    # each figure's interval at `clock.READING_LEVEL`, by field name, in its own units
+    # (`clock.median_interval`, before the floor at 0; absent: too few rounds for one)
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def figure(self, name: str, price_ms: float, what: str) -> float:
@@ -158,10 +158,10 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     saved tensor (a block ending in a linear and a residual add skips both), so "a forward" is
     the forward's measured time times `replayed_share`, the share of its node time that
     recomputation runs (`recomputed_share`). Differences are medians over rounds of paired
-    times, each with its 95% interval (`SelectiveCost.intervals`), over `FINE_ROUNDS` rounds, and
-    `FINE_ROUNDS` more at a time, up to `max_rounds`, while `undecided(cost)` says a figure the
-    caller needs cannot yet be told from its price. The caller restores the module's state
-    (buffers, RNG).
+    times, each with its interval (`SelectiveCost.intervals`, at `clock.READING_LEVEL`), over
+    `FINE_ROUNDS` rounds, and `FINE_ROUNDS` more at a time, up to `max_rounds`, while
+    `undecided(cost)` says a figure the caller needs cannot yet be told from its price. The
+    caller restores the module's state (buffers, RNG).
 
     Example:
         >>> selective_costs_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu")).per_call_ms
@@ -245,7 +245,7 @@ def _figures(times: dict[str, list[float]], per_region_ms: float, calls_per_step
         # difference less `offset_ms`, per unit, all readings pooled; its interval kept under `name`.
         values = [(a - b - offset_ms) / units for slower, faster, offset_ms, units in readings
                   for a, b in zip(times[slower], times[faster])]
-        interval = median_interval(values)
+        interval = median_interval(values, READING_LEVEL)
         if interval is not None:
             intervals[name] = interval
         return statistics.median(values)

@@ -205,46 +205,58 @@ def paired_difference(times: dict[str, list[float]], slower: str, faster: str) -
     return statistics.median(paired_differences(times, slower, faster))
 
 
-def paired_interval(times: dict[str, list[float]], slower: str, faster: str) -> tuple[float, float] | None:
-    """A 95% interval for `paired_difference` (`median_interval` of the per-round differences).
+def paired_interval(times: dict[str, list[float]], slower: str, faster: str,
+                    level: float = 0.95) -> tuple[float, float] | None:
+    """A `level` interval for `paired_difference` (`median_interval` of the per-round differences).
 
     Example:
         >>> paired_interval({"a": [3, 5, 4, 6, 4, 5], "b": [2, 4, 3, 4, 3, 4]}, "a", "b")
         (1, 2)
     """
-    return median_interval(paired_differences(times, slower, faster))
+    return median_interval(paired_differences(times, slower, faster), level)
 
 
-def median_interval(values: Sequence[float]) -> tuple[float, float] | None:
-    """A 95% interval for the median of `values`: the order statistics around it (a
+def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A `level` interval for the median of `values`: the order statistics around it (a
     distribution-free interval for a median: the k-th smallest and largest, k the largest with
-    P(Binomial(n, 1/2) < k) <= 2.5%). None with fewer than 6 values, where no such interval
-    reaches 95%.
+    P(Binomial(n, 1/2) < k) <= (1 - level) / 2). None where too few values reach `level` (fewer
+    than 6 at 95%, than 9 at `READING_LEVEL`).
 
     Example:
         >>> median_interval([1, 1, 1, 2, 1, 1])
         (1, 2)
+        >>> median_interval([3, 1, 4, 1, 5, 9, 2, 6, 5], READING_LEVEL)  # (all nine values: 99.6%)
+        (1, 9)
     """
     ordered = sorted(values)
     n = len(ordered)
     below = 0
-    while sum(math.comb(n, i) for i in range(below + 1)) / 2 ** n <= 0.025:
+    while sum(math.comb(n, i) for i in range(below + 1)) / 2 ** n <= (1 - level) / 2:
         below += 1
     if below == 0:
         return None
     return ordered[below - 1], ordered[n - below]
 
 
-# reading_or_price's log messages; their arguments: what, the reading, its 95% interval (not in the last), the price
-READING_STOOD = ("%s measured %+.2f ms (95%%: %+.2f to %+.2f), which cannot be told from the %.2f ms the figures "
-                 "so far price it at: those stand")
-READING_TAKEN = "%s measured %+.2f ms (95%%: %+.2f to %+.2f), against %.2f ms priced so far: the reading replaces it"
+# The level of the interval a reading must fall clear of to replace its price (`reading_or_price`).
+# A planning tests about ten readings (`planner.block_costs`, `planner.step_costs`); at 95% each,
+# one planning in three may replace a price on noise alone (in 3 of 11 plannings of TinyGPT on
+# this CPU, readings replaced prices that the next planning did not repeat; benchmarks/RESULTS.md,
+# 2026-12-02 14:41-). At 99.5% each, at most one in twenty (Bonferroni: 10 x 0.5%). The 9 rounds
+# of the step readings then need all nine differences on one side of the price (their range).
+READING_LEVEL = 0.995
+_LEVEL = f"{100 * READING_LEVEL:g}%%"
+# reading_or_price's log messages; their arguments: what, the reading, its interval (not in the last), the price
+READING_STOOD = (f"%s measured %+.2f ms ({_LEVEL}: %+.2f to %+.2f), which cannot be told from the %.2f ms the "
+                 "figures so far price it at: those stand")
+READING_TAKEN = (f"%s measured %+.2f ms ({_LEVEL}: %+.2f to %+.2f), against %.2f ms priced so far: the reading "
+                 "replaces it")
 READING_TAKEN_ALONE = "%s measured %+.2f ms (too few rounds for an interval), against %.2f ms priced so far: taken"
 
 
 def holds(interval: tuple[float, float] | None, price_ms: float) -> bool:
-    """Whether a reading's 95% `interval` (None: too few rounds for one) holds `price_ms`: its
-    rounds cannot tell the reading from that price.
+    """Whether a reading's `interval` (at `READING_LEVEL`; None: too few rounds for one) holds
+    `price_ms`: its rounds cannot tell the reading from that price.
 
     Example:
         >>> holds((-30.0, 51.0), 20.0)
@@ -256,9 +268,10 @@ def holds(interval: tuple[float, float] | None, price_ms: float) -> bool:
 def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, price_ms: float, what: str) -> float:
     """`measured_ms`, a cost read off timed rounds (a median of paired differences), or
     `price_ms`, what the figures held so far price it at, where that lies inside the reading's
-    95% `interval` (`paired_interval`; None: too few rounds for one): the rounds cannot tell the
-    two apart, and a figure read off such a difference is the machine's noise. (On a busy CPU
-    two plannings of GPT-2 in a row read a run's cost off its step as +1.59 and -1.58 ms.)
+    `interval` (`paired_interval` at `READING_LEVEL`; None: too few rounds for one): the rounds
+    cannot tell the two apart, and a figure read off such a difference is the machine's noise.
+    (On a busy CPU two plannings of GPT-2 in a row read a run's cost off its step as +1.59 and
+    -1.58 ms.)
 
     Example:
         >>> reading_or_price(12.0, (-30.0, 51.0), 20.0, "24 runs")  # the price stands
@@ -276,6 +289,6 @@ def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, p
     return measured_ms
 
 
-__all__ = ["AHEAD_MS", "READING_STOOD", "READING_TAKEN", "READING_TAKEN_ALONE", "ahead_for", "elapsed_ms", "holds",
-           "launch_ms", "median_interval", "paired_difference", "paired_differences", "paired_interval", "queue_ahead",
-           "reading_or_price", "sandwiched_rounds", "timed_rounds"]
+__all__ = ["AHEAD_MS", "READING_LEVEL", "READING_STOOD", "READING_TAKEN", "READING_TAKEN_ALONE", "ahead_for",
+           "elapsed_ms", "holds", "launch_ms", "median_interval", "paired_difference", "paired_differences",
+           "paired_interval", "queue_ahead", "reading_or_price", "sandwiched_rounds", "timed_rounds"]

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, shallow_clone
-from planner.clock import paired_difference, paired_interval, reading_or_price, timed_rounds
+from planner.clock import READING_LEVEL, paired_difference, paired_interval, reading_or_price, timed_rounds
 from planner.memory import preserved_state
 from planner.node_rounds import NodeRounds, NodeTimes, with_node_times
 from planner.step_fit import fit_two, node_time_scale, node_times_high, scaled_node_times
@@ -163,7 +163,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     node_times = node_rounds.medians() if node_rounds is not None else {}
     problem = with_node_times(problem, node_times)
     measured = {name: paired_difference(times, name, "unplanned") for name in planned}
-    intervals = {name: paired_interval(times, name, "unplanned") for name in planned}
+    intervals = {name: paired_interval(times, name, "unplanned", READING_LEVEL) for name in planned}
 
     def reading(name: str, regions: list[range], pricing: Problem, kept: Sequence[tuple[int, ...]] = ()) -> float:
         price_ms = sum(pricing.region_cost_ms(region, nodes) for region, nodes in zip(regions, kept or [()] * len(regions)))

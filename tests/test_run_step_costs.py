@@ -380,6 +380,7 @@ def test_a_blocks_readings_subtract_only_the_forward_its_recomputation_runs(monk
     assert whole.checkpoint_ms == pytest.approx(-4.0, abs=0.01) and whole.per_recorded_call_ms == 0.0
 
 
+@pytest.mark.full_timing_rounds  # (an interval at the readings' level needs 9 values)
 def test_a_blocks_policy_cost_per_call_pools_its_steps_and_its_forwards(monkeypatch):
     # Steps read 0.05 ms per call under the policy, forwards alone 0.03 ms: the figure is the
     # median of both rounds' readings, between the two; each alone would give its own.

@@ -49,6 +49,22 @@ def test_paired_rounds_read_each_call_against_the_baseline_runs_around_it_under_
     assert paired_difference(times, "base", "plan") == -7.0  # (plan ran first: paired in the round)
 
 
+def test_a_reading_replaces_its_price_only_where_its_interval_at_the_readings_level_is_clear_of_it():
+    # Eight of nine rounds read +30 to +37 ms, one -5 ms, against a price of 0: a 95% interval
+    # (2nd to 8th smallest) is clear of the price, the readings' (all nine) holds it. A planning
+    # tests about ten readings: at 95% each, one in three plannings may replace a price on noise.
+    from planner.clock import READING_LEVEL
+
+    times = {"unplanned": [1000.0] * 9, "plan": [1000.0 + d for d in (-5, 30, 31, 32, 33, 34, 35, 36, 37)]}
+    assert paired_interval(times, "plan", "unplanned") == (30.0, 36.0)
+    interval = paired_interval(times, "plan", "unplanned", READING_LEVEL)
+    assert interval == (-5.0, 37.0)
+    assert reading_or_price(paired_difference(times, "plan", "unplanned"), interval, 0.0, "runs") == 0.0
+    clear = {"unplanned": [1000.0] * 9, "plan": [1000.0 + d for d in (29, 30, 31, 32, 33, 34, 35, 36, 37)]}
+    assert reading_or_price(33.0, paired_interval(clear, "plan", "unplanned", READING_LEVEL), 0.0, "runs") == 33.0
+    assert paired_interval({"unplanned": [1.0] * 8, "plan": [2.0] * 8}, "plan", "unplanned", READING_LEVEL) is None
+
+
 def test_a_reading_inside_its_interval_of_the_price_keeps_the_price():
     assert reading_or_price(12.0, (-30.0, 51.0), 20.0, "runs") == 20.0
     assert reading_or_price(31.0, (28.0, 35.0), 20.0, "runs") == 31.0
@@ -114,6 +130,14 @@ def test_figures_stand_where_the_steps_rounds_cannot_tell_them_from_their_price(
     assert noisy.per_keep_ms == pytest.approx(0.0, abs=1e-9)
     assert noisy.priced(problem).recompute_ms(tuple(step_regions.lone_short_runs(problem, wrapped))) == \
         pytest.approx(problem.recompute_ms(tuple(step_regions.lone_short_runs(problem, wrapped))))
+
+    # One round in nine below every price: the other eight, at +1 s, are clear of it at 95% (the
+    # 2nd to 8th smallest), not at the readings' level (all nine), so the prices stand.
+    one_round_under = residuals([-5.0] + [1000.0] * 8)
+    assert one_round_under.per_call_ms == pytest.approx(0.0, abs=1e-9)
+    assert one_round_under.saved_tensor_ms == pytest.approx(0.05)
+    assert (one_round_under.per_run_ms, one_round_under.recorded_call_ms) == pytest.approx((0.2, 0.01))
+    assert one_round_under.per_keep_ms == pytest.approx(0.0, abs=1e-9)
 
     agreed = residuals([1000.0] * 9)
     assert agreed.per_call_ms > 1.0  # (8 calls at +1 s: about 125 ms each)
