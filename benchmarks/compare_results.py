@@ -151,8 +151,8 @@ def interval_note(result: ModelResult, config: Config, predicted_ms: float) -> s
 class PlanningReadings(logging.Handler):
     """The readings a planning took off the model's own steps and a block's
     (`planner.clock.reading_or_price` logs each): what was read, its interval (at
-    `planner.clock.READING_LEVEL`), the price it
-    was held against, and whether it replaced the price. Kept with the run's notes, so that runs
+    `planner.clock.READING_LEVEL`), the price it was held against, and whether it replaced the
+    price. Kept with the run's notes, so that runs
     can be read together: one planning's interval rarely tells a small cost from its price.
 
     Example:
