@@ -79,13 +79,15 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, budget_byt
     problem = replace(problem, **asdict(costs))
     if summary.measurement == "whole step" and where.local and not on_meta:  # (the step fits here)
         say("timing checkpoint calls and runs in training steps, and the nodes again in the same rounds")
+        node_rounds = NodeRounds(traced.gm, inputs, where.device)
         residuals = step_residuals(
             model, problem, wrapped, lambda runs: run_checkpoints(traced.gm, problem, runs, wrapped).values(),
             lambda keeps: [replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, kept))
                            for region, kept in keeps],
             lambda module: training_loss(module(*args, **kwargs)).backward(), where.device,
-            node_rounds=NodeRounds(traced.gm, inputs, where.device))
+            node_rounds=node_rounds)
         problem = residuals.priced(problem)
+        summary = replace(summary, timing=node_rounds.described(summary.timing))
         if world_size == 1:  # (FSDP2's per-rank terms are not what one unsharded step holds)
             say("measuring the model's own step against the traced graph")
             problem, breakdown = keep_free_beyond_graph(model, sample, problem, breakdown, where.device, where.name)

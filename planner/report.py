@@ -121,6 +121,7 @@ def format_report(
         >>> print(format_report(model_name="TinyGPT", problem=p.problem, solution=p.solution, ...))
     """
     forward_ms = sum(node.compute_ms for node in problem.nodes)
+    method, _, spread = timing.partition("; ")  # (how the times were read; how far their passes spread)
     overhead = 100 * solution.recompute_ms / forward_ms if forward_ms else 0.0
     estimate = " (estimate)" if times_estimated else ""
     per_rank = f" per rank, FSDP2 over {world_size} ranks" if world_size > 1 else ""
@@ -149,7 +150,7 @@ def format_report(
         f"  peak, no plan     {format_bytes(baseline_peak_bytes)}",
         f"  peak, this plan   {format_bytes(solution.peak_bytes)} (predicted)",
         f"  recompute         {solution.recompute_ms:.2f} ms per step{estimate} "
-        f"(+{overhead:.0f}% of the {forward_ms:.2f} ms forward, {timing})",
+        f"(+{overhead:.0f}% of the {forward_ms:.2f} ms forward, {method})",
         *([f"                    including {problem.region_overhead_ms:.3f} ms per checkpoint call "
            + (f"+ {1000 * problem.saved_tensor_ms:.1f} us per tensor saved in it " if problem.saved_tensor_ms else "")
            + f"(checkpoint's own work, and what a region costs in the step beyond it){estimate}"] if problem.region_overhead_ms and checkpoints else []),
@@ -162,6 +163,7 @@ def format_report(
            f"{1000 * problem.run_call_ms:.1f} us per ATen call its recording sees + "
            f"{1000 * problem.recorded_call_ms:.1f} us per call recorded{estimate}"]
           if any(c.wrapped and c.wrapped.runs for c in checkpoints) else []),
+        *([f"                    node times: {spread} (the clock's noise in these figures)"] if spread else []),
         f"  regions           {len(checkpoints)}",
     ]
     if checkpoints:

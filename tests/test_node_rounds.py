@@ -3,6 +3,7 @@
 times, are those of the rounds, not of that slow moment."""
 from __future__ import annotations
 
+import re
 import time
 
 import torch
@@ -45,6 +46,12 @@ def test_node_rounds_time_every_node_and_price_the_problem_with_their_medians():
     medians = rounds.medians()
     slow = [node.name for node in base.traced.gm.graph.nodes if node.op == "call_module" and node.target in leaves]
     assert len(slow) == len(leaves) and all(12.0 <= medians[name][0] < 20.0 for name in slow)
+    totals = rounds.forward_totals()  # (each pass's nodes, the slow ones at 12 ms each)
+    assert len(totals) == 3 and all(total >= 12.0 * len(slow) for total in totals)
+    assert totals == [sum(times[index] for times in rounds.times.values()) for index in range(3)]
+    low, high = min(totals), max(totals)
+    assert rounds.described("time.perf_counter") == (
+        f"time.perf_counter; medians of 3 passes between training steps, whose forwards took {low:.1f}-{high:.1f} ms")
     problem = with_node_times(base.problem, medians)
     for before, after in zip(base.problem.nodes, problem.nodes):
         if after.name in slow:
@@ -76,3 +83,9 @@ def test_a_plans_node_times_come_from_its_step_rounds_not_a_fast_moment_before(m
     slow = [node for node in p.problem.nodes if node.name.startswith("blocks_") and node.name.endswith("_mlp_2")]
     assert len(slow) == len(leaves)
     assert all(12.0 <= node.compute_ms < 20.0 for node in slow), [node.compute_ms for node in slow]
+    # The report says how far the rounds' passes spread, and that they ran on the slow machine.
+    # (3 rounds, and the warm-up each call of the rounds gets)
+    match = re.search(r"medians of 4 passes between training steps, whose forwards took ([0-9.]+)-([0-9.]+) ms", str(p))
+    assert match is not None, str(p)
+    low, high = float(match[1]), float(match[2])
+    assert 12.0 * len(slow) <= low <= high
