@@ -130,7 +130,8 @@ def run_model(spec: Spec, args) -> ModelResult:
     none.note = f"the planner's prediction {mib(base.baseline_peak_bytes)}"
     figures = base.problem
     notes.append(f"planner's cost figures: forward {sum(n.compute_ms for n in figures.nodes):.2f} ms (sum of node "
-                 f"times: {base.profile.timing}); per checkpoint call {figures.region_overhead_ms:.3f} ms, per saved tensor "
+                 f"times: {base.profile.timing}); per checkpoint call {figures.region_overhead_ms:.3f} ms, "
+                 f"per saved tensor "
                  f"{1000 * figures.saved_tensor_ms:.1f} us, per run {figures.run_region_ms:.3f} ms, per counted call "
                  f"{1000 * figures.run_call_ms:.1f} us, per recorded call {1000 * figures.recorded_call_ms:.1f} us, "
                  f"per keeping region {figures.keep_region_ms:.3f} ms, per policy call "

@@ -59,7 +59,7 @@ class NodeRounds:
 
         Example:
             >>> rounds.forward_totals()
-            [212.4, 187.9, 224.1]
+            [212.4, 196.7, 266.3]
         """
         return [sum(times[index] for times in self.times.values() if len(times) == self.passes)
                 for index in range(self.passes)]
@@ -67,11 +67,12 @@ class NodeRounds:
     def described(self, timing: str) -> str:
         """`timing` (how node times were read) with how far the passes' forward times spread:
         the clock's noise that the plan's times (medians over the passes) carry. On this
-        project's shared CPU, passes a few seconds apart summed GPT-2's forward to 187-224 ms.
+        project's shared CPU, one planning's 10 passes summed GPT-2's forward to 196.7-266.3 ms
+        (benchmarks/RESULTS.md, 2026-12-03 04:27).
 
         Example:
             >>> rounds.described("time.perf_counter")
-            'time.perf_counter; medians of 9 passes between training steps, whose forwards took 187.9-224.1 ms'
+            'time.perf_counter; medians of 10 passes between training steps, whose forwards took 196.7-266.3 ms'
         """
         totals = self.forward_totals()
         if len(totals) < 2:
