@@ -5,7 +5,7 @@ rounds, where the whole step runs there: `planner.node_rounds`). On a shared mac
 of one stretch of seconds differs from the next by several percent, so a prediction can miss a
 step time measured minutes later although its cost model is right. `NodeRetimer` times every
 graph node once per round, between the configurations' steps (`planner.node_rounds.NodeRounds`,
-the pass `plan()` makes), and predicts each plan again from the per-node medians: the cost
+the pass `plan()` makes), and predicts each plan again from the per-node means: the cost
 model's error, the machine's drift removed. The cost model's other terms (per checkpoint call,
 per recorded call, ...) stay as `plan()` measured them.
 
@@ -36,10 +36,10 @@ class NodeRetimer:
         self.rounds.measure()
 
     def problem(self):
-        """The plan's problem with node times (and times to the last save) as medians over the rounds."""
+        """The plan's problem with node times (and times to the last save) as means over the rounds."""
         from planner.node_rounds import with_node_times
 
-        return with_node_times(self.base.problem, self.rounds.medians())
+        return with_node_times(self.base.problem, self.rounds.means())
 
     def predict(self, planned) -> float | None:
         """`planned.recompute_ms` with the rounds' node times (None before any round)."""

@@ -6,14 +6,22 @@ all be high or all low together, and every figure later read off the model's ste
 recomputation's cost beyond its nodes' times) then carries that error. (Three plannings of
 TinyGPT in a row summed its forward's node times to 354, 277 and 265 ms.) `NodeRounds` times
 every node once more in each round of those steps, one whole pass of the graph per round, and
-prices the problem with the medians over the rounds (`priced`): node times and step readings
-from the same minute. `benchmarks/retime.py` does the same between the benchmark's steps.
+prices the problem with each node's mean over the rounds: node times and step readings from
+the same minute. `benchmarks/retime.py` does the same between the benchmark's steps.
+
+Means, not medians: a node's times are skewed (most passes fast, a few slowed by whatever else
+the machine runs), and a step, hundreds of nodes long, pays every node's slow passes in
+proportion, so its recomputation costs the sum of its nodes' means. The sum of their medians
+leaves the slow passes out: on Llama's graph, 30 passes summed the nodes' medians to 122.9 ms
+and their means to 130.1 ms (the passes' own totals: median 127.5, mean 130.1), and plans priced
+with medians measured 10-17% over their prediction in 100 rounds (benchmarks/RESULTS.md,
+2026-12-03 09:27).
 
 Example:
     >>> rounds = NodeRounds(traced.gm, inputs, torch.device("cpu"))
     >>> for _ in range(9):
     ...     time_the_steps(); rounds.measure()
-    >>> problem = with_node_times(problem, rounds.medians())
+    >>> problem = with_node_times(problem, rounds.means())
 """
 from __future__ import annotations
 
@@ -66,28 +74,30 @@ class NodeRounds:
 
     def described(self, timing: str) -> str:
         """`timing` (how node times were read) with how far the passes' forward times spread:
-        the clock's noise that the plan's times (medians over the passes) carry. On this
+        the clock's noise that the plan's times (means over the passes) carry. On this
         project's shared CPU, one planning's 10 passes summed GPT-2's forward to 196.7-266.3 ms
         (benchmarks/RESULTS.md, 2026-12-03 04:27).
 
         Example:
             >>> rounds.described("time.perf_counter")
-            'time.perf_counter; medians of 10 passes between training steps, whose forwards took 196.7-266.3 ms'
+            'time.perf_counter; means of 10 passes between training steps, whose forwards took 196.7-266.3 ms'
         """
         totals = self.forward_totals()
         if len(totals) < 2:
             return timing
-        return (f"{timing}; medians of {len(totals)} passes between training steps, whose forwards took "
+        return (f"{timing}; means of {len(totals)} passes between training steps, whose forwards took "
                 f"{min(totals):.1f}-{max(totals):.1f} ms")
 
-    def medians(self) -> NodeTimes:
-        """Each timed node's median forward time and time to its last save over the passes.
+    def means(self) -> NodeTimes:
+        """Each timed node's mean forward time and time to its last save over the passes (means:
+        what a step of many nodes pays for each, its slow passes included; see the module's
+        docstring).
 
         Example:
-            >>> rounds.medians()["linear"]
+            >>> rounds.means()["linear"]
             (0.41, 0.39)
         """
-        return {name: (statistics.median(times), statistics.median(self.stop_times[name])
+        return {name: (statistics.fmean(times), statistics.fmean(self.stop_times[name])
                        if name in self.stop_times else None) for name, times in self.times.items()}
 
 

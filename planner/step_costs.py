@@ -116,7 +116,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     under their selective policies (`keeping_of(pairs)`), each against the unplanned step, in
     `rounds` paired rounds (default `STEP_ROUNDS`). A run's and a keeping region's residuals
     are what they cost beyond a checkpoint call's corrected cost. With `node_rounds`, every
-    node is also timed once per round, and the figures are read beyond those times (medians
+    node is also timed once per round, and the figures are read beyond those times (means
     over the rounds), not the problem's, measured a minute earlier. A set whose rounds cannot tell
     its measurement from its price under the figures held so far is taken at that price
     (`clock.reading_or_price`).
@@ -160,7 +160,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
         calls_in_round[_NODE_PASS] = node_rounds.measure
     with preserved_state(model, [device]):
         times = timed_rounds(device, calls_in_round, rounds, closing="unplanned")
-    node_times = node_rounds.medians() if node_rounds is not None else {}
+    node_times = node_rounds.means() if node_rounds is not None else {}
     problem = with_node_times(problem, node_times)
     measured = {name: paired_difference(times, name, "unplanned") for name in planned}
     intervals = {name: paired_interval(times, name, "unplanned", READING_LEVEL) for name in planned}
