@@ -13,9 +13,9 @@ Means, not medians: a node's times are skewed (most passes fast, a few slowed by
 the machine runs), and a step, hundreds of nodes long, pays every node's slow passes in
 proportion, so its recomputation costs the sum of its nodes' means. The sum of their medians
 leaves the slow passes out: on Llama's graph, 30 passes summed the nodes' medians to 122.9 ms
-and their means to 130.1 ms (the passes' own totals: median 127.5, mean 130.1), and plans priced
-with medians measured 10-17% over their prediction in 100 rounds (benchmarks/RESULTS.md,
-2026-12-03 09:27).
+and their means to 130.1 ms (the passes' own totals: median 127.5, mean 130.1). Two plans,
+priced from the rounds' node medians, measured 9.5% and 17% over that price in 100 rounds
+(benchmarks/RESULTS.md, "Session notes (2026-12-03 09:23-)").
 
 Example:
     >>> rounds = NodeRounds(traced.gm, inputs, torch.device("cpu"))
