@@ -47,7 +47,7 @@ def test_node_rounds_time_every_node_and_price_the_problem_with_their_means():
     slow = [node.name for node in base.traced.gm.graph.nodes if node.op == "call_module" and node.target in leaves]
     # The mean, 24 ms, not the median, 12 ms: the sum of medians leaves the slow pass out.
     assert len(slow) == len(leaves) and all(24.0 <= means[name][0] < 32.0 for name in slow)
-    totals = rounds.forward_totals()  # (each pass's nodes, the slow ones at 12 ms each)
+    totals = rounds.forward_totals()  # (each pass's nodes, the slow ones at 12 ms or more each)
     assert len(totals) == 3 and all(total >= 12.0 * len(slow) for total in totals)
     assert totals == [sum(times[index] for times in rounds.times.values()) for index in range(3)]
     low, high = min(totals), max(totals)
@@ -56,7 +56,7 @@ def test_node_rounds_time_every_node_and_price_the_problem_with_their_means():
     problem = with_node_times(base.problem, means)
     for before, after in zip(base.problem.nodes, problem.nodes):
         if after.name in slow:
-            assert before.compute_ms < 10.0 <= after.compute_ms  # (3 ms as planned, 12 ms in the rounds)
+            assert before.compute_ms < 10.0 <= after.compute_ms  # (3 ms as planned, 12-48 ms in the rounds)
         if after.name in means:
             assert after.compute_ms == means[after.name][0] and after.stop_cost_ms <= after.compute_ms
         else:
