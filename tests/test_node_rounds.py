@@ -4,6 +4,7 @@ times, are those of the rounds, not of that slow moment."""
 from __future__ import annotations
 
 import re
+import statistics
 import time
 
 import torch
@@ -45,8 +46,13 @@ def test_node_rounds_time_every_node_and_price_the_problem_with_their_means():
     assert rounds.passes == 3
     means = rounds.means()
     slow = [node.name for node in base.traced.gm.graph.nodes if node.op == "call_module" and node.target in leaves]
-    # The mean, 24 ms, not the median, 12 ms: the sum of medians leaves the slow pass out.
-    assert len(slow) == len(leaves) and all(24.0 <= means[name][0] < 32.0 for name in slow)
+    # The mean, 24 ms or more, not the median, 12 ms: the sum of medians leaves the slow pass out.
+    # (Each pass's own time, not the sleep alone: a busy machine oversleeps, so no upper bound.)
+    assert len(slow) == len(leaves)
+    for name in slow:
+        times = rounds.times[name]
+        assert means[name][0] == statistics.fmean(times) >= 24.0, times
+        assert means[name][0] > statistics.median(times), times
     totals = rounds.forward_totals()  # (each pass's nodes, the slow ones at 12 ms or more each)
     assert len(totals) == 3 and all(total >= 12.0 * len(slow) for total in totals)
     assert totals == [sum(times[index] for times in rounds.times.values()) for index in range(3)]
