@@ -77,6 +77,9 @@ def main() -> None:
         sys.exit(f"the plan at {args.fraction:.0%} has {len(whole.solution.regions)} region(s): nothing to split")
     plans = {"whole": whole, "part A": base.with_regions(first, kept=first_kept),
              "part B": base.with_regions(second, kept=second_kept)}
+    parts = [*plans["part A"].solution.regions, *plans["part B"].solution.regions]
+    if sorted(parts, key=lambda r: r.start) != sorted(whole.solution.regions, key=lambda r: r.start):
+        sys.exit("the two parts' regions, named again, are not the plan's: the interaction would mean nothing")
     print(f"{args.model} at {args.fraction:.0%}: {len(whole.solution.regions)} regions, split as {how} "
           f"({len(first)} / {len(second)})")
     for name, planned in plans.items():
