@@ -271,15 +271,13 @@ def _figures(times: dict[str, list[float]], per_region_ms: float, calls_per_step
     return SelectiveCost(per_call, per_kept, per_counted, per_recorded, checkpoint_ms, intervals)
 
 
-def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,
-                             device: torch.device, kept: KeptCalls | None = None, replayed_share: float = 1.0,
-                             undecided: Callable[[SelectiveCost], bool] | None = None, max_rounds: int = FINE_ROUNDS
-                             ) -> SelectiveCost:
-    """`selective_costs_on` for the submodule `path` of `model`, called as one forward
-    (`run_model()`) calls it. The caller restores the model's state (buffers, RNG).
+def captured_call(model: nn.Module, path: str, run_model: Callable[[], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of the first call of `model`'s submodule `path` in one forward
+    (`run_model()`, under no_grad), each floating-point tensor made a leaf that needs grad,
+    like an intermediate activation.
 
     Example:
-        >>> selective_costs_in_model(model, "blocks.0", lambda: model(x), 0.07, torch.device("cpu"))
+        >>> args, kwargs = captured_call(model, "blocks.0", lambda: model(x))
     """
     module = model.get_submodule(path)
     captured: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
@@ -297,13 +295,28 @@ def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[]
     if not captured:
         raise RuntimeError(f"{path!r} was not called by the model's forward")
 
-    def activation(value: Any) -> Any:  # like an intermediate activation: a leaf that needs grad
+    def activation(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             return value.detach().requires_grad_(True)
         return value
 
     args, kwargs = captured[0]
-    return selective_costs_on(module, tuple(activation(a) for a in args), kwargs, per_region_ms, device, kept,
+    return tuple(activation(a) for a in args), kwargs
+
+
+def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,
+                             device: torch.device, kept: KeptCalls | None = None, replayed_share: float = 1.0,
+                             undecided: Callable[[SelectiveCost], bool] | None = None, max_rounds: int = FINE_ROUNDS
+                             ) -> SelectiveCost:
+    """`selective_costs_on` for the submodule `path` of `model`, called as one forward
+    (`run_model()`) calls it. The caller restores the model's state (buffers, RNG).
+
+    Example:
+        >>> selective_costs_in_model(model, "blocks.0", lambda: model(x), 0.07, torch.device("cpu"))
+    """
+    module = model.get_submodule(path)
+    args, kwargs = captured_call(model, path, run_model)
+    return selective_costs_on(module, args, kwargs, per_region_ms, device, kept,
                               replayed_share, undecided, max_rounds)
 
 
@@ -384,5 +397,5 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     return MeasuredCosts(per_region, per_call, per_kept, per_counted, per_recorded, per_saved_tensor)
 
 
-__all__ = ["MAX_BLOCK_ROUNDS", "KeptCalls", "MeasuredCosts", "SelectiveCost", "recomputed_share",
+__all__ = ["MAX_BLOCK_ROUNDS", "KeptCalls", "captured_call", "MeasuredCosts", "SelectiveCost", "recomputed_share",
            "selective_costs_in_model", "selective_costs_on", "selective_overhead_for_plan"]

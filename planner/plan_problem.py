@@ -11,6 +11,7 @@ from torch import nn
 
 from planner.apply import ModuleCheckpoint
 from planner.block_costs import selective_overhead_for_plan
+from planner.call_costs import small_call_cost
 from planner.eager_check import keep_free_beyond_graph
 from planner.graph import build_problem, module_calls, module_checkpoint, run_checkpoints, saved_calls
 from planner.measure import PlanDevice, measure_model
@@ -78,6 +79,10 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, budget_byt
         lambda region, kept: saved_calls(traced.gm, region, kept))
     problem = replace(problem, **asdict(costs))
     if summary.measurement == "whole step" and where.local and not on_meta:  # (the step fits here)
+        say("timing checkpoint calls of the model's smallest repeated submodule, alone and in its forward")
+        with preserved_state(model, [where.device]):
+            problem = replace(problem, region_overhead_ms=small_call_cost(
+                model, problem, wrapped, where.device, lambda module: module(*args, **kwargs)))
         say("timing checkpoint calls and runs in training steps, and the nodes again in the same rounds")
         node_rounds = NodeRounds(traced.gm, inputs, where.device)
         residuals = step_residuals(

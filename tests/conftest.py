@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from planner import block_costs, plan, step_costs
+from planner import block_costs, call_costs, plan, step_costs
 from planner.examples import SmallCNN, TinyGPT, cnn, mlp
 
 # Under pytest-xdist (`.ci/run`: one worker per core) each worker keeps to one core, so two
@@ -23,7 +23,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # (Session-wide, so that module-scoped plans get it too; subprocesses plan with the full counts.)
 TEST_TIMING_ROUNDS = 3
 PLANNING_ROUNDS = {step_costs: ("STEP_ROUNDS", step_costs.STEP_ROUNDS),
-                   block_costs: ("FINE_ROUNDS", block_costs.FINE_ROUNDS)}
+                   block_costs: ("FINE_ROUNDS", block_costs.FINE_ROUNDS),
+                   call_costs: ("CALL_ROUNDS", call_costs.CALL_ROUNDS)}
 
 
 # torch.compile's graph as inductor takes it (its decompositions, and the min-cut partitioner

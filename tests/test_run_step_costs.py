@@ -308,10 +308,12 @@ def test_plan_prices_calls_and_runs_with_the_residuals_measured_in_the_step(monk
     monkeypatch.setattr(planner.plan_problem, "checkpoint_overhead_ms", lambda device: (0.25, 0.01))  # tiny modules'
     measured = MeasuredCosts(0.25, 0.001, 0.01, 0.001, 0.002, 0.01)
     monkeypatch.setattr(planner.plan_problem, "selective_overhead_for_plan", lambda *args: measured)
+    # a call as read on the model's own small submodules (`planner.call_costs`), before the step's residuals
+    monkeypatch.setattr(planner.plan_problem, "small_call_cost", lambda model, problem, *args: problem.region_overhead_ms + 0.25)
     monkeypatch.setattr(planner.plan_problem, "step_residuals", lambda *args, **kwargs: StepResiduals(0.5, 0.125, 4, 4, 1.5, 2))
     p = plan(model, tokens, budget_gb=80, repeats=1)
     assert p.problem.run_spans and p.problem.run_region_ms == 0.125
-    assert p.problem.region_overhead_ms == 0.75
+    assert p.problem.region_overhead_ms == 1.0
     assert p.problem.keep_region_ms == 1.75
     monkeypatch.setattr(planner.plan_problem, "step_residuals", lambda *args, **kwargs: StepResiduals(0.5, 0.125, 4, 4, -0.5, 2))
     assert plan(model, tokens, budget_gb=80, repeats=1).problem.keep_region_ms == 0.0  # never below 0

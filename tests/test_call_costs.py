@@ -1,0 +1,67 @@
+"""What a checkpoint call costs on the model's own smallest repeated submodule, alone and in the
+model's forward (`planner.call_costs`): read beyond the recomputation the problem prices, and
+never below the figure held so far."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from planner import call_costs, plan
+from planner.memory import preserved_state
+from planner.step_regions import small_calls
+
+
+class Wavy(nn.Module):
+    """A repeated submodule whose recomputation is one large matmul: much work, few saved tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(512, 512) / 23)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x @ self.weight)
+
+
+class Waves(nn.Module):
+    """Matmuls (no submodules) between calls of `Wavy`: its calls are the one repeated class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(nn.Parameter(torch.randn(512, 512) / 23) for _ in range(4))
+        self.waves = nn.ModuleList(Wavy() for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for weight, wave in zip(self.weights, self.waves):
+            x = wave(x @ weight)
+        return x
+
+
+def test_a_small_calls_cost_is_read_beyond_its_recomputation_and_not_below_the_figure(monkeypatch):
+    # Each call recomputes a large matmul: a reading that did not take the problem's recomputation off
+    # would put about that on each checkpoint call.
+    monkeypatch.setattr(call_costs, "CALL_ROUNDS", 6)  # (no interval at 6: the reading is taken)
+    torch.manual_seed(0)
+    model, x = Waves(), torch.randn(1024, 512)
+    p = plan(model, x, budget_gb=80, repeats=1)
+    calls = small_calls(p.problem, p.wrapped)
+    assert [p.wrapped[region].module for region in calls] == [f"waves.{i}" for i in range(4)]
+    recompute_ms = p.problem.region_recompute_ms(calls[0])
+    unpriced = replace(p.problem, region_overhead_ms=0.0, saved_tensor_ms=0.0, run_region_ms=0.0)
+    with preserved_state(model, [torch.device("cpu")]):
+        per_call = call_costs.small_call_cost(model, unpriced, p.wrapped, torch.device("cpu"), lambda m: m(x))
+    assert 0.0 <= per_call < recompute_ms
+    priced = replace(p.problem, region_overhead_ms=recompute_ms)  # a figure above anything read
+    with preserved_state(model, [torch.device("cpu")]):
+        assert call_costs.small_call_cost(model, priced, p.wrapped, torch.device("cpu"), lambda m: m(x)) == recompute_ms
+
+
+def test_a_model_without_repeated_submodules_keeps_the_figure():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+    p = plan(model, torch.randn(4, 8), budget_gb=80, repeats=1)
+    problem = replace(p.problem, region_overhead_ms=0.123)
+    assert not small_calls(problem, p.wrapped)
+    assert call_costs.small_call_cost(model, problem, p.wrapped, torch.device("cpu"), lambda m: m(torch.randn(4, 8))) \
+        == pytest.approx(0.123)
