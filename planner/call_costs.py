@@ -18,8 +18,8 @@ checkpointed and not. Their sum, per call, is what such a call costs the step be
 recomputation; less its saved tensors at the problem's figure, it is the cost per call, where
 the rounds tell it from the figure held so far (`clock.reading_or_price`). Forwards alone are
 a third of a step and far less noisy than the model's whole steps (`planner.step_costs`, whose
-readings of the same calls span +-40 ms in 9 rounds): the read above took an interval of
-+-0.15 ms a call.
+readings of the same calls span +-40 ms in 9 rounds): the 13 norms above read +-0.15 ms a
+call at 95% in 100 rounds. Six SiLU calls at the planner's 99.5% are wider (below).
 
 Example:
     >>> per_call = small_call_cost(model, problem, wrapped, torch.device("cpu"), lambda m: m(x))
@@ -44,8 +44,8 @@ from solvers import Problem
 logger = logging.getLogger(__name__)
 
 # Rounds of the model's forwards and the calls alone, and half as many more at a time while the
-# reading cannot be told from its price: on Llama, 60 rounds of 6 SiLU calls read 0.57-0.81 ms a
-# call in three plannings, each with a 99.5% interval about +-0.7 ms wide, against 0.34 priced.
+# reading cannot be told from its price: on Llama, 60 rounds of 6 SiLU calls read 0.04-0.81 ms a
+# call in four plannings, each with a 99.5% interval +-0.7 ms wide or more, against 0.34 priced.
 CALL_ROUNDS = 40
 MAX_CALL_ROUNDS = 120
 

@@ -19,7 +19,8 @@ own step pays beyond that, `planner.step_costs` measures there.
 A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that sees
 every ATen call of its forward and of its recomputation. `selective_overhead_ms` measures what
 that adds, per region and per call, from tiny modules of two lengths. Where the model runs
-here, `planner.block_costs` measures these costs again on one of the model's own blocks.
+here, `planner.block_costs` measures these costs again on one of the model's own blocks, and
+`planner.call_costs` a call's cost on its smallest repeated submodule.
 
 Example:
     >>> checkpoint_overhead_ms(torch.device("cpu"))    # per call, per saved tensor

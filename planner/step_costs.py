@@ -2,8 +2,8 @@
 model's own training step, beyond the figures that price their parts (`Problem.region_overhead_ms`,
 `Problem.saved_tensor_ms`, `Problem.run_region_ms`, `Problem.recorded_call_ms`).
 
-The other figures (nodes' forward times; checkpoint's cost per call, on tiny modules, and per
-saved tensor, on a block; a run's recording per ATen call, on a block) are measured with warm
+The other figures (nodes' forward times; checkpoint's cost per call, on tiny modules and on the
+model's smallest repeated submodule, `planner.call_costs`, and per saved tensor, on a block; a run's recording per ATen call, on a block) are measured with warm
 caches. Inside a step each region costs more: its recomputation in backward reads inputs long
 out of cache, and what it drops is freed and allocated again. On Llama, checkpointing each
 RMSNorm cost 0.61-0.64 ms per call more than those figures predict; on ViT, the block-level
