@@ -65,3 +65,18 @@ def test_a_model_without_repeated_submodules_keeps_the_figure():
     assert not small_calls(problem, p.wrapped)
     assert call_costs.small_call_cost(model, problem, p.wrapped, torch.device("cpu"), lambda m: m(torch.randn(4, 8))) \
         == pytest.approx(0.123)
+
+
+def test_calls_that_cannot_be_read_leave_the_figure_with_a_warning(monkeypatch, caplog):
+    torch.manual_seed(0)
+    model, x = Waves(), torch.randn(64, 512)
+    p = plan(model, x, budget_gb=80, repeats=1)
+
+    def not_called(*args):
+        raise RuntimeError("'waves.0' was not called by the model's forward")
+
+    monkeypatch.setattr(call_costs, "captured_call", not_called)
+    problem = replace(p.problem, region_overhead_ms=0.25)
+    with caplog.at_level("WARNING", logger="planner.call_costs"):
+        assert call_costs.small_call_cost(model, problem, p.wrapped, torch.device("cpu"), lambda m: m(x)) == 0.25
+    assert "could not be read on waves.0" in caplog.text
