@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import time
 from typing import Any, Callable
 
 import torch
@@ -50,6 +51,11 @@ logger = logging.getLogger(__name__)
 # to +1.21, against 0.20), which took a minute of its planning's 137 s.
 CALL_ROUNDS = 40
 MAX_CALL_ROUNDS = 80
+MAX_READ_S = 45.0  # no more rounds once the read has taken this long (BERT's 120 rounds: a minute)
+# Calls that recompute more than this many times the figure so far are not read: the noise of
+# their recomputation swamps a call's cost, and their steps alone take long (a CNN whose least
+# recomputing repeated submodule is a residual stage: 80 rounds, over three minutes of planning).
+RECOMPUTE_LIMIT = 10.0
 
 
 def small_call_cost(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
@@ -58,7 +64,8 @@ def small_call_cost(model: nn.Module, problem: Problem, wrapped: dict[range, Mod
     the model's repeated submodule that recomputes least, alone and in the model's forward
     (`forward_of(module)`, with gradients on), beyond their recomputation (the problem's node
     times) and their saved tensors (`Problem.saved_tensor_ms`); the problem's figure where the
-    rounds cannot tell the two apart, or where the model has no such calls. The caller
+    rounds cannot tell the two apart, where the model has no such calls, or where each
+    recomputes more than `RECOMPUTE_LIMIT` times that figure. The caller
     restores the model's state (buffers, RNG).
 
     Example:
@@ -67,6 +74,12 @@ def small_call_cost(model: nn.Module, problem: Problem, wrapped: dict[range, Mod
     """
     calls = small_calls(problem, wrapped)
     if not calls:
+        return problem.region_overhead_ms
+    recompute_ms = statistics.median(map(problem.region_recompute_ms, calls))
+    if recompute_ms > RECOMPUTE_LIMIT * problem.region_overhead_ms:
+        logger.info("checkpoint's cost per call not read on %s: each call recomputes %.2f ms, over %g times the "
+                    "figure so far (%.3f ms)", wrapped[calls[0]].module, recompute_ms, RECOMPUTE_LIMIT,
+                    problem.region_overhead_ms)
         return problem.region_overhead_ms
     try:
         return _read_on_calls(model, problem, wrapped, calls, device, forward_of)
@@ -120,8 +133,10 @@ def _read_on_calls(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
             times["forwards checkpointed"], times["forwards"])]
 
     price_ms = problem.region_overhead_ms + problem.saved_tensor_ms * saved / count
+    started = time.perf_counter()
     times = timed_rounds(device, steps, CALL_ROUNDS, kernels_only=True)
-    while holds(median_interval(per_round(times), READING_LEVEL), price_ms) and len(times["model"]) < MAX_CALL_ROUNDS:
+    while (holds(median_interval(per_round(times), READING_LEVEL), price_ms) and len(times["model"]) < MAX_CALL_ROUNDS
+           and time.perf_counter() - started < MAX_READ_S):
         for name, more in timed_rounds(device, steps, CALL_ROUNDS // 2, kernels_only=True).items():
             times[name].extend(more)
     values = per_round(times)
@@ -129,6 +144,7 @@ def _read_on_calls(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                                f"checkpoint of {count} calls like {spec.module} alone and in the model's forward, "
                                "beyond their recomputation, per call")
     per_call = max(problem.region_overhead_ms, cost_ms - problem.saved_tensor_ms * saved / count)
+
     def each(slower: str, faster: str) -> float:  # the median paired difference, per call
         return statistics.median(a - b for a, b in zip(times[slower], times[faster])) / count
 
@@ -141,4 +157,4 @@ def _read_on_calls(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     return per_call
 
 
-__all__ = ["CALL_ROUNDS", "MAX_CALL_ROUNDS", "small_call_cost"]
+__all__ = ["CALL_ROUNDS", "MAX_CALL_ROUNDS", "MAX_READ_S", "RECOMPUTE_LIMIT", "small_call_cost"]

@@ -49,10 +49,11 @@ def test_a_small_calls_cost_is_read_beyond_its_recomputation_and_not_below_the_f
     calls = small_calls(p.problem, p.wrapped)
     assert [p.wrapped[region].module for region in calls] == [f"waves.{i}" for i in range(4)]
     recompute_ms = p.problem.region_recompute_ms(calls[0])
-    unpriced = replace(p.problem, region_overhead_ms=0.0, saved_tensor_ms=0.0, run_region_ms=0.0)
+    # (a figure low enough to read over, high enough that the calls' recomputation is read at all)
+    low = replace(p.problem, region_overhead_ms=recompute_ms / 8, saved_tensor_ms=0.0, run_region_ms=0.0)
     with preserved_state(model, [torch.device("cpu")]):
-        per_call = call_costs.small_call_cost(model, unpriced, p.wrapped, torch.device("cpu"), lambda m: m(x))
-    assert 0.0 <= per_call < recompute_ms
+        per_call = call_costs.small_call_cost(model, low, p.wrapped, torch.device("cpu"), lambda m: m(x))
+    assert recompute_ms / 8 <= per_call < recompute_ms
     priced = replace(p.problem, region_overhead_ms=recompute_ms)  # a figure above anything read
     with preserved_state(model, [torch.device("cpu")]):
         assert call_costs.small_call_cost(model, priced, p.wrapped, torch.device("cpu"), lambda m: m(x)) == recompute_ms
@@ -80,3 +81,16 @@ def test_calls_that_cannot_be_read_leave_the_figure_with_a_warning(monkeypatch, 
     with caplog.at_level("WARNING", logger="planner.call_costs"):
         assert call_costs.small_call_cost(model, problem, p.wrapped, torch.device("cpu"), lambda m: m(x)) == 0.25
     assert "could not be read on waves.0" in caplog.text
+
+
+def test_calls_that_recompute_far_more_than_a_call_costs_are_not_read(monkeypatch, caplog):
+    torch.manual_seed(0)
+    model, x = Waves(), torch.randn(64, 512)
+    p = plan(model, x, budget_gb=80, repeats=1)
+    problem = replace(p.problem, region_overhead_ms=p.problem.region_recompute_ms(small_calls(p.problem, p.wrapped)[0])
+                      / (2 * call_costs.RECOMPUTE_LIMIT), run_region_ms=0.0)
+    monkeypatch.setattr(call_costs, "timed_rounds", None)  # (timing anything would fail)
+    with caplog.at_level("INFO", logger="planner.call_costs"):
+        assert call_costs.small_call_cost(model, problem, p.wrapped, torch.device("cpu"), lambda m: m(x)) \
+            == problem.region_overhead_ms
+    assert "not read on waves.0" in caplog.text
