@@ -40,23 +40,37 @@ class Waves(nn.Module):
 
 
 def test_a_small_calls_cost_is_read_beyond_its_recomputation_and_not_below_the_figure(monkeypatch):
-    # Each call recomputes a large matmul: a reading that did not take the problem's recomputation off
-    # would put about that on each checkpoint call.
-    monkeypatch.setattr(call_costs, "CALL_ROUNDS", 6)  # (no interval at 6: the reading is taken)
+    # Each round's steps run for real once; their times are set, so that the reading's arithmetic
+    # is checked exactly (timings on a shared CPU are not): alone, the calls cost their
+    # recomputation and 0.5 ms each more checkpointed; in the model's forward 0.7 ms each more,
+    # and their forwards alone 0.2 ms each more. A call beyond its recomputation: 0.5 + 0.7 - 0.2.
     torch.manual_seed(0)
-    model, x = Waves(), torch.randn(1024, 512)
+    model, x = Waves(), torch.randn(256, 512)
     p = plan(model, x, budget_gb=80, repeats=1)
     calls = small_calls(p.problem, p.wrapped)
     assert [p.wrapped[region].module for region in calls] == [f"waves.{i}" for i in range(4)]
-    recompute_ms = p.problem.region_recompute_ms(calls[0])
-    # (a figure low enough to read over, high enough that the calls' recomputation is read at all)
-    low = replace(p.problem, region_overhead_ms=recompute_ms / 8, saved_tensor_ms=0.0, run_region_ms=0.0)
+    recompute_ms = sum(map(p.problem.region_recompute_ms, calls))
+    ran: list[str] = []
+
+    def set_rounds(device, steps, rounds, kernels_only=False, closing=None):
+        for name, run in steps.items():
+            run()
+            ran.append(name)
+        more = {"alone checkpointed": recompute_ms + 4 * 0.5, "model checkpointed": 4 * 0.7,
+                "forwards checkpointed": 4 * 0.2}
+        return {name: [100.0 + more.get(name, 0.0)] * rounds for name in steps}
+
+    monkeypatch.setattr(call_costs, "timed_rounds", set_rounds)
+    saved = sum(p.problem.nodes[i].saved_tensors for i in calls[0])
+    low = replace(p.problem, region_overhead_ms=0.1, saved_tensor_ms=0.01, run_region_ms=0.0)
     with preserved_state(model, [torch.device("cpu")]):
         per_call = call_costs.small_call_cost(model, low, p.wrapped, torch.device("cpu"), lambda m: m(x))
-    assert recompute_ms / 8 <= per_call < recompute_ms
-    priced = replace(p.problem, region_overhead_ms=recompute_ms)  # a figure above anything read
+    assert per_call == pytest.approx(1.0 - 0.01 * saved)
+    assert set(ran) == {"model", "model checkpointed", "alone", "alone checkpointed", "forwards",
+                        "forwards checkpointed"}
+    high = replace(low, region_overhead_ms=1.5)  # never below the figure so far
     with preserved_state(model, [torch.device("cpu")]):
-        assert call_costs.small_call_cost(model, priced, p.wrapped, torch.device("cpu"), lambda m: m(x)) == recompute_ms
+        assert call_costs.small_call_cost(model, high, p.wrapped, torch.device("cpu"), lambda m: m(x)) == 1.5
 
 
 def test_a_model_without_repeated_submodules_keeps_the_figure():
