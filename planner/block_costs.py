@@ -28,11 +28,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.apply import ModuleCheckpoint
+from planner.captured_calls import backward_from, captured_call, clear_grads, fresh_inputs
 from planner.clock import READING_LEVEL, holds, median_interval, reading_or_price, timed_rounds
 from planner.keep_policy import keep_contexts
 from planner.memory import preserved_state
 from planner.overhead import FINE_ROUNDS, forward_calls, selective_contexts, selective_overhead_ms
-from planner.profile import tensors_in
 from planner.run_checkpoint import counted_call
 from planner.run_recording import RunRecorder
 from solvers import Problem
@@ -124,19 +124,6 @@ def recomputed_share(problem: Problem, region: range) -> float:
     return problem.region_recompute_ms(region) / forward_ms if forward_ms > 0 else 1.0
 
 
-def _backward(module: nn.Module, output: Any) -> None:
-    """Backward from `output` (a sum of its tensors that need grad); `module`'s gradients reset."""
-    loss = sum(t.float().sum() for t in tensors_in(output) if t.requires_grad)
-    if isinstance(loss, torch.Tensor):
-        loss.backward()
-    _clear_grads(module)
-
-
-def _clear_grads(module: nn.Module) -> None:
-    for parameter in module.parameters():
-        parameter.grad = None
-
-
 def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], per_region_ms: float,
                        device: torch.device, kept: KeptCalls | None = None, replayed_share: float = 1.0,
                        undecided: Callable[[SelectiveCost], bool] | None = None, max_rounds: int = FINE_ROUNDS
@@ -171,16 +158,13 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     calls_per_step = 2 * len(forward_names)
     names = [name for name in forward_names if counted_call(name)]  # as a RunRecorder counts them
 
-    def fresh_inputs() -> tuple[Any, ...]:  # new non-leaf inputs: the forward may write them in place
-        return tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
-
     def step(context_fn: Callable[[], Any] | None) -> Callable[[], None]:
         options: dict[str, Any] = {"use_reentrant": False}
         if context_fn is not None:
             options["context_fn"] = context_fn
 
         def run() -> None:
-            _backward(module, checkpoint(module, *fresh_inputs(), **options, **kwargs))
+            backward_from(module, checkpoint(module, *fresh_inputs(args), **options, **kwargs))
         return run
 
     def bare(mode: Callable[[], Any] | None) -> Callable[[], None]:
@@ -189,7 +173,7 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         # the least noise.
         def run() -> None:
             for _ in range(_FORWARDS):
-                inputs = fresh_inputs()  # (outside the mode: it would count the copies)
+                inputs = fresh_inputs(args)  # (outside the mode: it would count the copies)
                 with mode() if mode is not None else contextlib.nullcontext():
                     module(*inputs, **kwargs)
         return run
@@ -198,17 +182,17 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         # A step whose forward counts calls and records `runs`; its backward replays them (with
         # the run's inputs long out of cache, as in a training step).
         def run() -> None:
-            inputs = fresh_inputs()
+            inputs = fresh_inputs(args)
             recorder = RunRecorder(names, runs)
             with recorder:
                 output = module(*inputs, **kwargs)
             if recorder.mismatch is not None:
                 raise RuntimeError(f"its forward differs from its counted calls: {recorder.mismatch}")
-            _backward(module, output)
+            backward_from(module, output)
         return run
 
     def unchecked() -> None:
-        _backward(module, module(*fresh_inputs(), **kwargs))
+        backward_from(module, module(*fresh_inputs(args), **kwargs))
 
     steps = {"unchecked": unchecked, "plain": step(None), "selective": step(selective_contexts), "bare": bare(None),
              "counted": bare(lambda: RunRecorder(names, ())), "policy forwards": bare(lambda: selective_contexts()[0])}
@@ -216,7 +200,7 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         recording(((0, len(names)),))()
         steps.update({"counted step": recording(()), "recorded step": recording(((0, len(names)),))})
     except RuntimeError as error:
-        _clear_grads(module)
+        clear_grads(module)
         logger.info("recording runs could not be measured on the whole %s (%s)", type(module).__name__, error)
     if kept is not None and kept.nodes:
         steps["keeping"] = step(functools.partial(keep_contexts, kept.calls))
@@ -269,39 +253,6 @@ def _figures(times: dict[str, list[float]], per_region_ms: float, calls_per_step
     if "keeping" in times and kept is not None:
         per_kept = max(0.0, read("per_kept_ms", ("keeping", "selective", -kept.skipped_ms, len(kept.nodes))))
     return SelectiveCost(per_call, per_kept, per_counted, per_recorded, checkpoint_ms, intervals)
-
-
-def captured_call(model: nn.Module, path: str, run_model: Callable[[], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The arguments of the first call of `model`'s submodule `path` in one forward
-    (`run_model()`, under no_grad), each floating-point tensor made a leaf that needs grad,
-    like an intermediate activation.
-
-    Example:
-        >>> args, kwargs = captured_call(model, "blocks.0", lambda: model(x))
-    """
-    module = model.get_submodule(path)
-    captured: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-    def capture(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not captured:
-            captured.append((args, dict(kwargs)))
-
-    handle = module.register_forward_pre_hook(capture, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            run_model()
-    finally:
-        handle.remove()
-    if not captured:
-        raise RuntimeError(f"{path!r} was not called by the model's forward")
-
-    def activation(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value.detach().requires_grad_(True)
-        return value
-
-    args, kwargs = captured[0]
-    return tuple(activation(a) for a in args), kwargs
 
 
 def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[], Any], per_region_ms: float,
@@ -397,5 +348,5 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     return MeasuredCosts(per_region, per_call, per_kept, per_counted, per_recorded, per_saved_tensor)
 
 
-__all__ = ["MAX_BLOCK_ROUNDS", "KeptCalls", "captured_call", "MeasuredCosts", "SelectiveCost", "recomputed_share",
+__all__ = ["MAX_BLOCK_ROUNDS", "KeptCalls", "MeasuredCosts", "SelectiveCost", "recomputed_share",
            "selective_costs_in_model", "selective_costs_on", "selective_overhead_for_plan"]

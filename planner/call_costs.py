@@ -36,9 +36,8 @@ import torch
 from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, shallow_clone
-from planner.block_costs import captured_call
+from planner.captured_calls import backward_from, captured_call, fresh_inputs
 from planner.clock import READING_LEVEL, holds, median_interval, reading_or_price, timed_rounds
-from planner.profile import tensors_in
 from planner.step_regions import small_calls
 from solvers import Problem
 
@@ -101,23 +100,15 @@ def _read_on_calls(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     checkpointed = apply_plan(shallow_clone(model), [spec]).get_submodule(spec.module)
     count = len(calls)
 
-    def fresh_inputs() -> tuple[Any, ...]:  # new non-leaf inputs: the forward may write them in place
-        return tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
-
     def step(module: nn.Module) -> Callable[[], None]:  # every call, then backward through all
         def run() -> None:
-            outputs = [module(*fresh_inputs(), **kwargs) for _ in range(count)]
-            loss = sum(t.float().sum() for output in outputs for t in tensors_in(output) if t.requires_grad)
-            if isinstance(loss, torch.Tensor):
-                loss.backward()
-            for parameter in model.parameters():
-                parameter.grad = None
+            backward_from(module, [module(*fresh_inputs(args), **kwargs) for _ in range(count)])
         return run
 
     def forwards(module: nn.Module) -> Callable[[], None]:
         def run() -> None:
             for _ in range(count):
-                module(*fresh_inputs(), **kwargs)
+                module(*fresh_inputs(args), **kwargs)
         return run
 
     steps = {"model": lambda: forward_of(model), "model checkpointed": lambda: forward_of(planned),
