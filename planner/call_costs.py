@@ -50,7 +50,9 @@ logger = logging.getLogger(__name__)
 # to +1.21, against 0.20), which took a minute of its planning's 137 s.
 CALL_ROUNDS = 40
 MAX_CALL_ROUNDS = 80
-MAX_READ_S = 45.0  # no more rounds once the read has taken this long (BERT's 120 rounds: a minute)
+# The read's time, its next rounds included (at the pace of those so far): BERT's 120 rounds took
+# a minute. Checked only after each batch, GPT-2's read ran 60 rounds in 60 s of a 125 s planning.
+MAX_READ_S = 45.0
 # Calls that recompute more than this many times the figure so far are not read: the noise of
 # their recomputation swamps a call's cost, and their steps alone take long (a CNN whose least
 # recomputing repeated submodule is a residual stage: 80 rounds, over three minutes of planning).
@@ -124,10 +126,10 @@ def _read_on_calls(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
             times["forwards checkpointed"], times["forwards"])]
 
     price_ms = problem.region_overhead_ms + problem.saved_tensor_ms * saved / count
-    started = time.perf_counter()
+    started = _now()
     times = timed_rounds(device, steps, CALL_ROUNDS, kernels_only=True)
     while (holds(median_interval(per_round(times), READING_LEVEL), price_ms) and len(times["model"]) < MAX_CALL_ROUNDS
-           and time.perf_counter() - started < MAX_READ_S):
+           and _fits(_now() - started, len(times["model"]), CALL_ROUNDS // 2)):
         for name, more in timed_rounds(device, steps, CALL_ROUNDS // 2, kernels_only=True).items():
             times[name].extend(more)
     values = per_round(times)
@@ -147,5 +149,13 @@ def _read_on_calls(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                 statistics.median(values), per_call, problem.region_overhead_ms)
     return per_call
 
+
+def _fits(elapsed_s: float, rounds: int, more: int) -> bool:
+    """Whether `more` rounds, at the pace of the `rounds` that took `elapsed_s`, end within
+    `MAX_READ_S`."""
+    return elapsed_s * (rounds + more) / rounds <= MAX_READ_S
+
+
+_now = time.perf_counter  # (a test sets the clock)
 
 __all__ = ["CALL_ROUNDS", "MAX_CALL_ROUNDS", "MAX_READ_S", "RECOMPUTE_LIMIT", "small_call_cost"]

@@ -110,3 +110,37 @@ def test_calls_that_recompute_far_more_than_a_call_costs_are_not_read(monkeypatc
         assert call_costs.small_call_cost(model, problem, p.wrapped, torch.device("cpu"), lambda m: m(x)) \
             == problem.region_overhead_ms
     assert "not read on waves.0" in caplog.text
+
+
+@pytest.mark.parametrize("seconds_per_round, batches", [(35 / 40, 1), (20 / 40, 3)])
+def test_an_undecided_read_adds_rounds_only_while_they_end_within_its_time(monkeypatch, seconds_per_round, batches):
+    # The rounds read the price, give or take 1 ms a call: the read stays undecided. The clock
+    # moves as the rounds run. 40 rounds in 35 s: 20 more would end at 52.5 s, past MAX_READ_S
+    # (45): none are run. 40 in 20 s: 20 more end at 30 s, 20 more at 40 s, then MAX_CALL_ROUNDS.
+    torch.manual_seed(0)
+    model, x = Waves(), torch.randn(64, 512)
+    p = plan(model, x, budget_gb=80, repeats=1)
+    calls = small_calls(p.problem, p.wrapped)
+    problem = replace(p.problem, region_overhead_ms=0.1, saved_tensor_ms=0.0, run_region_ms=0.0)
+    recompute_ms = sum(map(problem.region_recompute_ms, calls))
+    clock = [0.0]
+    batches_run: list[int] = []
+
+    def set_rounds(device, steps, rounds, kernels_only=False, closing=None):
+        clock[0] += rounds * seconds_per_round
+        batches_run.append(rounds)
+        times = {name: [100.0] * rounds for name in steps}
+        times["alone checkpointed"] = [100.0 + recompute_ms + len(calls) * (0.1 + (-1) ** i) for i in range(rounds)]
+        return times
+
+    monkeypatch.setattr(call_costs, "timed_rounds", set_rounds)
+    monkeypatch.setattr(call_costs, "_now", lambda: clock[0])
+    for name, value in (("CALL_ROUNDS", 40), ("MAX_CALL_ROUNDS", 80), ("MAX_READ_S", 45.0)):  # (conftest sets fewer)
+        monkeypatch.setattr(call_costs, name, value)
+    monkeypatch.setattr(call_costs, "RECOMPUTE_LIMIT", float("inf"))
+    with preserved_state(model, [torch.device("cpu")]):
+        assert call_costs.small_call_cost(model, problem, p.wrapped, torch.device("cpu"), lambda m: m(x)) \
+            == pytest.approx(0.1)
+    assert len(batches_run) == batches
+    assert clock[0] <= call_costs.MAX_READ_S
+    assert sum(batches_run) <= call_costs.MAX_CALL_ROUNDS
