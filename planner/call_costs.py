@@ -51,7 +51,8 @@ logger = logging.getLogger(__name__)
 CALL_ROUNDS = 40
 MAX_CALL_ROUNDS = 80
 # The read's time, its next rounds included (at the pace of those so far): BERT's 120 rounds took
-# a minute. Checked only after each batch, GPT-2's read ran 60 rounds in 60 s of a 125 s planning.
+# a minute. Checked only before each batch, without its time, GPT-2's read took 60 s of a 125 s
+# planning.
 MAX_READ_S = 45.0
 # Calls that recompute more than this many times the figure so far are not read: the noise of
 # their recomputation swamps a call's cost, and their steps alone take long (a CNN whose least
