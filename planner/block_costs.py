@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.apply import ModuleCheckpoint
 from planner.captured_calls import backward_from, captured_call, clear_grads, fresh_inputs
-from planner.clock import READING_LEVEL, holds, median_interval, reading_or_price, timed_rounds
+from planner.clock import READING_LEVEL, holds, median_interval, reading_or_price, timed_until_decided
 from planner.keep_policy import keep_contexts
 from planner.memory import preserved_state
 from planner.overhead import FINE_ROUNDS, forward_calls, selective_contexts, selective_overhead_ms
@@ -208,12 +208,9 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     figures = functools.partial(_figures, per_region_ms=per_region_ms, calls_per_step=calls_per_step,
                                 forward_count=len(forward_names), counted_count=len(names),
                                 replayed_share=replayed_share, kept=kept)
-    times = timed_rounds(device, steps, FINE_ROUNDS, kernels_only=True)
+    times = timed_until_decided(device, steps, FINE_ROUNDS, FINE_ROUNDS,
+                                lambda so_far: undecided is not None and undecided(figures(so_far)), max_rounds)
     cost = figures(times)
-    while undecided is not None and undecided(cost) and len(times["plain"]) < max_rounds:
-        for name, more in timed_rounds(device, steps, FINE_ROUNDS, kernels_only=True).items():
-            times[name].extend(more)
-        cost = figures(times)
     logger.info("%s: the selective policy's and runs' costs read off %d rounds", type(module).__name__,
                 len(times["plain"]))
     return cost

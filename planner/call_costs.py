@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 from typing import Any, Callable
 
 import torch
@@ -37,7 +36,7 @@ from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, shallow_clone
 from planner.captured_calls import backward_from, captured_call, fresh_inputs
-from planner.clock import READING_LEVEL, holds, median_interval, reading_or_price, timed_rounds
+from planner.clock import READING_LEVEL, holds, median_interval, reading_or_price, timed_until_decided
 from planner.step_regions import small_calls
 from solvers import Problem
 
@@ -50,9 +49,8 @@ logger = logging.getLogger(__name__)
 # to +1.21, against 0.20), which took a minute of its planning's 137 s.
 CALL_ROUNDS = 40
 MAX_CALL_ROUNDS = 80
-# The read's time, its next rounds included (at the pace of those so far): BERT's 120 rounds took
-# a minute. Checked only before each batch, without its time, GPT-2's read took 60 s of a 125 s
-# planning.
+# The read's time at most, its next batch of rounds included (`clock.timed_until_decided`):
+# BERT's 120 rounds took a minute.
 MAX_READ_S = 45.0
 # Calls that recompute more than this many times the figure so far are not read: the noise of
 # their recomputation swamps a call's cost, and their steps alone take long (a CNN whose least
@@ -127,12 +125,9 @@ def _read_on_calls(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
             times["forwards checkpointed"], times["forwards"])]
 
     price_ms = problem.region_overhead_ms + problem.saved_tensor_ms * saved / count
-    started = _now()
-    times = timed_rounds(device, steps, CALL_ROUNDS, kernels_only=True)
-    while (holds(median_interval(per_round(times), READING_LEVEL), price_ms) and len(times["model"]) < MAX_CALL_ROUNDS
-           and _fits(_now() - started, len(times["model"]), CALL_ROUNDS // 2)):
-        for name, more in timed_rounds(device, steps, CALL_ROUNDS // 2, kernels_only=True).items():
-            times[name].extend(more)
+    times = timed_until_decided(device, steps, CALL_ROUNDS, CALL_ROUNDS // 2,
+                                lambda so_far: holds(median_interval(per_round(so_far), READING_LEVEL), price_ms),
+                                MAX_CALL_ROUNDS, MAX_READ_S)
     values = per_round(times)
     cost_ms = reading_or_price(statistics.median(values), median_interval(values, READING_LEVEL), price_ms,
                                f"checkpoint of {count} calls like {spec.module} alone and in the model's forward, "
@@ -150,13 +145,5 @@ def _read_on_calls(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                 statistics.median(values), per_call, problem.region_overhead_ms)
     return per_call
 
-
-def _fits(elapsed_s: float, rounds: int, more: int) -> bool:
-    """Whether `more` rounds, at the pace of the `rounds` that took `elapsed_s`, end within
-    `MAX_READ_S`."""
-    return elapsed_s * (rounds + more) / rounds <= MAX_READ_S
-
-
-_now = time.perf_counter  # (a test sets the clock)
 
 __all__ = ["CALL_ROUNDS", "MAX_CALL_ROUNDS", "MAX_READ_S", "RECOMPUTE_LIMIT", "small_call_cost"]

@@ -140,6 +140,30 @@ def timed_rounds(device: torch.device, calls: dict[str, Callable[[], object]], r
     return samples
 
 
+_now = time.perf_counter  # (the clock `timed_until_decided` limits its time by; a test sets it)
+
+
+def timed_until_decided(device: torch.device, calls: dict[str, Callable[[], object]], first: int, more: int,
+                        undecided: Callable[[dict[str, list[float]]], bool], max_rounds: int,
+                        max_s: float = math.inf) -> dict[str, list[float]]:
+    """`timed_rounds` of `calls` (kernels only): `first` rounds, then `more` at a time while
+    `undecided(times)`, up to `max_rounds` in all, and only where the next batch, at the pace of
+    the rounds so far, ends within `max_s` seconds of the start (a limit checked before each
+    batch without its own time let GPT-2's call reading take 60 s against 45).
+
+    Example:
+        >>> times = timed_until_decided(torch.device("cpu"), steps, 40, 20, lambda t: wide(t), 80, max_s=45.0)
+    """
+    started = _now()
+    times = timed_rounds(device, calls, first, kernels_only=True)
+    while undecided(times) and (done := len(next(iter(times.values())))) < max_rounds:
+        if (_now() - started) * (done + more) / done > max_s:
+            break
+        for name, extra in timed_rounds(device, calls, more, kernels_only=True).items():
+            times[name].extend(extra)
+    return times
+
+
 def sandwiched_rounds(calls: dict[str, Callable[[], float]], baseline: str, rounds: int,
                       after_round: Callable[[int], None] | None = None) -> dict[str, list[float]]:
     """Each call of `calls` but `baseline` timed in `rounds` rounds, between two runs of the
@@ -291,4 +315,5 @@ def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, p
 
 __all__ = ["AHEAD_MS", "READING_LEVEL", "READING_STOOD", "READING_TAKEN", "READING_TAKEN_ALONE", "ahead_for",
            "elapsed_ms", "holds", "launch_ms", "median_interval", "paired_difference", "paired_differences",
-           "paired_interval", "queue_ahead", "reading_or_price", "sandwiched_rounds", "timed_rounds"]
+           "paired_interval", "queue_ahead", "reading_or_price", "sandwiched_rounds", "timed_rounds",
+           "timed_until_decided"]

@@ -361,7 +361,7 @@ def test_a_blocks_readings_subtract_only_the_forward_its_recomputation_runs(monk
     # Fixed times: a forward of 10 ms of which recomputation and replay run half; checkpoint
     # costs 1 ms beyond that, and recording 0.05 ms per call. Subtracting the whole forward
     # instead would read checkpoint at -4 ms and recording at nothing.
-    from planner import block_costs
+    from planner import block_costs, clock
 
     block = Block(32, 4, dropout=0.0).train()
     mask = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
@@ -374,7 +374,7 @@ def test_a_blocks_readings_subtract_only_the_forward_its_recomputation_runs(monk
     def fixed(device, steps, rounds, kernels_only=False):
         return {name: [base[name] + 0.001 * k for k in range(rounds)] for name in steps}
 
-    monkeypatch.setattr(block_costs, "timed_rounds", fixed)
+    monkeypatch.setattr(clock, "timed_rounds", fixed)
     cost = block_costs.selective_costs_on(block, (x, mask), {}, 0.0, torch.device("cpu"), replayed_share=0.5)
     assert cost.checkpoint_ms == pytest.approx(1.0, abs=0.01)
     assert cost.per_recorded_call_ms == pytest.approx(0.05, abs=0.001)
@@ -386,7 +386,7 @@ def test_a_blocks_readings_subtract_only_the_forward_its_recomputation_runs(monk
 def test_a_blocks_policy_cost_per_call_pools_its_steps_and_its_forwards(monkeypatch):
     # Steps read 0.05 ms per call under the policy, forwards alone 0.03 ms: the figure is the
     # median of both rounds' readings, between the two; each alone would give its own.
-    from planner import block_costs
+    from planner import block_costs, clock
 
     block = Block(32, 4, dropout=0.0).train()
     mask = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
@@ -400,10 +400,10 @@ def test_a_blocks_policy_cost_per_call_pools_its_steps_and_its_forwards(monkeypa
                 "policy forwards": forwards + forward_ms * block_costs._FORWARDS * calls}
         return lambda device, steps, rounds, kernels_only=False: {name: [base[name]] * rounds for name in steps}
 
-    monkeypatch.setattr(block_costs, "timed_rounds", fixed(0.05, 0.03))
+    monkeypatch.setattr(clock, "timed_rounds", fixed(0.05, 0.03))
     pooled = block_costs.selective_costs_on(block, (x, mask), {}, 0.0, torch.device("cpu"))
     assert pooled.per_call_ms == pytest.approx(0.04)
     assert pooled.intervals["per_call_ms"] == pytest.approx((0.03, 0.05))
-    monkeypatch.setattr(block_costs, "timed_rounds", fixed(0.05, 0.05))
+    monkeypatch.setattr(clock, "timed_rounds", fixed(0.05, 0.05))
     alone = block_costs.selective_costs_on(block, (x, mask), {}, 0.0, torch.device("cpu"))
     assert alone.per_call_ms == pytest.approx(0.05)

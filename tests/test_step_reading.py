@@ -173,7 +173,7 @@ def test_a_blocks_policy_and_recording_figures_inside_their_noise_leave_their_pr
     # is the tiny modules' price (per kept node: nothing). Before, each was max(0, the noise).
     # The rounds go on while the policy's cost per call is undecided, up to MAX_BLOCK_ROUNDS.
     # Rounds that agree are read as measured, after the first FINE_ROUNDS.
-    from planner import block_costs
+    from planner import block_costs, clock
     from planner.graph import saved_calls
     from planner.overhead import selective_overhead_ms
 
@@ -197,7 +197,7 @@ def test_a_blocks_policy_and_recording_figures_inside_their_noise_leave_their_pr
             assert set(calls) <= set(base) and rounds == len(spread), set(calls) - set(base)
             timed.append(rounds)
             return {name: [base[name] + noise.get(name, [0.0] * rounds)[i] for i in range(rounds)] for name in calls}
-        monkeypatch.setattr(block_costs, "timed_rounds", timed_rounds)
+        monkeypatch.setattr(clock, "timed_rounds", timed_rounds)
         return block_costs.selective_overhead_for_plan(
             model, p.problem, p.wrapped, torch.device("cpu"), True, lambda: model(tokens),
             lambda region, kept: saved_calls(p.traced.gm, region, kept))
