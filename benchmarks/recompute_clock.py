@@ -29,6 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 from compare_steps import step, timed_step  # noqa: E402
 from compare_models import SPECS, block_names  # noqa: E402
 from cpu_memory import retain_freed_memory  # noqa: E402
+from retime import NodeRetimer  # noqa: E402
 
 
 def timed_regions(module) -> dict[str, list[float]]:
@@ -74,31 +75,54 @@ def run(key: str, rounds: int, keep: bool = False) -> str:
     step(planned, sample)
     step(model, sample)
     times.clear()
+    retimer = NodeRetimer(base)
     plain: list[float] = []
     checked: list[float] = []
     for index in range(rounds):
         pairs = [(model, plain), (planned, checked)]
         for module, record in pairs if index % 2 == 0 else reversed(pairs):
             record.append(timed_step(module, sample))
-    nodes = planned_plan.problem.nodes
-    forward = recompute = predicted_forward = predicted_recompute = 0.0
+        retimer.measure()
+    # (node times as planning measured them, and as means over the rounds' own passes: the
+    # machine's drift between planning and these rounds out of the comparison)
+    means = retimer.problem()
+    kept = planned_plan.solution.kept
+    forward = recompute = 0.0
+    predicted_forward = [0.0, 0.0]
+    predicted_recompute = [0.0, 0.0]
     for region, checkpoint in zip(planned_plan.solution.regions, planned_plan.checkpoints):
         calls = times[checkpoint.wrapped.module]
         forward += statistics.median(calls[0::2])
         recompute += statistics.median(calls[1::2])
-        predicted_forward += sum(nodes[i].compute_ms for i in region)
-        predicted_recompute += planned_plan.problem.region_recompute_ms(region, planned_plan.solution.kept)
-    overhead = statistics.median(checked) - statistics.median(plain)
+        for index, problem in enumerate((planned_plan.problem, means)):
+            predicted_forward[index] += sum(problem.nodes[i].compute_ms for i in region)
+            predicted_recompute[index] += problem.region_recompute_ms(region, kept)
+    from planner.clock import median_interval
+
+    differences = [b - a for a, b in zip(plain, checked)]
+    overhead = statistics.median(differences)
+    # (what the step pays beyond its regions' recomputations, round by round: checkpoint's own
+    # work, which `Problem.checkpoint_ms` prices, and anything else the cost model misses)
+    recomputed = [sum(times[checkpoint.wrapped.module][2 * index + 1] for checkpoint in planned_plan.checkpoints)
+                  for index in range(rounds)]
+    beyond = [difference - ms for difference, ms in zip(differences, recomputed)]
     problem = planned_plan.problem
     calls_ms = sum(problem.checkpoint_ms(region) for region in planned_plan.solution.regions)
-    kept = planned_plan.solution.kept
     policies_ms = sum(problem.selective_ms(region) for region in planned_plan.solution.regions
                       if any(i in region for i in kept)) + problem.kept_node_ms * len(kept)
     label = f"{key} keeping {len(planned_plan.solution.kept)}" if keep else key
     per_call = f"{calls_ms:.1f} ms checkpoint calls" + (f", {policies_ms:.1f} ms policies" if policies_ms else "")
-    return (f"| {label} | {len(planned_plan.solution.regions)} | {forward:.0f} ms | {predicted_forward:.0f} ms "
-            f"| {recompute:.0f} ms | {predicted_recompute:.0f} ms | {statistics.median(plain):.0f} ms "
-            f"| {overhead:+.0f} ms | {planned_plan.recompute_ms:.0f} ms ({per_call}) |")
+    return (f"| {label} | {len(planned_plan.solution.regions)} | {forward:.1f} ms "
+            f"| {predicted_forward[0]:.1f} / {predicted_forward[1]:.1f} ms | {recompute:.1f} ms "
+            f"| {predicted_recompute[0]:.1f} / {predicted_recompute[1]:.1f} ms | {statistics.median(plain):.0f} ms "
+            f"| {overhead:+.1f} ms{_interval(median_interval(differences))} "
+            f"| {statistics.median(beyond):+.1f} ms{_interval(median_interval(beyond))} "
+            f"| {planned_plan.recompute_ms:.1f} / {retimer.predict(planned_plan):.1f} ms ({per_call}) |")
+
+
+def _interval(bounds: tuple[float, float] | None) -> str:
+    """A 95% interval in brackets, or nothing where too few rounds give one."""
+    return f" ({bounds[0]:+.1f} to {bounds[1]:+.1f})" if bounds else ""
 
 
 def main() -> int:
@@ -115,9 +139,11 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    rows = ["| model | regions | region forwards, measured | sum of node times | recomputations, measured "
-            "| predicted (nodes to the last save) | unplanned step | step overhead, measured | predicted overhead |",
-            "|" + "---|" * 9]
+    rows = ["| model | regions | region forwards, measured | sum of node times (planning / rounds' means) "
+            "| recomputations, measured | predicted (nodes to the last save; planning / rounds' means) "
+            "| unplanned step | step overhead, measured (95%) | step less recomputations, measured (95%) "
+            "| predicted overhead (planning / rounds' means) |",
+            "|" + "---|" * 10]
     for key in [key.strip() for key in args.models.split(",") if key.strip()]:
         for keep in (False, True) if args.keep else (False,):
             rows.append(run(key, args.rounds, keep))
@@ -125,7 +151,10 @@ def main() -> int:
     body = "\n".join(rows) + (
         "\n\nEvery block checkpointed by the planner, one intra-op thread. Region times are medians over the "
         f"{args.rounds} rounds of each region's own forward call, timed inside the step (first call: forward; "
-        "second: recomputation, up to its last saving node), summed over regions. Rows *keeping N*: every "
+        "second: recomputation, up to its last saving node), summed over regions. Node times: as planning measured them, and "
+        "as means over one pass of the graph's nodes per round, between the steps (`retime.NodeRetimer`). Step "
+        "overhead: median over rounds of the paired difference; less recomputations: the same, less each "
+        "round's recomputations, which checkpoint's own work (*checkpoint calls*) should account for. Rows *keeping N*: every "
         "block keeps all its keepable nodes (`Problem.keepable_in`); its recomputation skips them (predicted: the nodes it still runs), "
         "and the policies' cost (a dispatch mode over every ATen call of forward and recomputation, and a cost per "
         "kept node) is in the "
