@@ -57,6 +57,7 @@ def timed_regions(module) -> dict[str, list[float]]:
 def run(key: str, rounds: int, keep: bool = False) -> str:
     import torch
     from planner import plan
+    from planner.clock import median_interval
 
     spec = SPECS[key]
     torch.manual_seed(0)
@@ -94,11 +95,9 @@ def run(key: str, rounds: int, keep: bool = False) -> str:
         calls = times[checkpoint.wrapped.module]
         forward += statistics.median(calls[0::2])
         recompute += statistics.median(calls[1::2])
-        for index, problem in enumerate((planned_plan.problem, means)):
-            predicted_forward[index] += sum(problem.nodes[i].compute_ms for i in region)
-            predicted_recompute[index] += problem.region_recompute_ms(region, kept)
-    from planner.clock import median_interval
-
+        for index, priced in enumerate((planned_plan.problem, means)):
+            predicted_forward[index] += sum(priced.nodes[i].compute_ms for i in region)
+            predicted_recompute[index] += priced.region_recompute_ms(region, kept)
     differences = [b - a for a, b in zip(plain, checked)]
     overhead = statistics.median(differences)
     # (what the step pays beyond its regions' recomputations, round by round: checkpoint's own
