@@ -6,7 +6,9 @@ unplanned model (7 alternating rounds, medians) against `recompute_ms`.
 
 It tells where a predicted overhead (benchmarks/compare.py) goes wrong: in the node times
 (region forward and recompute off their sums), or in the rest of the step (regions on time,
-step overhead not).
+step overhead not). The blocks' own forward and backward are also timed one by one inside the
+same steps (`block_segments`), which reads checkpoint's cost per block without the rest of the
+step's noise.
 
 With `--keep`, each model also runs with every block keeping all its keepable nodes (a
 selective policy: `Problem.keepable_in`), whose recomputation skips them.
@@ -26,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+from block_segments import BlockSegments  # noqa: E402
 from compare_steps import step, timed_step  # noqa: E402
 from compare_models import SPECS, block_names  # noqa: E402
 from cpu_memory import retain_freed_memory  # noqa: E402
@@ -73,17 +76,25 @@ def run(key: str, rounds: int, keep: bool = False) -> str:
         planned_plan = base.with_submodules(block_names(spec, model), kept=candidates)
     planned = planned_plan.module()
     times = timed_regions(planned)
+    names = [checkpoint.module for checkpoint in planned_plan.module_checkpoints]
+    segments = {id(module): BlockSegments(module, names) for module in (model, planned)}
     step(planned, sample)
     step(model, sample)
     times.clear()
     retimer = NodeRetimer(base)
     plain: list[float] = []
     checked: list[float] = []
+    plain_segments: list[dict] = []
+    checked_segments: list[dict] = []
     for index in range(rounds):
-        pairs = [(model, plain), (planned, checked)]
-        for module, record in pairs if index % 2 == 0 else reversed(pairs):
+        pairs = [(model, plain, plain_segments), (planned, checked, checked_segments)]
+        for module, record, segment_record in pairs if index % 2 == 0 else reversed(pairs):
+            segments[id(module)].clear()  # (what untimed steps marked)
             record.append(timed_step(module, sample))
+            segment_record.append(segments[id(module)].take())
         retimer.measure()
+    for found in segments.values():
+        found.remove()
     # (node times as planning measured them, and as means over the rounds' own passes: the
     # machine's drift between planning and these rounds out of the comparison)
     means = retimer.problem()
@@ -105,6 +116,7 @@ def run(key: str, rounds: int, keep: bool = False) -> str:
     recomputed = [sum(times[checkpoint.wrapped.module][2 * index + 1] for checkpoint in planned_plan.checkpoints)
                   for index in range(rounds)]
     beyond = [difference - ms for difference, ms in zip(differences, recomputed)]
+    by_block = _beyond_block_by_block(plain_segments, checked_segments, times)
     problem = planned_plan.problem
     calls_ms = sum(problem.checkpoint_ms(region) for region in planned_plan.solution.regions)
     policies_ms = sum(problem.selective_ms(region) for region in planned_plan.solution.regions
@@ -116,7 +128,25 @@ def run(key: str, rounds: int, keep: bool = False) -> str:
             f"| {predicted_recompute[0]:.1f} / {predicted_recompute[1]:.1f} ms | {statistics.median(plain):.0f} ms "
             f"| {overhead:+.1f} ms{_interval(median_interval(differences))} "
             f"| {statistics.median(beyond):+.1f} ms{_interval(median_interval(beyond))} "
+            f"| {by_block} "
             f"| {planned_plan.recompute_ms:.1f} / {retimer.predict(planned_plan):.1f} ms ({per_call}) |")
+
+
+def _beyond_block_by_block(plain: list[dict], checked: list[dict], times: dict[str, list[float]]) -> str:
+    """What the checkpointed blocks' own segments took beyond the unplanned blocks' and their
+    recomputations, round by round (forward, backward, both; medians and 95% intervals), and per
+    block. Blocks whose input needs no gradient have no backward segment and count in neither."""
+    from planner.clock import median_interval
+
+    forward, backward = [], []
+    for index, (none, planned) in enumerate(zip(plain, checked)):
+        forward.append(sum(planned[name][0] - none[name][0] for name in none))
+        backward.append(sum(planned[name][1] - none[name][1] - times[name][2 * index + 1]
+                            for name in none if none[name][1] is not None and planned[name][1] is not None))
+    both = [f + b for f, b in zip(forward, backward)]
+    per_block = statistics.median(both) / len(plain[0])
+    return (f"{statistics.median(forward):+.1f} / {statistics.median(backward):+.1f} / "
+            f"{statistics.median(both):+.1f} ms{_interval(median_interval(both))}; {per_block:+.2f} ms a block")
 
 
 def _interval(bounds: tuple[float, float] | None) -> str:
@@ -141,8 +171,9 @@ def main() -> int:
     rows = ["| model | regions | region forwards, measured | sum of node times (planning / rounds' means) "
             "| recomputations, measured | predicted (nodes to the last save; planning / rounds' means) "
             "| unplanned step | step overhead, measured (95%) | step less recomputations, measured (95%) "
+            "| blocks less recomputations, block by block: forward / backward / both (95%) "
             "| predicted overhead (planning / rounds' means) |",
-            "|" + "---|" * 10]
+            "|" + "---|" * 11]
     for key in [key.strip() for key in args.models.split(",") if key.strip()]:
         for keep in (False, True) if args.keep else (False,):
             rows.append(run(key, args.rounds, keep))
@@ -153,7 +184,11 @@ def main() -> int:
         "second: recomputation, up to its last saving node), summed over regions. Node times: as planning measured them, and "
         "as means over one pass of the graph's nodes per round, between the steps (`retime.NodeRetimer`). Step "
         "overhead: median over rounds of the paired difference; less recomputations: the same, less each "
-        "round's recomputations, which checkpoint's own work (*checkpoint calls*) should account for. Rows *keeping N*: every "
+        "round's recomputations, which checkpoint's own work (*checkpoint calls*) should account for. Block by block: "
+        "each block's own forward and backward timed inside the same steps (`block_segments.BlockSegments`: "
+        "forward hooks, and gradient hooks on its output and input), checkpointed less unplanned, less the "
+        "block's recomputation, summed over blocks round by round: that figure without the noise of the rest "
+        "of the step. Rows *keeping N*: every "
         "block keeps all its keepable nodes (`Problem.keepable_in`); its recomputation skips them (predicted: the nodes it still runs), "
         "and the policies' cost (a dispatch mode over every ATen call of forward and recomputation, and a cost per "
         "kept node) is in the "
