@@ -1,8 +1,9 @@
 """Each block's own forward and backward time inside a training step, read off hooks.
 
 A step's time difference between two configurations carries the noise of the whole step; a
-block's own segments carry only theirs, so checkpoint's cost per block reads several times
-tighter block by block (benchmarks/RESULTS.md, 2026-12-04 05:13-). Forward: from the block's
+block's own segments carry only theirs, so one block's reading is tighter than the step's (summed
+over all blocks, the blocks' own noise from round to round remains: benchmarks/RESULTS.md,
+session notes of 2026-12-04 05:05-). Forward: from the block's
 forward pre-hook to its forward hook. Backward: from the gradient of its output (a tensor hook)
 to the gradient of its input, which for blocks in sequence is complete once the block's own
 backward nodes have run (and, for a checkpointed block, its recomputation). Recomputation runs
