@@ -51,6 +51,8 @@ def run(key: str, rounds: int) -> str:
     model.train()
     step(model, sample)
     names = block_names(spec, model)
+    if len(names) < 2:
+        raise ValueError(f"{key}: {len(names)} block(s); a within-step reading needs a plain and a checkpointed one")
     base = plan(model, sample, budget_gb=80, repeats=3)
     halves = [names[0::2], names[1::2]]
     plans = [base.with_submodules(half) for half in halves]
@@ -99,7 +101,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (an interval needs two readings)")
-    retain_freed_memory()
+    retained = retain_freed_memory()
     import torch
 
     torch.set_num_threads(1)
@@ -112,7 +114,8 @@ def main() -> int:
         f"\n\nPer block, ms: median over {args.rounds} rounds (95% interval; its width). Within the step: the "
         "checkpointed half's forward+backward less recomputation against the plain half's, same step, both "
         "halves averaged. Across steps: each checkpointed block against the unplanned model's. One intra-op "
-        "thread; freed memory kept in the process (`benchmarks/cpu_memory.py`).")
+        "thread; " + ("freed memory kept in the process (`benchmarks/cpu_memory.py`)." if retained
+                      else "glibc's malloc as it is (freed memory goes back to the OS)."))
     print(body)
     if not args.no_save:
         from results import append_results
