@@ -4,8 +4,8 @@ Across steps (a plan against the unplanned model) the machine's load drifts betw
 steps; within one step it barely does. So: two plans each checkpoint half the blocks (even,
 then odd; `Plan.with_submodules`), and in each step the checkpointed blocks' mean forward plus
 backward, less their recomputation, is set against the plain blocks' mean in the same step
-(`block_segments.BlockSegments`; recomputation timed as in `recompute_clock.timed_regions`). The
-two halves are averaged per round, so a block's position cancels. The across-step reading of the
+(`planner.block_segments.BlockSegments`, `planner.block_price.round_cost`, as planning reads it
+with 20-40 rounds). The two halves are averaged per round, so a block's position cancels. The across-step reading of the
 same rounds (each checkpointed block against the same block of the unplanned model, a third
 configuration in the rotation) is printed beside it. Price: `Problem.checkpoint_ms` per block.
 
@@ -22,11 +22,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from block_segments import BlockSegments  # noqa: E402
 from compare_models import SPECS, block_names  # noqa: E402
 from compare_steps import step, timed_step  # noqa: E402
 from cpu_memory import retain_freed_memory  # noqa: E402
-from recompute_clock import timed_regions  # noqa: E402
 
 
 def _reading(values: list[float]) -> str:
@@ -44,6 +42,8 @@ def run(key: str, rounds: int) -> str:
     """One table row: a block's price, and its cost within and across steps at 9 and all rounds."""
     import torch
     from planner import plan
+    from planner.block_price import round_cost
+    from planner.block_segments import BlockSegments
 
     spec = SPECS[key]
     torch.manual_seed(0)
@@ -57,12 +57,9 @@ def run(key: str, rounds: int) -> str:
     halves = [names[0::2], names[1::2]]
     plans = [base.with_submodules(half) for half in halves]
     modules = [p.module() for p in plans] + [model]
-    recomputed = [timed_regions(module) for module in modules[:2]]
-    segments = [BlockSegments(module, names) for module in modules]
+    segments = [BlockSegments(module, names, torch.device("cpu")) for module in modules]
     for module in modules:
         step(module, sample)
-    for times in recomputed:
-        times.clear()
     found: list[list[dict]] = [[], [], []]
     for index in range(rounds):
         order = [(index + k) % 3 for k in range(3)]
@@ -72,20 +69,15 @@ def run(key: str, rounds: int) -> str:
             found[which].append(segments[which].take())
     for hooks in segments:
         hooks.remove()
-    within: list[float] = []
+    within = [round_cost(pair, halves) for pair in zip(found[0], found[1])]
     across: list[float] = []
     for index in range(rounds):
-        halves_read = []
         crossed: list[float] = []
         for which, half in enumerate(halves):
             blocks = found[which][index]
             # (a block whose input needs no gradient has no backward segment: left out)
-            timed = [n for n in names if blocks[n][1] is not None]
-            beyond = {n: sum(blocks[n]) - recomputed[which][n][2 * index + 1] for n in timed if n in half}
-            plain = [sum(blocks[n]) for n in timed if n not in half]
-            halves_read.append(statistics.mean(beyond.values()) - statistics.mean(plain))
-            crossed += [ms - sum(found[2][index][n]) for n, ms in beyond.items()]
-        within.append(statistics.mean(halves_read))
+            crossed += [blocks[n][0] + blocks[n][1] - blocks[n][2] - sum(found[2][index][n][:2])
+                        for n in half if blocks[n][1] is not None]
         across.append(statistics.mean(crossed))
     priced = sum(p.problem.checkpoint_ms(region) for p in plans for region in p.solution.regions) / len(names)
     first = min(9, rounds)

@@ -7,7 +7,7 @@ unplanned model (7 alternating rounds, medians) against `recompute_ms`.
 It tells where a predicted overhead (benchmarks/compare.py) goes wrong: in the node times
 (region forward and recompute off their sums), or in the rest of the step (regions on time,
 step overhead not). The blocks' own forward and backward are also timed one by one inside the
-same steps (`block_segments`), which reads checkpoint's cost per block without the rest of the
+same steps (`planner.block_segments`), which reads checkpoint's cost per block without the rest of the
 step's noise.
 
 With `--keep`, each model also runs with every block keeping all its keepable nodes (a
@@ -28,7 +28,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from block_segments import BlockSegments  # noqa: E402
 from compare_steps import step, timed_step  # noqa: E402
 from compare_models import SPECS, block_names  # noqa: E402
 from cpu_memory import retain_freed_memory  # noqa: E402
@@ -60,6 +59,7 @@ def timed_regions(module) -> dict[str, list[float]]:
 def run(key: str, rounds: int, keep: bool = False) -> str:
     import torch
     from planner import plan
+    from planner.block_segments import BlockSegments
     from planner.clock import median_interval
 
     spec = SPECS[key]
@@ -77,7 +77,7 @@ def run(key: str, rounds: int, keep: bool = False) -> str:
     planned = planned_plan.module()
     times = timed_regions(planned)
     names = [checkpoint.module for checkpoint in planned_plan.module_checkpoints]
-    segments = {id(module): BlockSegments(module, names) for module in (model, planned)}
+    segments = {id(module): BlockSegments(module, names, torch.device("cpu")) for module in (model, planned)}
     step(planned, sample)
     step(model, sample)
     times.clear()
@@ -185,7 +185,7 @@ def main() -> int:
         "as means over one pass of the graph's nodes per round, between the steps (`retime.NodeRetimer`). Step "
         "overhead: median over rounds of the paired difference; less recomputations: the same, less each "
         "round's recomputations, which checkpoint's own work (*checkpoint calls*) should account for. Block by block: "
-        "each block's own forward and backward timed inside the same steps (`block_segments.BlockSegments`: "
+        "each block's own forward and backward timed inside the same steps (`planner.block_segments.BlockSegments`: "
         "forward hooks, and gradient hooks on its output and input), checkpointed less unplanned, less the "
         "block's recomputation, summed over blocks round by round: that figure without the noise of the rest "
         "of the step. Rows *keeping N*: every "

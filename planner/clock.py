@@ -143,24 +143,44 @@ def timed_rounds(device: torch.device, calls: dict[str, Callable[[], object]], r
 _now = time.perf_counter  # (the clock `timed_until_decided` limits its time by; a test sets it)
 
 
+def until_decided(run_rounds: Callable[[int], object], first: int, more: int, undecided: Callable[[], bool],
+                  max_rounds: int, max_s: float = math.inf) -> int:
+    """`run_rounds(first)`, then `run_rounds(more)` while `undecided()`, up to `max_rounds` in
+    all, and only where the next batch, at the pace of the rounds so far, ends within `max_s`
+    seconds of the start (a limit checked before each batch without its own time let GPT-2's
+    call reading take 60 s against 45). Returns the rounds run.
+
+    Example:
+        >>> until_decided(lambda n: steps.extend(run(n)), 20, 10, lambda: wide(steps), 40, max_s=45.0)
+        30
+    """
+    started = _now()
+    run_rounds(first)
+    done = first
+    while undecided() and done < max_rounds:
+        if (_now() - started) * (done + more) / done > max_s:
+            break
+        run_rounds(more)
+        done += more
+    return done
+
+
 def timed_until_decided(device: torch.device, calls: dict[str, Callable[[], object]], first: int, more: int,
                         undecided: Callable[[dict[str, list[float]]], bool], max_rounds: int,
                         max_s: float = math.inf) -> dict[str, list[float]]:
-    """`timed_rounds` of `calls` (kernels only): `first` rounds, then `more` at a time while
-    `undecided(times)`, up to `max_rounds` in all, and only where the next batch, at the pace of
-    the rounds so far, ends within `max_s` seconds of the start (a limit checked before each
-    batch without its own time let GPT-2's call reading take 60 s against 45).
+    """`timed_rounds` of `calls` (kernels only) for as many rounds as `until_decided` runs, while
+    `undecided(times)`.
 
     Example:
         >>> times = timed_until_decided(torch.device("cpu"), steps, 40, 20, lambda t: wide(t), 80, max_s=45.0)
     """
-    started = _now()
-    times = timed_rounds(device, calls, first, kernels_only=True)
-    while undecided(times) and (done := len(next(iter(times.values())))) < max_rounds:
-        if (_now() - started) * (done + more) / done > max_s:
-            break
-        for name, extra in timed_rounds(device, calls, more, kernels_only=True).items():
+    times: dict[str, list[float]] = {name: [] for name in calls}
+
+    def run_rounds(count: int) -> None:
+        for name, extra in timed_rounds(device, calls, count, kernels_only=True).items():
             times[name].extend(extra)
+
+    until_decided(run_rounds, first, more, lambda: undecided(times), max_rounds, max_s)
     return times
 
 
@@ -316,4 +336,4 @@ def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, p
 __all__ = ["AHEAD_MS", "READING_LEVEL", "READING_STOOD", "READING_TAKEN", "READING_TAKEN_ALONE", "ahead_for",
            "elapsed_ms", "holds", "launch_ms", "median_interval", "paired_difference", "paired_differences",
            "paired_interval", "queue_ahead", "reading_or_price", "sandwiched_rounds", "timed_rounds",
-           "timed_until_decided"]
+           "timed_until_decided", "until_decided"]

@@ -83,7 +83,8 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, budget_byt
         with preserved_state(model, [where.device]):
             problem = replace(problem, region_overhead_ms=small_call_cost(
                 model, problem, wrapped, where.device, lambda module: module(*args, **kwargs)))
-        say("timing checkpoint calls and runs in training steps, and the nodes again in the same rounds")
+        say("timing checkpoint calls and runs in training steps (checkpoint's cost per block within one step "
+            "first), and the nodes again in the same rounds")
         node_rounds = NodeRounds(traced.gm, inputs, where.device)
         residuals = step_residuals(
             model, problem, wrapped, lambda runs: run_checkpoints(traced.gm, problem, runs, wrapped).values(),

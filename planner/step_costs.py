@@ -14,7 +14,8 @@ each saved tensor, and plans of whole blocks measured at about their nodes' kern
 13.7 and 67.6 us per saved tensor off one block's steps. So these figures are measured where
 they are paid: the model's step with every call of its repeated submodule that recomputes
 least (a norm) checkpointed, with every call of the one that recomputes most (its blocks)
-checkpointed, with one short run alone in each call of its repeated submodules, with the run
+checkpointed (and, tighter, with half of those blocks, timed within one step:
+`planner.block_price`), with one short run alone in each call of its repeated submodules, with the run
 that records most calls in each block, and with every call of the repeated submodule that
 keeps most keeping all it may under its selective policy (`planner.step_regions` picks them)
 (on Llama, an MLP keeping two linears saved 2.1 ms of recomputation against 6.8 ms predicted),
@@ -44,6 +45,7 @@ import torch
 from torch import nn
 
 from planner.apply import ModuleCheckpoint, apply_plan, shallow_clone
+from planner.block_price import within_step_block_ms
 from planner.clock import READING_LEVEL, paired_difference, paired_interval, reading_or_price, timed_rounds
 from planner.memory import preserved_state
 from planner.node_rounds import NodeRounds, NodeTimes, with_node_times
@@ -68,7 +70,8 @@ class StepResiduals:
     `Problem.keep_region_ms`): neither has a fixed cost below the call's, before correction or
     after, whichever is lower. `recorded_call_ms` (at least 0; None where not measured) replaces
     `Problem.recorded_call_ms`. `calls`, `runs`, `keeps`, `blocks` and `long_runs` say how many
-    regions each was read off (0: not measured). `node_times` are the nodes' times measured in
+    regions each was read off (0: not measured), `within_blocks` how many blocks checkpoint's
+    own cost was read on within one step (`planner.block_price`). `node_times` are the nodes' times measured in
     the same rounds (`planner.node_rounds`; empty: not measured), which replace the problem's
     before anything else; `node_time_scale` (at most 1) multiplies every node's time where the
     blocks measured far under them (`step_fit.node_times_high`): the other figures were read
@@ -86,6 +89,7 @@ class StepResiduals:
     long_runs: int = 0
     node_time_scale: float = 1.0
     node_times: NodeTimes = field(default_factory=dict)
+    within_blocks: int = 0
 
     def priced(self, problem: Problem) -> Problem:
         """`problem` with these residuals in its figures.
@@ -117,7 +121,9 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     `rounds` paired rounds (default `STEP_ROUNDS`). A run's and a keeping region's residuals
     are what they cost beyond a checkpoint call's corrected cost. With `node_rounds`, every
     node is also timed once per round, and the figures are read beyond those times (means
-    over the rounds), not the problem's, measured a minute earlier. A set whose rounds cannot tell
+    over the rounds), not the problem's, measured a minute earlier. Checkpoint's own cost per
+    block is read first, within one step (`block_price.within_step_block_ms`), and stands for the
+    blocks in the split of a call's cost from a saved tensor's. A set whose rounds cannot tell
     its measurement from its price under the figures held so far is taken at that price
     (`clock.reading_or_price`).
     Where the blocks measured far under their nodes' times, those are scaled down first
@@ -130,6 +136,7 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                       saved_tensor_ms=0.021, blocks=6, recorded_call_ms=0.035, long_runs=6, node_time_scale=1.0)
     """
     rounds = STEP_ROUNDS if rounds is None else rounds  # (read here, so a test may set fewer)
+    within = within_step_block_ms(model, problem, large_calls(problem, wrapped), wrapped, train_step, device)
     calls = small_calls(problem, wrapped)
     blocks = [region for region in large_calls(problem, wrapped) if region not in calls] if calls else []
     runs = lone_short_runs(problem, wrapped)
@@ -184,10 +191,14 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                           "cost to scale them to.")
             problem = scaled_node_times(problem, scale)
     priced = replace(problem, run_region_ms=0.0)  # (a run's own figure is measured here)
+    block_ms = within.figure(problem) if within is not None else None
     if calls:
         per_call, per_tensor = call_and_tensor_ms(problem, calls, reading("calls", calls, problem), blocks,
-                                                  reading("blocks", blocks, problem) if blocks else None)
+                                                  reading("blocks", blocks, problem) if blocks else None,
+                                                  None if within is None else (list(within.blocks), block_ms))
         priced = replace(priced, region_overhead_ms=per_call, saved_tensor_ms=per_tensor)
+    elif within is not None:  # (no calls to split it with: the call's figure stands)
+        priced = replace(priced, saved_tensor_ms=tensor_ms_within(problem, list(within.blocks), block_ms))
     # A run or a keeping region pays a checkpoint call's corrected cost (`Problem.checkpoint_ms`)
     # too: its own residual is what it costs beyond that, negative where a call's is larger,
     # but its fixed cost is no less than the call's figure before correction (or the corrected
@@ -207,12 +218,13 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
         per_keep = _residual(priced, regions, reading("keeps", regions, priced, kept), "regions keeping nodes", floor,
                              kept)
     return StepResiduals(priced.region_overhead_ms - problem.region_overhead_ms, per_run, len(calls), len(runs),
-                         per_keep, len(keeps), priced.saved_tensor_ms if calls else None, len(blocks), recorded,
-                         len(longs), scale, node_times)
+                         per_keep, len(keeps), priced.saved_tensor_ms if calls or within else None, len(blocks),
+                         recorded, len(longs), scale, node_times, 0 if within is None else len(within.blocks))
 
 
 def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, blocks: list[range],
-                       blocks_ms: float | None) -> tuple[float, float]:
+                       blocks_ms: float | None, within: tuple[list[range], float] | None = None
+                       ) -> tuple[float, float]:
     """A checkpoint call's cost and a saved tensor's in the model's step, where checkpointing
     `calls` measured `calls_ms` and `blocks` `blocks_ms` beyond the unplanned step.
 
@@ -229,6 +241,10 @@ def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, bl
     rounds noisy: TinyGPT's blocks read -86 ms, which priced every call and tensor at 0 and its
     plans' runs 40 ms low), which says nothing of what a tensor costs.
 
+    `within` (blocks, checkpoint's own cost per block read within one step, `planner.block_price`)
+    replaces the blocks' row: read beyond the blocks' timed recomputation, it holds no
+    recomputation, so its fit is taken whichever way it moves the tensor's figure.
+
     Example:
         >>> call_and_tensor_ms(problem, norms, 8.0, blocks, 60.0)
         (0.55, 0.021)
@@ -238,6 +254,15 @@ def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, bl
         return len(regions), saved, measured_ms - sum(problem.region_recompute_ms(region) for region in regions)
 
     n1, s1, m1 = beyond_recompute(calls, calls_ms)
+    if within is not None:
+        within_blocks, block_ms = within
+        n2, s2 = len(within_blocks), sum(problem.nodes[i].saved_tensors for region in within_blocks for i in region)
+        per_call, per_tensor = fit_two([(n1, s1, m1), (n2, s2, n2 * block_ms)], floors=(0.0, 0.0))
+        logger.info("in the model's step, %d calls saving %d tensors measured %+.2f ms beyond their recomputation; "
+                    "within one step, %d blocks saving %d cost %.3f ms each beyond theirs: %.3f ms per call, %.4f ms "
+                    "per saved tensor (figure so far: %.4f ms)", n1, s1, m1, n2, s2, block_ms, per_call, per_tensor,
+                    problem.saved_tensor_ms)
+        return per_call, per_tensor
     n2, s2, m2 = beyond_recompute(blocks, blocks_ms) if blocks and blocks_ms is not None else (0, 0, 0.0)
     if m2 < 0:  # (blocks cheaper than their nodes: node times high, or noise; not a cost)
         logger.info("in the model's step, %d calls saving %d tensors measured %+.2f ms beyond their recomputation: "
@@ -253,6 +278,23 @@ def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, bl
     logger.info("%d calls in the model's step measured %+.2f ms beyond their recomputation: %.3f ms per call",
                 n1, m1, per_call)
     return per_call, problem.saved_tensor_ms
+
+
+def tensor_ms_within(problem: Problem, blocks: list[range], block_ms: float) -> float:
+    """A saved tensor's cost where checkpoint's own cost per block of `blocks`, read within one
+    step, is `block_ms`, and a call costs `problem`'s figure: what a block costs beyond that call,
+    per tensor it saves (at least 0).
+
+    Example:
+        >>> tensor_ms_within(problem, blocks, 1.7)  # 0.5 ms per call, 40 tensors a block
+        0.03
+    """
+    saved = sum(problem.nodes[i].saved_tensors for region in blocks for i in region)
+    per_tensor = max(0.0, len(blocks) * (block_ms - problem.region_overhead_ms) / saved) if saved else 0.0
+    logger.info("within one step, %d blocks saving %d tensors cost %.3f ms each beyond their recomputation: %.4f ms "
+                "per saved tensor (figure so far: %.4f ms)", len(blocks), saved, block_ms, per_tensor,
+                problem.saved_tensor_ms)
+    return per_tensor if saved else problem.saved_tensor_ms
 
 
 def run_and_recorded_call_ms(problem: Problem, short: list[range], short_ms: float, long: list[range],
@@ -302,4 +344,5 @@ def _residual(problem: Problem, regions: list[range], measured_ms: float, what: 
     return residual
 
 
-__all__ = ["STEP_ROUNDS", "StepResiduals", "call_and_tensor_ms", "run_and_recorded_call_ms", "step_residuals"]
+__all__ = ["STEP_ROUNDS", "StepResiduals", "call_and_tensor_ms", "run_and_recorded_call_ms", "step_residuals",
+           "tensor_ms_within"]

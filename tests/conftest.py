@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from planner import block_costs, call_costs, plan, step_costs
+from planner import block_costs, block_price, call_costs, plan, step_costs
 from planner.examples import SmallCNN, TinyGPT, cnn, mlp
+from solvers import NodeCost, Problem
 
 # Under pytest-xdist (`.ci/run`: one worker per core) each worker keeps to one core, so two
 # workers do not both spread their kernels over both.
@@ -24,7 +25,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 TEST_TIMING_ROUNDS = 3
 PLANNING_ROUNDS = {step_costs: ("STEP_ROUNDS", step_costs.STEP_ROUNDS),
                    block_costs: ("FINE_ROUNDS", block_costs.FINE_ROUNDS),
-                   call_costs: ("CALL_ROUNDS", call_costs.CALL_ROUNDS)}
+                   call_costs: ("CALL_ROUNDS", call_costs.CALL_ROUNDS),
+                   block_price: ("BLOCK_PRICE_ROUNDS", block_price.BLOCK_PRICE_ROUNDS)}
 
 
 # torch.compile's graph as inductor takes it (its decompositions, and the min-cut partitioner
@@ -84,6 +86,16 @@ def train_step(module: nn.Module, sample: torch.Tensor, seed: int = 1) -> tuple[
     for parameter in module.parameters():
         parameter.grad = None
     return output.detach(), grads
+
+
+def norms_and_blocks() -> tuple[Problem, list[range], list[range]]:
+    """Two blocks of four nodes (5 ms, 3 tensors saved each), each with a norm (1 ms, 1 tensor) in front."""
+    nodes = []
+    for _ in range(2):
+        nodes.append(NodeCost("norm", 1.0, output_bytes=8, saved_bytes=8, saved_tensors=1))
+        nodes.extend(NodeCost("op", 5.0, output_bytes=8, saved_bytes=8, saved_tensors=3) for _ in range(4))
+    return Problem(tuple(nodes), region_overhead_ms=0.3, saved_tensor_ms=0.05), [range(0, 1), range(5, 6)], \
+        [range(1, 5), range(6, 10)]
 
 
 def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:

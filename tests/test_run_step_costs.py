@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import small_gpt
+from conftest import norms_and_blocks, small_gpt
 from planner import plan
 from planner.examples import Block
 from planner.overhead import forward_calls
@@ -106,7 +106,7 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
     call_ms = problem.region_overhead_ms + found.per_call_ms  # a call's corrected cost: never below 0
     floor = min(call_ms, problem.region_overhead_ms) - call_ms  # a run's or a keeping region's: no less than a call's
     assert call_ms >= 0 and found.per_run_ms >= floor and found.per_keep_ms >= floor
-    assert found.saved_tensor_ms <= problem.saved_tensor_ms  # read off the step only where lower
+    assert found.within_blocks == len(blocks)  # checkpoint's cost per block read within one step too
     assert len(replayed) == (len(runs) + len(longs)) * 3  # a warm-up and two rounds, every run each
     assert found.long_runs == len(longs) and found.recorded_call_ms is not None and found.recorded_call_ms >= 0
     assert all(torch.equal(parameter.grad, torch.full_like(parameter, 0.5)) for parameter in model.parameters())
@@ -187,20 +187,10 @@ def test_node_times_are_scaled_to_what_the_blocks_measured_beyond_their_calls():
 
     assert node_time_scale(285.0, 166.0, 6.0) == pytest.approx(160 / 285)
     assert node_time_scale(100.0, 130.0, 6.0) == 1.0 and node_time_scale(100.0, 5.0, 6.0) == 1.0
-    problem, _, blocks = _norms_and_blocks()
+    problem, _, blocks = norms_and_blocks()
     half = scaled_node_times(problem, 0.5)
     assert half.region_recompute_ms(blocks[0]) == pytest.approx(0.5 * problem.region_recompute_ms(blocks[0]))
     assert half.checkpoint_ms(blocks[0]) == problem.checkpoint_ms(blocks[0])
-
-
-def _norms_and_blocks() -> tuple[Problem, list[range], list[range]]:
-    """Two blocks of four nodes (5 ms, 3 tensors saved each), each with a norm (1 ms, 1 tensor) in front."""
-    nodes = []
-    for _ in range(2):
-        nodes.append(NodeCost("norm", 1.0, output_bytes=8, saved_bytes=8, saved_tensors=1))
-        nodes.extend(NodeCost("op", 5.0, output_bytes=8, saved_bytes=8, saved_tensors=3) for _ in range(4))
-    return Problem(tuple(nodes), region_overhead_ms=0.3, saved_tensor_ms=0.05), [range(0, 1), range(5, 6)], \
-        [range(1, 5), range(6, 10)]
 
 
 @pytest.mark.parametrize("per_call, per_tensor", [(0.8, 0.02), (0.1, 0.0), (0.0, 0.04), (0.4, 0.08)])
@@ -211,7 +201,7 @@ def test_a_call_and_a_saved_tensor_are_priced_by_what_norms_and_blocks_cost_in_t
     # never below the one it had (0.3 ms).
     from planner.step_costs import call_and_tensor_ms
 
-    problem, norms, blocks = _norms_and_blocks()
+    problem, norms, blocks = norms_and_blocks()
 
     def measured(regions: list[range]) -> float:
         return sum(problem.region_recompute_ms(r) + per_call + per_tensor * sum(
@@ -227,7 +217,7 @@ def test_a_call_and_a_saved_tensor_are_priced_by_what_norms_and_blocks_cost_in_t
 def test_neither_figure_read_off_the_step_falls_below_zero():
     from planner.step_costs import call_and_tensor_ms
 
-    problem, norms, blocks = _norms_and_blocks()
+    problem, norms, blocks = norms_and_blocks()
     recompute = sum(problem.region_recompute_ms(r) for r in blocks)
     # blocks cheaper than their recomputation, norms dearer: that reading is no cost (node times
     # high, or noise), so the block's figure per tensor stands and a call costs what the norms
