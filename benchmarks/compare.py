@@ -303,10 +303,11 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {sorted(SPECS)}")
     # The checkpoint figures read off the model's step and block (`planner.step_costs`,
-    # `planner.block_costs`), and readings their rounds could not tell from the price
-    # (`planner.clock.reading_or_price`): they say why a figure was kept.
+    # `planner.block_costs`, `planner.block_price`: its rounds and their time), and readings
+    # their rounds could not tell from the price (`planner.clock.reading_or_price`): they say
+    # why a figure was kept.
     logging.basicConfig(format="%(name)s: %(message)s")
-    for name in ("planner.step_costs", "planner.block_costs", "planner.clock"):
+    for name in ("planner.step_costs", "planner.block_costs", "planner.block_price", "planner.clock"):
         logging.getLogger(name).setLevel(logging.INFO)
     args.rounds = args.rounds or (1 if args.quick else 7)
     args.solvers = [name.strip() for name in args.solvers.split(",") if name.strip()]
