@@ -158,9 +158,10 @@ def within_step_block_ms(model: nn.Module, problem: Problem, blocks: Sequence[ra
             hooks.remove()
     reading = BlockReading(tuple(blocks), statistics.median(found), median_interval(found, READING_LEVEL),
                            tuple(found))
+    bounds = "too few rounds" if reading.interval is None else "%+.2f to %+.2f" % reading.interval
     logger.info("checkpoint's cost per block within a step, %d blocks like %s, %d rounds in %.1f s: %+.3f ms "
                 "(99.5%%: %s; rounds' quartiles %s), priced %.3f ms", len(blocks), names[0], len(found),
-                time.perf_counter() - started, reading.per_block_ms, reading.interval,
+                time.perf_counter() - started, reading.per_block_ms, bounds,
                 [round(q, 2) for q in statistics.quantiles(found)] if len(found) > 1 else found, price_ms)
     return reading
 
