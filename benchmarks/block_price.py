@@ -5,9 +5,10 @@ steps; within one step it barely does. So: two plans each checkpoint half the bl
 then odd; `Plan.with_submodules`), and in each step the checkpointed blocks' mean forward plus
 backward, less their recomputation, is set against the plain blocks' mean in the same step
 (`planner.block_segments.BlockSegments`, `planner.block_price.round_cost`, as planning reads it
-with 20-40 rounds). The two halves are averaged per round, so a block's position cancels. The across-step reading of the
-same rounds (each checkpointed block against the same block of the unplanned model, a third
-configuration in the rotation) is printed beside it. Price: `Problem.checkpoint_ms` per block.
+with 20-40 rounds). The two halves are averaged per round, so a block's position cancels. The
+across-step reading of the same rounds (each checkpointed block against the same block of the
+unplanned model, a third configuration in the rotation) is printed beside it. Price:
+`Problem.checkpoint_ms` per block.
 
     .venv/bin/python benchmarks/block_price.py [--models gpt,gpt2,llama,bert] [--rounds 40] [--no-save]
 """
@@ -24,7 +25,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from compare_models import SPECS, block_names  # noqa: E402
 from compare_steps import step, timed_step  # noqa: E402
-from cpu_memory import retain_freed_memory  # noqa: E402
+from cpu_memory import memory_kept, retain_freed_memory  # noqa: E402
 
 
 def _reading(values: list[float]) -> str:
@@ -106,8 +107,7 @@ def main() -> int:
         f"\n\nPer block, ms: median over {args.rounds} rounds (95% interval; its width). Within the step: the "
         "checkpointed half's forward+backward less recomputation against the plain half's, same step, both "
         "halves averaged. Across steps: each checkpointed block against the unplanned model's. One intra-op "
-        "thread; " + ("freed memory kept in the process (`benchmarks/cpu_memory.py`)." if retained
-                      else "glibc's malloc as it is (freed memory goes back to the OS)."))
+        "thread. " + memory_kept(retained))
     print(body)
     if not args.no_save:
         from results import append_results

@@ -42,3 +42,16 @@ def retain_freed_memory() -> bool:
     if not applied:
         logger.warning("glibc refused mallopt: freed memory may still go back to the OS")
     return applied
+
+
+def memory_kept(retained: bool) -> str:
+    """The sentence a benchmark's table note says about freed memory, given what
+    `retain_freed_memory()` returned.
+
+    Example:
+        >>> memory_kept(False)
+        "glibc's malloc as it is (freed memory goes back to the OS)."
+    """
+    if retained:
+        return "Freed memory kept in the process, as CUDA's caching allocator keeps it (`benchmarks/cpu_memory.py`)."
+    return "glibc's malloc as it is (freed memory goes back to the OS)."

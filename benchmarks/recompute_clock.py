@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from compare_steps import step, timed_step  # noqa: E402
 from compare_models import SPECS, block_names  # noqa: E402
-from cpu_memory import retain_freed_memory  # noqa: E402
+from cpu_memory import memory_kept, retain_freed_memory  # noqa: E402
 from retime import NodeRetimer  # noqa: E402
 
 
@@ -194,8 +194,7 @@ def main() -> int:
         "kept node) is in the "
         "predicted overhead and in the measured region times. *Checkpoint calls*: checkpoint's own cost, per "
         "call and per tensor saved in it (`Problem.checkpoint_ms`). "
-        + ("Freed memory kept in the process, as CUDA's caching allocator keeps it (`benchmarks/cpu_memory.py`)."
-           if retained else "glibc's malloc as it is (freed memory goes back to the OS)."))
+        + memory_kept(retained))
     print(body)
     if not args.no_save:
         from results import append_results

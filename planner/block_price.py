@@ -14,8 +14,8 @@ against 3.0-3.4 ms across steps from the same rounds, and read 0.6-1.3 ms a bloc
 the figures priced (benchmarks/RESULTS.md, session notes of 2026-12-04 05:05-).
 
 Example:
-    >>> reading = within_step_block_ms(model, problem, wrapped, lambda m: training_loss(m(x)).backward(),
-    ...                                torch.device("cpu"))
+    >>> reading = within_step_block_ms(model, problem, large_calls(problem, wrapped), wrapped,
+    ...                                lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
     >>> reading.per_block_ms, reading.interval
     (1.71, (1.02, 2.48))
 """
@@ -39,8 +39,8 @@ from solvers import Problem
 logger = logging.getLogger(__name__)
 
 # Rounds (each: one step with the even blocks checkpointed, one with the odd ones), and half as
-# many more at a time while the reading cannot be told from its price, up to 40: at planning's
-# 9 rounds no model's reading was decided (widths 1.7-2.6 ms a block), at 40 all four were.
+# many more at a time while the reading cannot be told from its price, up to 40: in the probe,
+# 9 rounds decided no model's reading at 95% (widths 1.7-2.6 ms a block), 40 decided all four.
 BLOCK_PRICE_ROUNDS = 20
 MAX_BLOCK_PRICE_ROUNDS = 40
 # The read's time at most, its next batch of rounds included (`clock.until_decided`).
@@ -49,20 +49,27 @@ MAX_READ_S = 45.0
 
 @dataclass(frozen=True)
 class BlockReading:
-    """Checkpoint's own cost per block read within the step: the median of the rounds' `values`
-    and its interval at `clock.READING_LEVEL` (None: too few rounds for one), for `blocks`."""
+    """Checkpoint's own cost per block of `blocks`, read within the step: one value a round."""
 
     blocks: tuple[range, ...]
-    per_block_ms: float
-    interval: tuple[float, float] | None
     values: tuple[float, ...]
+
+    @property
+    def per_block_ms(self) -> float:
+        """The rounds' median."""
+        return statistics.median(self.values)
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The median's interval at `clock.READING_LEVEL` (None: too few rounds for one)."""
+        return median_interval(self.values, READING_LEVEL)
 
     def figure(self, problem: Problem) -> float:
         """The reading, or the blocks' mean price under `problem`'s figures
         (`Problem.checkpoint_ms`) where the reading's interval holds it (`clock.reading_or_price`).
 
         Example:
-            >>> BlockReading((range(0, 40), range(40, 80)), 1.7, (1.1, 2.4), (1.7,) * 20).figure(problem)
+            >>> BlockReading((range(0, 40), range(40, 80)), (1.7,) * 20).figure(problem)
             1.7
         """
         price_ms = statistics.mean(map(problem.checkpoint_ms, self.blocks))
@@ -115,8 +122,7 @@ def within_step_block_ms(model: nn.Module, problem: Problem, blocks: Sequence[ra
                     len(set(names)))
         return None
     halves = [names[0::2], names[1::2]]
-    copies = [apply_plan(shallow_clone(model), [wrapped[blocks[i]] for i in range(start, len(blocks), 2)])
-              for start in (0, 1)]
+    copies = [apply_plan(shallow_clone(model), [wrapped[region] for region in blocks[start::2]]) for start in (0, 1)]
     segments = [BlockSegments(copy, names, device) for copy in copies]
     taken: list[list[dict[str, Segment]]] = [[], []]
 
@@ -156,8 +162,7 @@ def within_step_block_ms(model: nn.Module, problem: Problem, blocks: Sequence[ra
     finally:
         for hooks in segments:
             hooks.remove()
-    reading = BlockReading(tuple(blocks), statistics.median(found), median_interval(found, READING_LEVEL),
-                           tuple(found))
+    reading = BlockReading(tuple(blocks), tuple(found))
     bounds = "too few rounds" if reading.interval is None else "%+.2f to %+.2f" % reading.interval
     logger.info("checkpoint's cost per block within a step, %d blocks like %s, %d rounds in %.1f s: %+.3f ms "
                 "(99.5%%: %s; rounds' quartiles %s), priced %.3f ms", len(blocks), names[0], len(found),

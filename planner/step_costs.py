@@ -191,14 +191,13 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                           "cost to scale them to.")
             problem = scaled_node_times(problem, scale)
     priced = replace(problem, run_region_ms=0.0)  # (a run's own figure is measured here)
-    block_ms = within.figure(problem) if within is not None else None
+    within_row = None if within is None else (list(within.blocks), within.figure(problem))
     if calls:
         per_call, per_tensor = call_and_tensor_ms(problem, calls, reading("calls", calls, problem), blocks,
-                                                  reading("blocks", blocks, problem) if blocks else None,
-                                                  None if within is None else (list(within.blocks), block_ms))
+                                                  reading("blocks", blocks, problem) if blocks else None, within_row)
         priced = replace(priced, region_overhead_ms=per_call, saved_tensor_ms=per_tensor)
-    elif within is not None:  # (no calls to split it with: the call's figure stands)
-        priced = replace(priced, saved_tensor_ms=tensor_ms_within(problem, list(within.blocks), block_ms))
+    elif within_row is not None:  # (no calls to split it with: the call's figure stands)
+        priced = replace(priced, saved_tensor_ms=tensor_ms_within(problem, *within_row))
     # A run or a keeping region pays a checkpoint call's corrected cost (`Problem.checkpoint_ms`)
     # too: its own residual is what it costs beyond that, negative where a call's is larger,
     # but its fixed cost is no less than the call's figure before correction (or the corrected
@@ -290,11 +289,13 @@ def tensor_ms_within(problem: Problem, blocks: list[range], block_ms: float) -> 
         0.03
     """
     saved = sum(problem.nodes[i].saved_tensors for region in blocks for i in region)
-    per_tensor = max(0.0, len(blocks) * (block_ms - problem.region_overhead_ms) / saved) if saved else 0.0
+    if not saved:  # (nothing to put it on)
+        return problem.saved_tensor_ms
+    per_tensor = max(0.0, len(blocks) * (block_ms - problem.region_overhead_ms) / saved)
     logger.info("within one step, %d blocks saving %d tensors cost %.3f ms each beyond their recomputation: %.4f ms "
                 "per saved tensor (figure so far: %.4f ms)", len(blocks), saved, block_ms, per_tensor,
                 problem.saved_tensor_ms)
-    return per_tensor if saved else problem.saved_tensor_ms
+    return per_tensor
 
 
 def run_and_recorded_call_ms(problem: Problem, short: list[range], short_ms: float, long: list[range],

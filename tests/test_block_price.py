@@ -115,9 +115,12 @@ def test_without_calls_to_split_with_a_blocks_cost_beyond_the_call_is_its_tensor
 def test_a_within_step_reading_replaces_the_blocks_price_only_clear_of_it():
     problem, _, blocks = norms_and_blocks()
     price = problem.checkpoint_ms(blocks[0])  # 0.3 + 12 x 0.05
-    assert BlockReading(tuple(blocks), 1.4, (1.1, 1.9), (1.4,) * 20).figure(problem) == 1.4
-    assert BlockReading(tuple(blocks), 1.4, (0.5, 1.9), (1.4,) * 20).figure(problem) == pytest.approx(price)
-    assert BlockReading(tuple(blocks), 1.4, None, (1.4,) * 3).figure(problem) == 1.4  # (no interval: taken)
+    clear = BlockReading(tuple(blocks), (1.1,) * 5 + (1.4,) * 10 + (1.9,) * 5)
+    assert clear.interval == (1.1, 1.9) and clear.figure(problem) == 1.4
+    holding = BlockReading(tuple(blocks), (0.5,) * 5 + (1.4,) * 10 + (1.9,) * 5)
+    assert holding.interval == (0.5, 1.9) and holding.figure(problem) == pytest.approx(price)
+    alone = BlockReading(tuple(blocks), (1.4,) * 3)
+    assert alone.interval is None and alone.figure(problem) == 1.4  # (no interval: taken)
 
 
 def test_rounds_run_in_batches_while_undecided_up_to_the_most_allowed():
