@@ -3,6 +3,8 @@ and prediction errors move by as much as the changes between runs, so this reads
 the runs appended to RESULTS.md and gives, per model and budget, each run's measured share of
 every block's overhead and their median, the median predicted share, and in how many runs the
 prediction was within 10% or 2 ms of the clock (and where it lay below or above in all of them).
+Each model and budget is pooled over the runs that measured it, so runs of two models each
+(`--models gpt2,gpt`, then `llama,bert`, ...) pool together.
 
     .venv/bin/python benchmarks/pool_compare.py --runs "2026-11-26 23:08" "2026-11-27 00:48" [--save]
 
@@ -73,15 +75,23 @@ def read_run(text: str, stamp: str) -> dict[tuple[str, str], Row]:
 
 
 def pooled_table(runs: list[dict[tuple[str, str], Row]]) -> tuple[str, int, int]:
-    """The markdown table over `runs`, and how many predictions were within the tolerance of
-    how many made."""
+    """The markdown table over `runs` (each plan over the runs that hold it), and how many
+    predictions were within the tolerance of how many made.
+
+    Example:
+        >>> table, within, made = pooled_table([read_run(text, "2026-12-04 13:58"), read_run(text, "2026-12-04 16:08")])
+        >>> within, made
+        (16, 16)
+    """
     lines = ["| model | budget | measured share, each run | median | predicted (median) | target "
              "| predictions within 10% or 2 ms |", "|---|---|---|---|---|---|---|"]
-    keys = [key for key in runs[0] if key[1] != EVERY_BLOCK and all(key in run for run in runs)]
+    # Each plan is pooled over the runs that measured it: a run may hold some of the models only.
+    keys = list(dict.fromkeys(key for run in runs for key in run if key[1] != EVERY_BLOCK))
     within_total = made = 0
     for model, label in keys:
-        every = [run[(model, EVERY_BLOCK)] for run in runs]
-        rows = [run[(model, label)] for run in runs]
+        holding = [run for run in runs if (model, label) in run]
+        every = [run[(model, EVERY_BLOCK)] for run in holding]
+        rows = [run[(model, label)] for run in holding]
         shares = [row.measured_ms / base.measured_ms for row, base in zip(rows, every)]
         predicted = [row.predicted_ms / base.predicted_ms for row, base in zip(rows, every)]
         within = sum(within_tolerance(row.predicted_ms, row.measured_ms) for row in rows)
