@@ -9,8 +9,12 @@ regions), and the whole, each part and the unplanned step are timed in sandwiche
 (`benchmarks/retime.py`). Per round, the interaction is the whole's overhead less the parts':
 about 0 where the overheads add up. Prints medians with distribution-free 95% intervals.
 
+With `--whole-only`, the plan alone is timed against the unplanned step (no split): a check of
+one plan's prediction, away from the other configurations of a compare run.
+
 Usage:
     .venv/bin/python benchmarks/additivity.py --model llama --fraction 0.8 --rounds 120
+    .venv/bin/python benchmarks/additivity.py --model vit --fraction 0.8 --rounds 60 --whole-only
 """
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ def main() -> None:
     parser.add_argument("--model", default="llama", choices=sorted(SPECS))
     parser.add_argument("--fraction", type=float, default=0.8, help="budget as a fraction of the unplanned peak")
     parser.add_argument("--rounds", type=int, default=120)
+    parser.add_argument("--whole-only", action="store_true", help="time the plan alone, not its two parts")
     args = parser.parse_args()
 
     import torch
@@ -72,16 +77,21 @@ def main() -> None:
     step(model, sample)
     base = plan(model, sample, budget_gb=80)
     whole = base.replan(budget_gb=args.fraction * base.baseline_peak_bytes / GIB)
-    ((first, first_kept), (second, second_kept)), how = split(whole)
-    if not first or not second:
-        sys.exit(f"the plan at {args.fraction:.0%} has {len(whole.solution.regions)} region(s): nothing to split")
-    plans = {"whole": whole, "part A": base.with_regions(first, kept=first_kept),
-             "part B": base.with_regions(second, kept=second_kept)}
-    parts = [*plans["part A"].solution.regions, *plans["part B"].solution.regions]
-    if sorted(parts, key=lambda r: r.start) != sorted(whole.solution.regions, key=lambda r: r.start):
-        sys.exit("the two parts' regions, named again, are not the plan's: the interaction would mean nothing")
-    print(f"{args.model} at {args.fraction:.0%}: {len(whole.solution.regions)} regions, split as {how} "
-          f"({len(first)} / {len(second)})")
+    plans = {"whole": whole}
+    if args.whole_only:
+        print(f"{args.model} at {args.fraction:.0%}: {len(whole.solution.regions)} regions, "
+              f"{len(whole.solution.kept or ())} nodes kept, timed alone")
+    else:
+        ((first, first_kept), (second, second_kept)), how = split(whole)
+        if not first or not second:
+            sys.exit(f"the plan at {args.fraction:.0%} has {len(whole.solution.regions)} region(s): nothing to split")
+        plans.update({"part A": base.with_regions(first, kept=first_kept),
+                      "part B": base.with_regions(second, kept=second_kept)})
+        parts = [*plans["part A"].solution.regions, *plans["part B"].solution.regions]
+        if sorted(parts, key=lambda r: r.start) != sorted(whole.solution.regions, key=lambda r: r.start):
+            sys.exit("the two parts' regions, named again, are not the plan's: the interaction would mean nothing")
+        print(f"{args.model} at {args.fraction:.0%}: {len(whole.solution.regions)} regions, split as {how} "
+              f"({len(first)} / {len(second)})")
     for name, planned in plans.items():
         print(f"  {name}: predicted {planned.recompute_ms:.1f} ms")
     retimer = NodeRetimer(base)
@@ -99,8 +109,10 @@ def main() -> None:
     for name, planned in plans.items():
         print(f"  {name}: measured {interval_text(overheads[name])}; predicted {planned.recompute_ms:.1f}, "
               f"from the rounds' node means {retimer.predict(planned):.1f}")
-    interaction = [w - a - b for w, a, b in zip(overheads["whole"], overheads["part A"], overheads["part B"])]
-    print(f"  interaction (whole less its parts): {interval_text(interaction)}; mean {statistics.fmean(interaction):+.1f}")
+    if not args.whole_only:
+        interaction = [w - a - b for w, a, b in zip(overheads["whole"], overheads["part A"], overheads["part B"])]
+        print(f"  interaction (whole less its parts): {interval_text(interaction)}; "
+              f"mean {statistics.fmean(interaction):+.1f}")
 
 
 if __name__ == "__main__":
