@@ -79,6 +79,7 @@ def pooled_table(runs: list[dict[tuple[str, str], Row]]) -> tuple[str, int, int]
     predictions were within the tolerance of how many made.
 
     Example:
+        >>> text = RESULTS.read_text()
         >>> table, within, made = pooled_table([read_run(text, "2026-12-04 13:58"), read_run(text, "2026-12-04 16:08")])
         >>> within, made
         (16, 16)
