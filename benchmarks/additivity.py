@@ -80,7 +80,7 @@ def main() -> None:
     plans = {"whole": whole}
     if args.whole_only:
         print(f"{args.model} at {args.fraction:.0%}: {len(whole.solution.regions)} regions, "
-              f"{len(whole.solution.kept or ())} nodes kept, timed alone")
+              f"{len(whole.solution.kept)} nodes kept, timed alone")
     else:
         ((first, first_kept), (second, second_kept)), how = split(whole)
         if not first or not second:

@@ -67,8 +67,12 @@ def read_run(text: str, stamp: str) -> dict[tuple[str, str], Row]:
             model = line[4:].split(" (")[0]
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if cells[0] == COLUMNS["configuration"]:
+            missing = [name for name in COLUMNS.values() if name not in cells]
+            if missing:
+                raise SystemExit(f"the run stamped {stamp!r} has no column {missing[0]!r}: it predates what this pools")
             index = {key: cells.index(name) for key, name in COLUMNS.items()}
-            index["retimed"] = cells.index(RETIMED) if RETIMED in cells else -1
+            if RETIMED in cells:
+                index["retimed"] = cells.index(RETIMED)
             continue
         if not index or not (cells[0] == EVERY_BLOCK or cells[0].startswith(PLANNER)):
             continue
@@ -76,7 +80,7 @@ def read_run(text: str, stamp: str) -> dict[tuple[str, str], Row]:
         if measured == "-" or predicted == "-":  # infeasible at that budget: not run
             continue
         label = cells[0].removeprefix(PLANNER)
-        retimed = cells[index["retimed"]] if index["retimed"] >= 0 else "-"
+        retimed = cells[index["retimed"]] if "retimed" in index else "-"
         rows[(model, label)] = Row(float(measured.split()[0]), float(predicted.split()[0]),
                                    None if retimed == "-" else float(retimed.split()[0]))
     return rows
