@@ -13,8 +13,8 @@ from planner.apply import ModuleCheckpoint, apply_plan, sample_shapes, shallow_c
 from planner.state_check import check_state, state_shapes
 from planner.given_regions import named_regions, submodule_regions
 from planner.graph import compute_nodes, kept_indices, module_path
-from planner.measure import check_measure, plan_device
-from planner.plan_problem import measure_problem
+from planner.measure import check_measure, measurable_bytes, plan_device
+from planner.plan_problem import check_effort, measure_problem
 from planner.plan_setup import Setup, check_gb, check_trainable, sample_tensors
 from planner.eager_check import held_outside_step, steady_peak
 from planner.measured_fit import BEYOND_PLAN, fit_to_measured
@@ -25,7 +25,7 @@ from planner.static import check_optimizer, check_world_size
 from planner.targets import target as find_target
 from planner.trace import Traced
 from planner.verify import Verification, verify_modules
-from solvers import Problem, Solution, Status, peak_bytes, solve
+from solvers import InfeasibleBudget, Problem, Solution, Status, peak_bytes, solve
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,8 @@ class Plan(PlanFigures):
         self._traced = traced
         self._module: nn.Module | None = None
         self.wrapped = wrapped  # the submodule each allowed region checkpoints, by node range
+        # the peak of the plan's own training step, where planning ran it on this device
+        self.own_step_peak_bytes: int | None = None
         self.problem = problem
         self.profile = summary
         self.budget_bytes = budget_bytes
@@ -64,6 +66,21 @@ class Plan(PlanFigures):
         modules = [module_path(fx_nodes[node.name]) for node in problem.nodes]
         self.checkpoints = describe_checkpoints(problem, solution.regions, modules,
                                                 region_specs(traced.gm, problem, solution, wrapped), solution.kept)
+
+    @property
+    def verified(self) -> bool:
+        """Whether the plan's own training step has run on the plan's device and peaked within
+        its budget: in planning (where the device can hold the planned step), or in `verify()`.
+        A plan for another device (a `target`, FSDP2 ranks, a model on `meta`) has not: its
+        peak is predicted only. `load_plan(path).apply(model)` and `verify()` there close that gap.
+
+        Example:
+            >>> plan(model, tokens, budget_gb=0.5).verified
+            True
+        """
+        if self.verification is not None:
+            return self.verification.within_budget
+        return self.own_step_peak_bytes is not None and self.own_step_peak_bytes <= self.budget_bytes
 
     @property
     def baseline_peak_bytes(self) -> int:
@@ -268,7 +285,7 @@ class Plan(PlanFigures):
             timing=self.profile.timing, checkpoints=self.checkpoints, verification=self.verification,
             static_breakdown=self.static_breakdown, device=self.setup.where.name, world_size=self.setup.world_size,
             measurement=self.profile.measurement, times_estimated=self.profile.times_estimated,
-            scratch_measured=self.profile.scratch_measured,
+            scratch_measured=self.profile.scratch_measured, own_step_peak_bytes=self.own_step_peak_bytes,
         )
 
 
@@ -287,6 +304,7 @@ def plan(
     world_size: int = 1,
     optimizer: str | float | None = None,
     measure: str = "auto",
+    effort: str = "normal",
 ) -> Plan:
     """Choose which parts of `model` to recompute so one training step fits `budget_gb`.
 
@@ -303,10 +321,13 @@ def plan(
     80 GiB). `world_size` > 1 plans for FSDP2 over that many ranks (`planner.static`).
     `measure`: "run" measures the whole step at once (exact; needs more memory than the
     step), "no-run" measures sizes on fake tensors and runs one node at a time, "auto" (the
-    default) runs the whole step only where it fits in the budget; where it runs, the plan's
-    own step is measured too, and solved again if it peaks above the budget
-    (`planner.measured_fit`). The model is left as it was. `solver_options` go to the solver
-    (for example `{"time_limit_s": 120}` for "ilp").
+    default) runs the whole step wherever this device has the memory for it (not the budget's
+    question: `planner.measure.measurable_bytes`). Wherever the plan's own step can run here,
+    it is run and the plan solved again if it peaks above the budget (`planner.measured_fit`);
+    `p.verified` says whether it ran within the budget. `effort="thorough"` also reads what
+    checkpoint calls and runs cost off the model's own training steps (a minute or more on a
+    CPU; "normal" reads them on one block). The model is left as it was. `solver_options` go to
+    the solver (for example `{"time_limit_s": 120}` for "ilp").
 
     Example:
         >>> from planner import plan
@@ -319,6 +340,7 @@ def plan(
     world_size = check_world_size(world_size)
     optimizer = check_optimizer(optimizer)
     check_measure(measure)
+    check_effort(effort)
     if budget_gb is None:
         budget_bytes = gpu.memory_bytes if gpu else int(DEFAULT_BUDGET_GB * GIB)
     else:
@@ -330,32 +352,59 @@ def plan(
         raise TypeError("the sample holds no tensor: pass the model's input tensors as the sample")
     where = plan_device([*model.parameters(), *model.buffers(), *tensors], gpu)
     say = progress or (lambda message: logger.info(message))
-    measured = measure_problem(model, sample, where, budget_bytes, reserved_bytes, optimizer, world_size, leaves,
-                               frontend, repeats, measure, say)
+    measured = measure_problem(model, sample, where, reserved_bytes, optimizer, world_size, leaves,
+                               frontend, repeats, measure, say, effort)
     say(f"solving for {len(compute_nodes(measured.traced.gm))} nodes with solver {solver!r}")
     return _solved(model, sample, measured.traced, measured.problem, measured.summary, budget_bytes, reserved_bytes,
-                   solver, solver_options or {}, Setup(where, world_size, optimizer, measured.breakdown),
+                   solver, solver_options or {}, Setup(where, world_size, optimizer, measured.breakdown, measure),
                    measured.wrapped)
 
 
 def _solved(model: nn.Module, sample: Any, traced: Traced, problem: Problem, summary: GraphProfile,
             budget_bytes: int, reserved_bytes: int, method: str, solver_options: dict[str, Any], setup: Setup,
             wrapped: dict[range, ModuleCheckpoint]) -> Plan:
-    """The plan `method` solves for; where the whole step runs here, checked against its own
-    step and solved again with what it holds beyond the graph kept free (`planner.measured_fit`)."""
-    def keeping_free(extra: int) -> Plan:
+    """The plan `method` solves for; where its own step can run here, checked against that step
+    and solved again with what it holds beyond the graph kept free (`planner.measured_fit`).
+    Where no plan fits, the smallest budget named is the one a plan's measured step fits in."""
+    def keeping_free(extra: int, budget: int = budget_bytes) -> Plan:
         kept_free = replace(problem, static_bytes=problem.static_bytes + extra)
         terms = dict(setup.static_breakdown or {})
         if extra:
             terms[BEYOND_PLAN] = terms.get(BEYOND_PLAN, 0) + extra
-        solution = solve(kept_free, budget_bytes, method=method, **solver_options)  # (the report gives its time)
-        return Plan(model, sample, traced, kept_free, summary, solution, budget_bytes, reserved_bytes, method,
+        solution = solve(kept_free, budget, method=method, **solver_options)  # (the report gives its time)
+        return Plan(model, sample, traced, kept_free, summary, solution, budget, reserved_bytes, method,
                     solver_options, replace(setup, static_breakdown=terms), wrapped)
 
-    planned, where = keeping_free(0), setup.where
-    runs_here = summary.measurement == "whole step" and where.local and setup.world_size == 1
-    if not runs_here or not planned.solution.regions:  # (the eager check measured the unplanned step)
-        return planned
     outside = held_outside_step(setup.static_breakdown or {})  # room in the budget that a bare step leaves unused
-    return fit_to_measured(planned, keeping_free,
-                           lambda p: steady_peak(p.module(), sample, where.device, model) + outside)
+    own_step = lambda p: steady_peak(p.module(), sample, setup.where.device, model) + outside  # noqa: E731
+    try:
+        planned = keeping_free(0)
+    except InfeasibleBudget as error:
+        at_minimum = keeping_free(0, error.minimum_bytes)
+        if not _own_step_runs_here(model, sample, at_minimum, summary, setup):
+            raise
+        # (what the plan at the minimum holds beyond its prediction raises the minimum by as much)
+        excess = own_step(at_minimum) - at_minimum.predicted_peak_bytes
+        if excess <= 0:
+            raise
+        raise InfeasibleBudget(budget_bytes, error.minimum_bytes + excess, error.static_bytes, error.solver,
+                               error.proven) from None
+    if not _own_step_runs_here(model, sample, planned, summary, setup):
+        return planned
+    fitted, measured = fit_to_measured(planned, keeping_free, own_step)
+    fitted.own_step_peak_bytes = measured
+    return fitted
+
+
+def _own_step_runs_here(model: nn.Module, sample: Any, planned: Plan, summary: GraphProfile, setup: Setup) -> bool:
+    """Whether the plan's own training step can run on its device here: planning may run steps
+    (not `measure="no-run"`), the plan is for this machine's device, for one rank, the model is
+    real, and what the step allocates beyond the tensors already there fits in what measuring
+    may use (`planner.measure.measurable_bytes`)."""
+    where = setup.where
+    if setup.measure == "no-run" or not where.local or setup.world_size != 1:
+        return False
+    if any(t.device.type == "meta" for t in (*model.parameters(), *sample_tensors(sample))):
+        return False
+    resident = summary.parameter_bytes + summary.buffer_bytes + summary.input_bytes
+    return planned.predicted_peak_bytes - resident <= measurable_bytes(where.device)

@@ -270,8 +270,8 @@ def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[]
 
 def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
                                 device: torch.device, runs_here: bool, run_model: Callable[[], Any],
-                                calls_of: Callable[[range, tuple[int, ...]], tuple[tuple[str, int], ...]]
-                                ) -> MeasuredCosts:
+                                calls_of: Callable[[range, tuple[int, ...]], tuple[tuple[str, int], ...]],
+                                max_rounds: int = MAX_BLOCK_ROUNDS) -> MeasuredCosts:
     """A selective policy's cost per region, per ATen call and per kept node
     (`Problem.keep_region_ms`, `keep_call_ms`, `kept_node_ms`): from tiny modules and, where the
     model runs here, on its own submodule with the most keepable nodes, a block (its real ops
@@ -316,7 +316,7 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
             with preserved_state(model, [device]):
                 cost = selective_costs_in_model(model, wrapped[region].module, run_model, per_region, device, kept,
                                                 recomputed_share(problem, region),
-                                                lambda read: read.undecided("per_call_ms", tiny_call), MAX_BLOCK_ROUNDS)
+                                                lambda read: read.undecided("per_call_ms", tiny_call), max_rounds)
             # Each figure as read, unless its rounds cannot tell it from what the figures held so
             # far price it at (per kept node: nothing); then that price stands. Counting and
             # recording runs are priced by the policy's cost per call in this block, not the tiny

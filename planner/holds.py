@@ -37,7 +37,10 @@ from typing import Any, Callable, Collection
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._pytree import tree_map_only
 
+from planner.fake import fake_like, fake_model_state
 from planner.call_matching import KEEPABLE_OPS, matched_span, unmatched_regions
 from planner.graph import compute_nodes, module_calls
 from planner.memory import LiveBytesTracker, draws_random_numbers, written_arguments
@@ -120,6 +123,8 @@ class _CallLog(LiveBytesTracker):
         return self._index.get(id(storage)) if ref is not None and ref() is storage else None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func.namespace == "prim":  # a metadata query (fake tensors answer `.device` through it), no work
+            return func(*args, **(kwargs or {}))
         if written_arguments(func, args, kwargs or {}):
             self.writing_calls.add(len(self.calls))
         if draws_random_numbers(func, args, kwargs or {}):
@@ -145,12 +150,20 @@ class _GraphRun(fx.Interpreter):
     and which allocations are each node's outputs. (Its own frees do not matter: it keeps the
     results of in-place calls that nothing reads, which fx's generated code would not.)"""
 
-    def __init__(self, gm: fx.GraphModule, log: _CallLog):
+    def __init__(self, gm: fx.GraphModule, log: _CallLog,
+                 constant: Callable[[torch.Tensor], torch.Tensor] | None = None):
         super().__init__(gm)
         self.log = log
+        self.constant = constant  # makes a graph constant (not a parameter or buffer) fake
         self.node_of_call: list[str] = []
         self.output_of: dict[int, str] = {}  # allocation index -> node whose output it is
         self.calls_of: dict[str, NodeCalls] = {}
+
+    def fetch_attr(self, target: str) -> Any:
+        value = super().fetch_attr(target)
+        if self.constant is not None and isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            return self.constant(value)
+        return value
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op not in COMPUTE_OPS:
@@ -233,12 +246,14 @@ class EagerLifetimes:
     calls: dict[str, NodeCalls] = field(default_factory=dict)
 
 
-def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], Any]) -> EagerLifetimes:
+def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], Any],
+                constant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> EagerLifetimes:
     """The lifetimes of the model's own forward (`run_model()`, on the same inputs as
     `inputs`, the graph's) that the graph does not show, and each node's calls (see
     `EagerLifetimes`). Lifetimes need the two runs' ATen calls to match one to one: where they
     differ, `holds` and `arguments` are empty and it logs why. The caller restores what a
-    forward changes (BatchNorm statistics, RNG).
+    forward changes (BatchNorm statistics, RNG). `constant` makes the graph's constants fake
+    where it runs on fake tensors (`fake_eager_holds`).
 
     Example:
         >>> eager_holds(gm, [x], lambda: model(x)).holds
@@ -247,7 +262,7 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
     discard = torch.autograd.graph.saved_tensors_hooks(lambda tensor: None, lambda nothing: nothing)
     with torch.enable_grad(), discard:
         graph_log = _CallLog()
-        runner = _GraphRun(gm, graph_log)
+        runner = _GraphRun(gm, graph_log, constant)
         with graph_log:
             output = runner.run(*inputs)
         del output
@@ -307,3 +322,30 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
             if before:
                 arguments.setdefault(first, set()).update(before)
     return EagerLifetimes(holds, arguments, calls)
+
+
+def fake_eager_holds(gm: fx.GraphModule, inputs: list[torch.Tensor], model: torch.nn.Module, args: tuple[Any, ...],
+                     kwargs: dict[str, Any], device: torch.device) -> EagerLifetimes:
+    """`eager_holds` on fake copies of the model's state and of the inputs on `device`: what the
+    model's code holds, what each submodule call is passed and each node's ATen calls, with no
+    memory and nothing run (a model on `meta` too). `args`, `kwargs` are the model's call
+    (`inputs` the graph's tensors of it). The model is left as it was.
+
+    Example:
+        >>> fake_eager_holds(gm, [x], model, (x,), {}, torch.device("cpu")).holds
+        {'add': 'fc2'}
+    """
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    made: dict[int, torch.Tensor] = {}
+
+    def fake(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in made:
+            made[id(tensor)] = fake_like(tensor, mode, device)
+        return made[id(tensor)]
+
+    fake_inputs = [fake(t) for t in inputs]
+    fake_args, fake_kwargs = tree_map_only(torch.Tensor, fake, (args, kwargs))
+    # (the graph's parameters are the model's, reparametrised twice: an fx graph holds some through modules
+    # of its own)
+    with fake_model_state(gm, mode, device), fake_model_state(model, mode, device), mode:
+        return eager_holds(gm, fake_inputs, lambda: model(*fake_args, **fake_kwargs), fake)

@@ -4,27 +4,32 @@ Two paths (see "Measuring without running what does not fit" in DESIGN.md):
 
 * "run": the whole training step on real tensors, every value kept for the analysis
   (`planner.profile.profile`): exact, but it needs more memory than the unplanned step;
-* "no-run": sizes on fake tensors (`planner.profile_fake`), then each distinct node alone on
-  real tensors made for it (`planner.profile_nodes`), or, for a target GPU that is not this
+* "no-run": sizes on fake tensors (`planner.profile_fake`), the model's own forward followed
+  on fake tensors (`planner.holds.fake_eager_holds`), then each distinct node alone on real
+  tensors made for it (`planner.profile_nodes`), or, for a target GPU that is not this
   machine's device, roofline estimates of its times (`planner.targets`).
 
 "auto" always takes the sizes on fake tensors first (no memory), and measures the whole step
-only where it can run here and what it holds fits in the budget.
+wherever this device can hold what that needs (`measurable_bytes`: its free memory, less
+`MEASURE_MARGIN`). The budget plays no part in that choice: it describes the run the plan is
+for, not what measuring may use.
 
 Example:
     >>> where = plan_device(sample, target="h100")
-    >>> summary = measure_model(traced.gm, inputs, where, "auto", budget_bytes=80 * 2**30)
+    >>> summary = measure_model(traced.gm, inputs, where, "auto")
 """
 from __future__ import annotations
 
 import logging
+import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 
-from planner.holds import EagerLifetimes, eager_holds
+from planner.holds import EagerLifetimes, eager_holds, fake_eager_holds
 from planner.profile import META_KEY, graph_profile, profile
 from planner.profile_records import GraphProfile
 from planner.profile_fake import profile_sizes
@@ -35,6 +40,39 @@ from solvers import format_bytes
 logger = logging.getLogger(__name__)
 
 MEASURE_MODES = ("auto", "run", "no-run")
+# Measuring leaves this share of the device's free memory unused: what else the process and the
+# allocator hold meanwhile (caches, fragmentation), which the estimate of what it needs omits.
+MEASURE_MARGIN = 0.2
+
+
+def host_available_bytes() -> int:
+    """Host memory available to this process without swapping: Linux's MemAvailable, else the
+    free pages the OS reports.
+
+    Example:
+        >>> host_available_bytes() > 0
+        True
+    """
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def measurable_bytes(device: torch.device) -> int:
+    """What measuring may allocate on `device`: its free memory (host memory for the CPU,
+    `torch.cuda.mem_get_info` for a GPU) less `MEASURE_MARGIN` of it.
+
+    Example:
+        >>> measurable_bytes(torch.device("cpu")) > 0
+        True
+    """
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else host_available_bytes()
+    return int(free * (1 - MEASURE_MARGIN))
 
 
 @dataclass(frozen=True)
@@ -104,16 +142,16 @@ def measure_model(
     inputs: list[torch.Tensor],
     where: PlanDevice,
     mode: str = "auto",
-    budget_bytes: int | None = None,
     repeats: int = 5,
     progress: Callable[[str], None] | None = None,
     loss: Callable[[Any], torch.Tensor] | None = None,
-    run_model: Callable[[], Any] | None = None,
+    model_call: tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]] | None = None,
 ) -> GraphProfile:
     """Annotate `gm`'s compute nodes with their measurements for a plan on `where` and return
     the whole-graph figures. `mode`: "run", "no-run" or "auto" (see the module docstring).
-    `run_model` runs the model's own forward on the inputs: where the whole step is measured,
-    the outputs its code holds longer than the graph are noted (`planner.holds`).
+    `model_call` is (model, args, kwargs), the model's own call on the inputs: the outputs its
+    code holds longer than the graph, and each node's ATen calls, are noted (`planner.holds`),
+    on real tensors where the whole step is measured, else on fake ones.
     The caller restores what measuring changes on a real model (BatchNorm statistics, RNG):
     see `planner.memory.preserved_state`.
 
@@ -134,23 +172,33 @@ def measure_model(
     if mode != "run":
         say("measuring sizes on fake tensors")
         fake = profile_sizes(gm, inputs, where.profile_device, cuda_attention=where.device.type == "cuda", loss=loss)
-        fits = budget_bytes is not None and fake.needed_bytes <= budget_bytes
-        if mode == "auto" and runnable and fits:
-            logger.info("measuring the whole step: it holds about %s, within the budget", format_bytes(fake.needed_bytes))
+        room = measurable_bytes(where.device) if runnable else 0
+        if mode == "auto" and runnable and fake.needed_bytes <= room:
+            logger.info("measuring the whole step: it holds about %s, and %s has room for %s",
+                        format_bytes(fake.needed_bytes), where.name, format_bytes(room))
         else:
             if not where.local:
                 say(f"estimating times on {where.name} (roofline): it is not this machine's device")
             elif mode == "auto":
                 why = ("the model or sample is on the meta device" if not runnable else
-                       f"measuring the whole step at once would hold about {format_bytes(fake.needed_bytes)}")
+                       f"measuring the whole step at once would hold about {format_bytes(fake.needed_bytes)}, "
+                       f"more than {where.name} has free ({format_bytes(room)} with a margin)")
                 say(f"measuring node by node: {why}")
-            logger.info(_NOTHING_KEPT, "the whole step was not run")
+            if model_call is not None:
+                say("following the model's own forward on fake tensors: what its code holds, its ATen calls")
+                try:
+                    note_holds(gm, fake_eager_holds(gm, inputs, *model_call, where.profile_device))
+                except Exception as error:  # (a forward fake tensors cannot follow: data-dependent code)
+                    _warn_unfollowed(error)
+            else:
+                logger.info(_NOTHING_KEPT, "the model's own forward was not run")
             return _no_run(gm, inputs, fake, where, repeats, say)
     say("measuring the whole step")
     summary = profile(gm, inputs, repeats=repeats, progress=say, loss=loss)
-    if run_model is not None:
+    if model_call is not None:
         say("measuring how long the model's own code holds each output")
-        note_holds(gm, eager_holds(gm, inputs, run_model))
+        model, args, kwargs = model_call
+        note_holds(gm, eager_holds(gm, inputs, lambda: model(*args, **kwargs)))
     else:
         logger.info(_NOTHING_KEPT, "the model's own forward was not run")
     return summary
@@ -159,6 +207,15 @@ def measure_model(
 # Keeping a node's output inside a region (a selective-checkpoint policy) needs its ATen calls
 # as the model's own forward makes them (`planner.holds`), recorded only where the step runs.
 _NOTHING_KEPT = "no region may keep a node's output (selective checkpointing): %s, so its ATen calls are not known"
+
+
+def _warn_unfollowed(error: Exception) -> None:
+    """Say what the no-run path cannot know where the model's forward does not run on fake tensors."""
+    why = f"the model's forward does not run on fake tensors ({type(error).__name__}: {error})"
+    logger.info(_NOTHING_KEPT, why)
+    warnings.warn(f"{why}: the outputs its code holds longer than the traced graph are not known, so the "
+                  "predicted peak may be low; plan where the model runs (measure='auto') to measure them",
+                  stacklevel=4)
 
 
 def note_holds(gm: fx.GraphModule, lifetimes: EagerLifetimes) -> None:

@@ -38,21 +38,22 @@ PlanT = TypeVar("PlanT", bound=_Sized)
 
 
 def fit_to_measured(plan: PlanT, solve_keeping_free: Callable[[int], PlanT],
-                    measured_peak: Callable[[PlanT], int]) -> PlanT:
+                    measured_peak: Callable[[PlanT], int]) -> tuple[PlanT, int]:
     """`plan` where its own step (`measured_peak(plan)`) stays within its budget; else the plan
     `solve_keeping_free(extra)` solves with `extra` bytes more kept free, `extra` the measured
     excess over the predicted peak (summed over tries), checked again, up to `REFITS` times.
-    Warns with the figures where it solves again, and where the last plan is still above its
-    budget. `solve_keeping_free` raises `InfeasibleBudget` where no plan fits with that much kept free.
+    Returns the plan and its step's measured peak. Warns with the figures where it solves
+    again, and where the last plan is still above its budget. `solve_keeping_free` raises
+    `InfeasibleBudget` where no plan fits with that much kept free.
 
     Example:
-        >>> fit_to_measured(planned, solve_keeping_free, lambda p: 120 << 20).predicted_peak_bytes
+        >>> fitted, measured = fit_to_measured(planned, solve_keeping_free, lambda p: 120 << 20)
     """
     extra = 0
     for _ in range(REFITS):
         measured = measured_peak(plan)
         if measured <= plan.budget_bytes:
-            return plan
+            return plan, measured
         excess = max(1, measured - plan.predicted_peak_bytes)
         extra += excess
         warnings.warn(f"the plan's own training step peaked at {format_bytes(measured)}, above its budget of "
@@ -65,7 +66,7 @@ def fit_to_measured(plan: PlanT, solve_keeping_free: Callable[[int], PlanT],
         warnings.warn(f"after {REFITS} tries the plan's own training step still peaks at {format_bytes(measured)}, "
                       f"above its budget of {format_bytes(plan.budget_bytes)}: lower budget_gb by the difference, "
                       "or check the plan with p.verify()", stacklevel=3)
-    return plan
+    return plan, measured
 
 
 __all__ = ["BEYOND_PLAN", "REFITS", "fit_to_measured"]

@@ -144,6 +144,7 @@ class SavedPlan(PlanFigures):
                 "measurement": plan.profile.measurement,
                 "times_estimated": plan.profile.times_estimated,
                 "scratch_measured": plan.profile.scratch_measured,
+                "own_step_peak_bytes": plan.own_step_peak_bytes,
             },
             static_breakdown=plan.static_breakdown,
         )

@@ -195,7 +195,8 @@ def report_setup(planned_for: dict[str, Any] | None) -> dict[str, Any]:
     return {"device": planned_for.get("device", ""), "world_size": planned_for.get("world_size", 1),
             "measurement": planned_for.get("measurement", "whole step"),
             "times_estimated": planned_for.get("times_estimated", False),
-            "scratch_measured": planned_for.get("scratch_measured", True)}
+            "scratch_measured": planned_for.get("scratch_measured", True),
+            "own_step_peak_bytes": planned_for.get("own_step_peak_bytes")}
 
 
 def describe_node(node: dict[str, str]) -> str:

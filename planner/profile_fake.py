@@ -33,13 +33,16 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from planner.backward_windows import BackwardWindows
 from planner.fake import fake_like, fake_model_state, fake_state
 from planner.memory import LiveBytesTracker, storage_key
-from planner.profile import COMPUTE_OPS, META_KEY, ProfileInterpreter, training_loss_bytes
+from planner.profile import COMPUTE_OPS, META_KEY, ProfileInterpreter, tensors_in, training_loss_bytes
 from planner.targets import ATTENTION_TARGETS, KernelCost, KernelCounter, target_attention
 from planner.verify import training_loss
 
 logger = logging.getLogger(__name__)
 
 KERNELS_KEY = "planner.kernels"  # node.meta: the node's ATen calls, tuple[KernelCost, ...]
+# node.meta: the strides of the gradient backward hands each of the node's outputs (in
+# `tensors_in` order; None where it gets none), dict[int, tuple[int, ...]]
+GRADIENT_STRIDES_KEY = "planner.gradient_strides"
 
 
 @dataclass
@@ -82,6 +85,19 @@ class _FakeInterpreter(ProfileInterpreter):
             else:
                 result = super().compute(n, args, kwargs)
         n.meta[KERNELS_KEY] = tuple(counter.kernels)
+        # A kernel's backward may copy a gradient it gets in another layout (a slice of a cat's
+        # gradient), scratch that running the node alone on a contiguous gradient would not show.
+        strides: dict[int, tuple[int, ...]] = {}
+        n.meta[GRADIENT_STRIDES_KEY] = strides
+
+        def note(position: int) -> Callable[[torch.Tensor], None]:
+            def hook(grad: torch.Tensor) -> None:
+                strides.setdefault(position, tuple(grad.stride()))
+            return hook
+
+        for position, tensor in enumerate(tensors_in(result)):
+            if tensor.requires_grad and tensor.grad_fn is not None:
+                tensor.register_hook(note(position))
         return result
 
 

@@ -35,7 +35,7 @@ from planner.backward_windows import BackwardWindows
 from planner.clock import ahead_for, elapsed_ms, launch_ms
 from planner.memory import LiveBytesTracker
 from planner.profile import COMPUTE_OPS, META_KEY, NODE_LABEL, claim_autograd_nodes, tensors_in
-from planner.profile_fake import FakeProfile, kernels_of
+from planner.profile_fake import GRADIENT_STRIDES_KEY, FakeProfile, kernels_of
 from planner.targets import Target
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,9 @@ class _NodeRunner:
                 wrt = [*leaves, *parameters]
                 gradients: Any = ()
                 if outputs and wrt:  # held past the window, as a backward hands them on
-                    ones = [torch.ones_like(t, memory_format=torch.contiguous_format) for t in outputs]
+                    strides = node.meta.get(GRADIENT_STRIDES_KEY, {})
+                    ones = [_gradient(t, strides.get(position)) for position, t in enumerate(tensors_in(result))
+                            if t.requires_grad and t.grad_fn is not None]
                     with BackwardWindows(tracker, owners) as windows:
                         gradients = torch.autograd.grad(outputs, wrt, ones, allow_unused=True)
                     tensors = windows.temporaries().get(node.name, 0)
@@ -156,6 +158,16 @@ class _NodeRunner:
             times = [elapsed_ms(self.device, lambda: function(*args, **kwargs), ahead)
                      for _ in range(self.warmup + self.repeats)]
         return statistics.median(times[self.warmup:]), scratch, backward_scratch
+
+def _gradient(output: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
+    """Ones shaped like `output`, laid out as the step's backward hands it its gradient (`stride`,
+    from the fake pass), else contiguous."""
+    if stride is None or len(stride) != output.dim():
+        return torch.ones_like(output, memory_format=torch.contiguous_format)
+    span = 1 + sum((size - 1) * step for size, step in zip(output.shape, stride) if size > 0)
+    storage = torch.ones(span if output.numel() else 0, dtype=output.dtype, device=output.device)
+    return storage.as_strided(output.shape, stride)
+
 
 def _fill(tensor: torch.Tensor, std: float = 0.02) -> None:
     if (tensor.is_floating_point() or tensor.is_complex()) and tensor.element_size() > 1:
@@ -195,7 +207,7 @@ def measure_nodes(
     nodes = [node for node in gm.graph.nodes if node.op in COMPUTE_OPS]
     for index, node in enumerate(nodes):
         args, kwargs = _fetch(fake, node)
-        key = signature(gm, node, args, kwargs)
+        key = (signature(gm, node, args, kwargs), tuple(sorted(node.meta.get(GRADIENT_STRIDES_KEY, {}).items())))
         if key not in measured:
             if progress and len(measured) % 25 == 0:
                 progress(f"running node {index + 1}/{len(nodes)} alone ({len(measured)} distinct so far)")

@@ -93,6 +93,15 @@ def span(node_modules: Sequence[str]) -> str:
     return first if first == last else f"{first} .. {last}"
 
 
+def _own_step(peak_bytes: int | None, budget_bytes: int, device: str) -> str:
+    if peak_bytes is None:
+        return ("not run: the peak is predicted only; apply the plan where it is for and call verify(), "
+                "or train a step and compare")
+    where = f" on {device}" if device else ""
+    within = "within the budget" if peak_bytes <= budget_bytes else "ABOVE the budget"
+    return f"ran{where} in planning and peaked at {format_bytes(peak_bytes)}, {within}"
+
+
 def format_report(
     *,
     model_name: str,
@@ -113,9 +122,11 @@ def format_report(
     measurement: str = "whole step",
     times_estimated: bool = False,
     scratch_measured: bool = True,
+    own_step_peak_bytes: int | None = None,
 ) -> str:
     """A readable table of a plan's figures, regions, and measured figures once verified.
-    Whatever was estimated rather than measured says so.
+    Whatever was estimated rather than measured says so, and so does a plan whose own training
+    step has not run (`own_step_peak_bytes`: its measured peak, where planning ran it).
 
     Example:
         >>> print(format_report(model_name="TinyGPT", problem=p.problem, solution=p.solution, ...))
@@ -149,6 +160,7 @@ def format_report(
     lines += [
         f"  peak, no plan     {format_bytes(baseline_peak_bytes)}",
         f"  peak, this plan   {format_bytes(solution.peak_bytes)} (predicted)",
+        f"  its own step      {_own_step(own_step_peak_bytes, budget_bytes, device)}",
         f"  recompute         {solution.recompute_ms:.2f} ms per step{estimate} "
         f"(+{overhead:.0f}% of the {forward_ms:.2f} ms forward, {method})",
         *([f"                    including {problem.region_overhead_ms:.3f} ms per checkpoint call "

@@ -23,7 +23,7 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
     is freed after v's own backward. Where that reader is v's only one and hands its result's
     gradient on unchanged (`grad_aliases`: an add, a cat, an in-place add), the two share one
     storage, held until the later of them is done (with other readers autograd sums into a new
-    tensor). A shared parameter's gradient lives from its last user's backward to its first's.
+    tensor, always where the shared storage is larger: a cat's). A shared parameter's gradient lives from its last user's backward to its first's.
 
     Example:
         >>> gradient_spans(Problem(nodes=(NodeCost("a", 1.0, grad_bytes=8),)))
@@ -75,6 +75,9 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
         if hands_on(v) and len(readers[v]) > 1 and root[v] == v:
             shared, second = group(root[consumer[v]]), readers[v][-2]
             if first[shared] <= second:
+                last_consumer[v] = second
+            elif size[shared] > size[v]:  # a view of a larger storage (a cat's) is never summed into in place
+                first[shared] = second
                 last_consumer[v] = second
             else:
                 first[shared] = min(first[shared], first.pop(v))

@@ -38,10 +38,11 @@ import torch
 import torch.fx
 from torch import nn
 
-from fuzz_programs import Block, FuzzModel, ProgramBuilder, TensorState, describe
+from fuzz_programs import Block, FlatModel, FuzzModel, ProgramBuilder, TensorState, describe
 
 GIB = 2**30
 PEAK_TOLERANCE = 0.03
+OVER_TOLERANCE = 0.01  # a plan that has not run its own step may exceed its budget by this share at most
 MAX_REDRAWS = 200
 
 
@@ -107,6 +108,23 @@ def _draw(seed: int) -> tuple[nn.Module, torch.Tensor]:
     return model, sample
 
 
+def _draw_flat(seed: int) -> tuple[nn.Module, torch.Tensor]:
+    """A flat model (`FlatModel`): one program of 6-16 ops in the model's own forward."""
+    rng = random.Random(seed)
+    width = rng.choice([32, 48, 64, 96, 128])
+    batch = rng.choice([32, 64, 128, 256])
+    features = rng.choice([16, 32, 64])
+    torch.manual_seed(seed)
+    builder = ProgramBuilder(rng, "mlp", width, flat=True)
+    stem = nn.Linear(features, width)
+    block, _ = builder.block([TensorState()], 0, 1)
+    modules = dict(block.named_children())
+    description = (f"seed={seed}, flat, width={width}, sample={(batch, features)}: "
+                   f"{describe(block.program, block.outputs)}")
+    model = FlatModel(stem, block.program, block.outputs, modules, nn.Linear(width, 10), description).train()
+    return model, torch.randn(batch, features, generator=torch.Generator().manual_seed(seed))
+
+
 def training_step(model: nn.Module, sample: torch.Tensor,
                   seed: int = 1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One forward+backward with a fixed RNG seed: the output and each parameter's gradient."""
@@ -134,14 +152,16 @@ def _trains(model: nn.Module, sample: torch.Tensor) -> bool:
     return finite and len(grads) == len(list(model.parameters()))
 
 
-def random_model(seed: int) -> tuple[nn.Module, torch.Tensor]:
-    """A random traceable model and its sample, the same for the same seed.
+def random_model(seed: int, flat: bool = False) -> tuple[nn.Module, torch.Tensor]:
+    """A random traceable model and its sample, the same for the same seed: blocks in an
+    `nn.ModuleList`, or with `flat` one program in the model's own forward (`FlatModel`).
 
     Draws again from `10**6 + seed * 1000 + k` (k = 1, 2, ...) until the unplanned model trains and
     every parameter gets a gradient.
     """
+    draw = _draw_flat if flat else _draw
     for k in range(MAX_REDRAWS):
-        model, sample = _draw(seed if k == 0 else 10**6 + seed * 1000 + k)
+        model, sample = draw(seed if k == 0 else 10**6 + seed * 1000 + k)
         if _trains(model, sample):
             return model, sample
     raise RuntimeError(f"no trainable model in {MAX_REDRAWS} draws for seed {seed}")
@@ -150,16 +170,17 @@ def random_model(seed: int) -> tuple[nn.Module, torch.Tensor]:
 def features(model: nn.Module) -> dict[str, int]:
     """How many of each hazard a model holds: in-place writes, random and BatchNorm modules,
     products, concatenations, nested blocks, blocks returning several tensors."""
-    ops = [op for module in model.modules() if isinstance(module, (Block, FuzzModel))
-           for op in (module.program if isinstance(module, Block) else
+    ops = [op for module in model.modules() if isinstance(module, (Block, FuzzModel, FlatModel))
+           for op in (module.program if isinstance(module, (Block, FlatModel)) else
                       [op for program, _ in module.glue for op in program])]
     count = lambda kind: sum(op[0] == kind for op in ops)  # noqa: E731
     return {
-        "relu_": count("relu_"), "iadd": count("iadd"), "mul": count("mul"), "cat": count("cat"),
+        "relu_": count("relu_"), "iadd": count("iadd") + count("scaled_iadd"), "mul": count("mul"),
+        "cat": count("cat"), "gate": count("gate"),
         "relu_inplace": sum(isinstance(m, nn.ReLU) and m.inplace for m in model.modules()),
         "dropout": sum(isinstance(m, nn.Dropout) for m in model.modules()),
         "batchnorm": sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()),
-        "nested_blocks": sum(isinstance(m, Block) for m in model.modules()) - len(model.blocks),
+        "nested_blocks": sum(isinstance(m, Block) for m in model.modules()) - len(getattr(model, "blocks", ())),
         "multi_output_blocks": sum(len(b.outputs) > 1 for b in model.modules() if isinstance(b, Block)),
     }
 
@@ -190,80 +211,148 @@ def _step_mismatches(reference: nn.Module, model: nn.Module,
             _mismatch(_buffers(reference), _buffers(model)))
 
 
-def check_seed(seed: int, free_keeps: bool | None = None) -> dict[str, Any]:
-    """Plan `random_model(seed)` at a random feasible budget and check the plan. See the module doc.
-    `free_keeps`: plan with the selective policy's costs at 0 (default: on odd seeds).
+def _plan_checked(make_plan: Any, reference: nn.Module, model: nn.Module, sample: torch.Tensor,
+                  record: dict[str, Any]) -> Any:
+    """Plan with `make_plan(budget_bytes)` at `record["budget"]`, or, where that budget is refused
+    as infeasible, at the smallest budget the refusal names (which must then be met: a plan at
+    the minimum fits). Verify the plan (`Plan.verify`, one step), apply it in place to `model`
+    and train it against `reference` on the sample and on half of it. Fills `record`."""
+    from solvers import InfeasibleBudget
 
-    Returns: seed, model (a description), features, nodes, regions, modules (checkpointed),
-    solver, status, budget, minimum, baseline, predicted, measured, error, baseline_measured,
-    baseline_error (of the unplanned prediction), and the flags grads_ok, buffers_ok,
-    outputs_ok, half_batch_ok (a second step on half the batch: outputs, gradients, buffers),
-    within_budget, error_ok, verify_grads_ok, verify_outputs_ok, ok; `failure`
-    names what failed (with a traceback where something raised).
+    try:
+        p = make_plan(record["budget"])
+    except InfeasibleBudget as error:
+        record.update(infeasible=True, minimum=error.minimum_bytes, asked=record["budget"], budget=error.minimum_bytes)
+        p = make_plan(error.minimum_bytes)
+    record.update(nodes=len(p.problem), regions=len(p.checkpoints), kept=len(p.solution.kept),
+                  predicted=p.predicted_peak_bytes, solver=p.solution.solver,
+                  status=str(getattr(p.solution.status, "value", p.solution.status)), verified=p.verified,
+                  modules=[c.wrapped.module for c in p.checkpoints if c.wrapped is not None])
+    verification = p.verify(steps=1)  # on p.module(), a planned copy: before apply
+    record.update(
+        measured=verification.planned_peak_bytes, error=verification.peak_error,
+        within_budget=verification.within_budget, error_ok=abs(verification.peak_error) <= PEAK_TOLERANCE,
+        verify_grads_ok=verification.gradients_match, verify_outputs_ok=verification.outputs_match,
+        baseline=p.baseline_peak_bytes, baseline_error=verification.original_peak_error,
+    )
+    p.apply(model)
+    outputs_problem, grads_problem, buffers_problem = _step_mismatches(reference, model, sample)
+    # (another shape: runs are recorded call by call)
+    half_problem = next((text for text in _step_mismatches(reference, model, sample[:sample.shape[0] // 2]) if text),
+                        None)
+    record.update(outputs_ok=outputs_problem is None, grads_ok=grads_problem is None,
+                  buffers_ok=buffers_problem is None, half_batch_ok=half_problem is None)
+    problems = [f"{what}: {text}" for what, text in (("output", outputs_problem), ("gradient", grads_problem),
+                                                      ("buffer", buffers_problem), ("half the batch", half_problem))
+                if text]
+    if not record["within_budget"]:
+        problems.append(f"measured peak {record['measured']} B over budget {record['budget']} B")
+    if not record["error_ok"]:
+        problems.append(f"peak error {100 * record['error']:+.2f}% (predicted {record['predicted']} B, "
+                        f"measured {record['measured']} B)")
+    if not verification.gradients_match or not verification.outputs_match:
+        problems.append("verify: outputs or gradients differ")
+    record["problems"] = problems
+    return p
+
+
+def _plan_predicted(make_plan: Any, reference: nn.Module, sample: torch.Tensor, budget: int,
+                    meta: bool) -> dict[str, Any]:
+    """A plan that does not run its own step (`measure="no-run"`, or the model on `meta`), at
+    `budget`: saved, loaded and applied to a copy of `reference`, whose steady peak and
+    gradients are then measured. Its record: predicted, measured, over (the measured peak's
+    excess over the budget, a share of it), grads_ok; or infeasible and minimum."""
+    import tempfile
+
+    from planner import load_plan
+    from planner.eager_check import steady_peak
+    from solvers import InfeasibleBudget
+
+    try:
+        p = make_plan(budget)
+    except InfeasibleBudget as error:
+        return {"infeasible": True, "minimum": error.minimum_bytes}
+    model = copy.deepcopy(reference)
+    if meta:  # (applied to the real model through its saved plan, as a user of a meta plan would)
+        with tempfile.TemporaryDirectory() as folder:
+            path = p.save(f"{folder}/plan.json")
+            load_plan(path).apply(model)
+    else:
+        p.apply(model)
+    measured = steady_peak(model, sample, torch.device("cpu"))
+    grads_problem = _step_mismatches(reference, model, sample)[1]
+    return {"predicted": p.predicted_peak_bytes, "measured": measured, "over": measured / budget - 1,
+            "regions": len(p.checkpoints), "verified": p.verified, "grads_ok": grads_problem is None}
+
+
+def check_seed(seed: int, flat: bool = False, replan: bool = False) -> dict[str, Any]:
+    """Plan `random_model(seed, flat)` at a random budget (30-100% of its measured unplanned
+    peak) with the call users make, `plan(model, sample, budget_gb=X)`, and check the plan. See
+    the module doc. `flat`: a flat model. `replan`: the faster route
+    instead, `plan(..., budget_gb=80)` then `replan(budget_gb=X)`.
+
+    Where the budget is refused as infeasible, the smallest budget the refusal names is planned
+    for and must be met. On odd seeds the plan is also solved again with the selective policy's
+    costs at 0 (on models this small the measured costs outweigh what keeping saves, and no plan
+    would keep a node) and that plan verified too (`keep_*`). Then the same budget is planned
+    with `measure="no-run"` (`no_run`) and for a copy of the model on `meta` (`meta`), each
+    applied and measured: their peaks may not exceed the budget by more than 1%.
+
+    Returns: seed, flat, model (a description), features, budget, unplanned (measured), nodes,
+    regions, kept, modules, solver, status, verified, predicted, measured, error, baseline,
+    baseline_error, infeasible/minimum/asked (where the budget was refused), the flags
+    grads_ok, buffers_ok, outputs_ok, half_batch_ok (a second step on half the batch),
+    within_budget, error_ok, the keep, no-run and meta records, and ok; `failure` names what
+    failed (with a traceback where something raised).
     """
     from planner import plan
-    from solvers import InfeasibleBudget, minimum_peak_bytes
+    from planner.eager_check import steady_peak
 
-    record: dict[str, Any] = {"seed": seed, "ok": False, "failure": None}
+    record: dict[str, Any] = {"seed": seed, "flat": flat, "ok": False, "failure": None}
     stage = "build"
     try:
-        model, sample = random_model(seed)
+        model, sample = random_model(seed, flat)
         record["model"] = model.description
         record["features"] = features(model)
         reference = copy.deepcopy(model)
+        stage = "measure the unplanned step"
+        unplanned = steady_peak(model, sample, torch.device("cpu"))
+        budget = int(random.Random(f"budget-{seed}").uniform(0.3, 1.0) * unplanned)
+        record.update(unplanned=unplanned, budget=budget)
         stage = "plan"
-        unplanned = plan(model, sample, budget_gb=80, repeats=1)
-        free = seed % 2 == 1 if free_keeps is None else free_keeps  # keeping free (see the module doc)
-        if free:
-            unplanned.problem = replace(unplanned.problem, keep_region_ms=0.0, keep_call_ms=0.0, kept_node_ms=0.0)
-        minimum = minimum_peak_bytes(unplanned.problem)
-        baseline = unplanned.baseline_peak_bytes
-        low = min(int(minimum * 1.001) + 1, baseline)
-        budget = random.Random(f"budget-{seed}").uniform(low, baseline)
-        record.update(nodes=len(unplanned.problem), minimum=minimum, baseline=baseline, budget=int(budget))
-        stage = "replan"
-        try:
-            p = unplanned.replan(budget_gb=budget / GIB)
-        except InfeasibleBudget as error:
-            record["failure"] = f"InfeasibleBudget at {int(budget)} B (minimum_peak_bytes {minimum}): {error}"
-            return record
-        record.update(regions=len(p.checkpoints), kept=len(p.solution.kept), predicted=p.predicted_peak_bytes,
-                      solver=p.solution.solver,
-                      status=str(getattr(p.solution.status, "value", p.solution.status)))
-        stage = "verify"
-        verification = p.verify(steps=1)  # on p.module(), a planned copy: before apply
-        record.update(
-            measured=verification.planned_peak_bytes,
-            error=verification.peak_error,
-            within_budget=verification.within_budget,
-            error_ok=abs(verification.peak_error) <= PEAK_TOLERANCE,
-            verify_grads_ok=verification.gradients_match,
-            verify_outputs_ok=verification.outputs_match,
-            baseline_measured=verification.original_peak_bytes,
-            baseline_error=verification.original_peak_error,
-            modules=[c.wrapped.module for c in p.checkpoints if c.wrapped is not None],
-        )
-        stage = "apply"
-        p.apply(model)
-        stage = "train"
-        outputs_problem, grads_problem, buffers_problem = _step_mismatches(reference, model, sample)
-        stage = "train on half the batch"  # (another shape: runs are recorded call by call)
-        half_problem = next((text for text in _step_mismatches(reference, model, sample[:sample.shape[0] // 2])
-                             if text), None)
-        record.update(outputs_ok=outputs_problem is None, grads_ok=grads_problem is None,
-                      buffers_ok=buffers_problem is None, half_batch_ok=half_problem is None)
-        problems = [f"{what}: {text}" for what, text in (("output", outputs_problem), ("gradient", grads_problem),
-                                                          ("buffer", buffers_problem),
-                                                          ("half the batch", half_problem)) if text]
-        if not record["within_budget"]:
-            problems.append(f"measured peak {record['measured']} B over budget {record['budget']} B")
-        if not record["error_ok"]:
-            problems.append(f"peak error {100 * record['error']:+.2f}% (predicted {record['predicted']} B, "
-                            f"measured {record['measured']} B)")
-        if not record["verify_grads_ok"]:
-            problems.append("verify: gradients differ")
-        if not record["verify_outputs_ok"]:
-            problems.append("verify: outputs differ")
+        if replan:
+            base = plan(model, sample, budget_gb=80, repeats=1)
+            make_plan = lambda size: base.replan(budget_gb=size / GIB)  # noqa: E731
+        else:
+            make_plan = lambda size: plan(model, sample, budget_gb=size / GIB)  # noqa: E731
+        p = _plan_checked(make_plan, reference, model, sample, record)
+        problems = record.pop("problems")
+        budget = record["budget"]
+        if seed % 2 == 1:
+            stage = "plan keeping free"
+            free = replace(p.problem, keep_region_ms=0.0, keep_call_ms=0.0, kept_node_ms=0.0)
+            keeping = replace(p, problem=free) if hasattr(p, "__dataclass_fields__") else copy.copy(p)
+            keeping.problem = free
+            model_k = copy.deepcopy(reference)
+            keep: dict[str, Any] = {"budget": budget}
+            _plan_checked(lambda size: keeping.replan(budget_gb=size / GIB), reference, model_k, sample, keep)
+            problems += [f"keeping: {text}" for text in keep.pop("problems")]
+            record["keep"] = keep
+        stage = "plan node by node"
+        record["no_run"] = _plan_predicted(
+            lambda size: plan(copy.deepcopy(reference), sample, budget_gb=size / GIB, measure="no-run", repeats=1),
+            reference, sample, budget, meta=False)
+        stage = "plan on meta"
+        on_meta = copy.deepcopy(reference).to("meta")
+        record["meta"] = _plan_predicted(
+            lambda size: plan(on_meta, sample.to("meta"), budget_gb=size / GIB, repeats=1),
+            reference, sample, budget, meta=True)
+        for name in ("no_run", "meta"):
+            found = record[name]
+            if found.get("over", 0) > OVER_TOLERANCE:
+                problems.append(f"{name}: measured {found['measured']} B, {100 * found['over']:+.2f}% over the budget")
+            if not found.get("grads_ok", True):
+                problems.append(f"{name}: gradients differ")
         record["ok"] = not problems
         record["failure"] = "; ".join(problems) or None
     except Exception as error:  # noqa: BLE001 - a crash is a finding: keep the traceback

@@ -16,6 +16,8 @@ from torch import nn
 #   ("cat", i, j, proj)              r.append(proj(torch.cat([r[i], r[j]], dim=1)))
 #   ("iadd", i, j)                   r[i] += r[j]              (in place; no new register)
 #   ("relu_", i, method)             torch.relu_(r[i]) or r[i].relu_()  (in place, result unused)
+#   ("gate", i, j)                   r.append(r[i] * torch.sigmoid(r[j]))
+#   ("scaled_iadd", i, j)            h = r[i] * 1.0; h += r[j]; r.append(h)
 # followed by the indices of the registers the block returns.
 
 
@@ -46,6 +48,12 @@ def run_program(module: nn.Module, program: tuple, registers: list[torch.Tensor]
                 r[op[1]].relu_()
             else:
                 torch.relu_(r[op[1]])
+        elif kind == "gate":
+            r.append(r[op[1]] * torch.sigmoid(r[op[2]]))
+        elif kind == "scaled_iadd":
+            h = r[op[1]] * 1.0
+            h += r[op[2]]
+            r.append(h)
         else:
             raise ValueError(f"unknown op {op!r}")
     return r
@@ -104,6 +112,33 @@ class FuzzModel(nn.Module):
         return self.description
 
 
+class FlatModel(nn.Module):
+    """stem -> one program in the model's own forward (no blocks: every op is the model's, its
+    submodules leaves) -> the sum of its outputs -> head. The program's register list holds every
+    tensor until forward returns, as a model's local variables would."""
+
+    def __init__(self, stem: nn.Module, program: tuple, outputs: tuple[int, ...], modules: dict[str, nn.Module],
+                 head: nn.Module, description: str):
+        super().__init__()
+        self.stem = stem
+        self.program = program
+        self.outputs = outputs
+        for name, module in modules.items():
+            self.add_module(name, module)
+        self.head = head
+        self.description = description
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = run_program(self, self.program, [self.stem(x)])
+        total = r[self.outputs[0]]
+        for index in self.outputs[1:]:
+            total = total + r[index]
+        return self.head(total)
+
+    def extra_repr(self) -> str:
+        return self.description
+
+
 class TensorState:
     """What the builder knows of one tensor while it draws: whether autograd saved it for
     backward (then an in-place write to it would make the unplanned backward raise). Registers
@@ -144,10 +179,11 @@ class ProgramBuilder:
 
     UNSAFE = 0.03  # how often an in-place write may hit a saved tensor anyway (then drawn again)
 
-    def __init__(self, rng: random.Random, kind: str, width: int):
+    def __init__(self, rng: random.Random, kind: str, width: int, flat: bool = False):
         self.rng = rng
         self.kind = kind
         self.width = width
+        self.flat = flat  # leaf modules only (no Sequential, no nested block), LayerNorm, gates
         self.count = 0
         self.glue_modules: dict[str, nn.Module] = {}  # what glue() adds to the model itself
 
@@ -161,6 +197,8 @@ class ProgramBuilder:
         return nn.Linear(w, w) if self.kind == "mlp" else nn.Conv2d(w, w, 3, padding=1)
 
     def norm(self) -> nn.Module:
+        if self.flat and self.rng.random() < 0.5:
+            return nn.LayerNorm(self.width)
         return nn.BatchNorm1d(self.width) if self.kind == "mlp" else nn.BatchNorm2d(self.width)
 
     def proj(self) -> nn.Module:
@@ -170,7 +208,7 @@ class ProgramBuilder:
     def unary(self, target_saved: bool) -> tuple[str, nn.Module]:
         rng = self.rng
         kinds = ["layer", "norm", "dropout", "gelu", "relu", "relu_inplace", "seq"]
-        weights = [5, 2, 3, 1, 1, 2 if not target_saved or rng.random() < self.UNSAFE else 0, 3]
+        weights = [5, 2, 3, 1, 1, 2 if not target_saved or rng.random() < self.UNSAFE else 0, 0 if self.flat else 3]
         choice = rng.choices(kinds, weights=weights)[0]
         if choice == "layer":
             return self.name("fc" if self.kind == "mlp" else "conv"), self.layer()
@@ -213,15 +251,16 @@ class ProgramBuilder:
         modules: dict[str, nn.Module] = {}
         program: list[tuple] = []
         r = list(inputs)
-        steps = rng.randint(3, 8) if depth == 0 else rng.randint(2, 4)
+        steps = rng.randint(6, 16) if self.flat else rng.randint(3, 8) if depth == 0 else rng.randint(2, 4)
         if rng.random() < 0.5:  # start from the first input through a layer, as many blocks do
             name = self.name("fc" if self.kind == "mlp" else "conv")
             modules[name] = self.layer()
             program.append(("call", name, (0,), 1))
             r.append(_effect(modules[name], r[0]))
         for _ in range(steps):
-            kind = rng.choices(["unary", "add", "mul", "cat", "iadd", "relu_", "inner"],
-                               weights=[6, 2, 1, 1, 2, 2, 1 if depth == 0 else 0])[0]
+            kind = rng.choices(["unary", "add", "mul", "cat", "iadd", "relu_", "inner", "gate", "scaled_iadd"],
+                               weights=[6, 2, 1, 1, 2, 2, 1 if depth == 0 and not self.flat else 0,
+                                        1 if self.flat else 0, 1 if self.flat else 0])[0]
             n = len(r)
             i = rng.randrange(max(0, n - 3), n) if rng.random() < 0.7 else rng.randrange(n)
             j = rng.randrange(n)
@@ -256,6 +295,14 @@ class ProgramBuilder:
                     program.append(("relu_", target, rng.random() < 0.5))
                     r[target].saved = True
                     r[target].used = False  # its new value must be read later (not dead code)
+            elif kind == "gate":  # the product saves r[i] and the sigmoid's output, not r[j]
+                program.append(("gate", i, j))
+                r[i].saved = r[i].used = r[j].used = True
+                r.append(TensorState())
+            elif kind == "scaled_iadd":  # a product by a number saves nothing; += writes the new tensor
+                program.append(("scaled_iadd", i, j))
+                r[i].used = r[j].used = True
+                r.append(TensorState())
             else:
                 inner_in = rng.randint(1, 2)
                 inner_out = rng.randint(1, 2)

@@ -71,12 +71,29 @@ def test_an_output_written_in_place_later_is_not_keepable():
     assert keepable == {"_0": False, "_1": False, "_2": True}
 
 
-def test_nothing_is_keepable_where_the_calls_are_not_recorded(caplog):
+def test_without_running_the_calls_are_recorded_on_fake_tensors_as_on_real_ones():
+    model, tokens = build()
+    ran = plan(model, tokens, budget_gb=80, repeats=1)
+    predicted = plan(model, tokens, budget_gb=80, repeats=1, measure="no-run")
+    assert [node.keepable for node in predicted.problem.nodes] == [node.keepable for node in ran.problem.nodes]
+    assert any(node.keepable for node in predicted.problem.nodes)
+    assert predicted.problem.run_spans == ran.problem.run_spans
+    assert [node.holds for node in predicted.problem.nodes] == [node.holds for node in ran.problem.nodes]
+
+
+def test_nothing_is_keepable_where_the_calls_are_not_recorded(caplog, monkeypatch):
+    import planner.measure
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("data-dependent control flow")
+
+    monkeypatch.setattr(planner.measure, "fake_eager_holds", fails)
     model, tokens = build()
     with caplog.at_level(logging.INFO, logger="planner"):
         p = plan(model, tokens, budget_gb=80, repeats=1, measure="no-run")
     assert not any(node.keepable for node in p.problem.nodes)
     assert "no region may keep a node's output" in caplog.text
+    assert "data-dependent control flow" in caplog.text
     with pytest.raises(ValueError, match="cannot keep 'blocks_0_fc1'.*may keep none"):
         p.with_submodules(["blocks.0"], kept=["blocks_0_fc1"])
 

@@ -117,12 +117,40 @@ def test_a_forced_no_run_plan_verifies_under_budget_and_leaves_the_model_unchang
     _assert_unchanged(model, before)
 
 
-def test_auto_measures_node_by_node_when_the_whole_step_would_not_fit():
+def test_auto_measures_the_whole_step_wherever_the_device_holds_it_whatever_the_budget():
     model, tokens = small_gpt()
     first = plan(model, tokens, budget_gb=80, repeats=1)
-    assert first.profile.measurement == "whole step"
+    assert first.profile.measurement == "whole step" and first.verified
     tight = plan(model, tokens, budget_gb=0.5 * first.baseline_peak_bytes / GIB, repeats=1)
-    assert tight.profile.measurement == "node by node"
+    assert tight.profile.measurement == "whole step"  # the budget is the run's, not measuring's
+    assert tight.checkpoints and tight.verified and tight.own_step_peak_bytes <= tight.budget_bytes
+
+
+def test_where_the_device_cannot_hold_the_unplanned_step_the_plans_own_step_runs(monkeypatch):
+    import planner.api
+    import planner.measure
+
+    model, tokens = small_gpt()
+    first = plan(model, tokens, budget_gb=80, repeats=1)
+    budget = int(0.5 * first.baseline_peak_bytes)
+    # a device with room for the planned step, not for measuring the unplanned one whole
+    resident = first.profile.parameter_bytes + first.profile.buffer_bytes + first.profile.input_bytes
+    room = budget - resident
+    monkeypatch.setattr(planner.measure, "measurable_bytes", lambda device: room)
+    monkeypatch.setattr(planner.api, "measurable_bytes", lambda device: room)
+    p = plan(model, tokens, budget_gb=budget / GIB, repeats=1)
+    assert p.profile.measurement == "node by node" and p.checkpoints
+    assert p.verified and p.own_step_peak_bytes <= p.budget_bytes
+    assert "ran on cpu in planning" in str(p)
+    record = p.verify(steps=1)
+    assert record.within_budget and record.gradients_match, str(record)
+
+
+def test_a_no_run_plan_does_not_run_its_own_step_and_says_so():
+    model, tokens = small_gpt()
+    p = plan(model, tokens, budget_gb=0.01, measure="no-run", repeats=1)
+    assert p.own_step_peak_bytes is None and not p.verified
+    assert "its own step      not run" in str(p)
 
 
 def _meta_gpt():

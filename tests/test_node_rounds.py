@@ -86,7 +86,7 @@ def test_a_plans_node_times_come_from_its_step_rounds_not_a_fast_moment_before(m
 
     monkeypatch.setattr(plan_problem, "selective_overhead_for_plan", machine_slower)
     monkeypatch.setattr(step_costs, "STEP_ROUNDS", 3)
-    p = plan(model, tokens, budget_gb=80, repeats=1, leaves=leaves)
+    p = plan(model, tokens, budget_gb=80, repeats=1, leaves=leaves, effort="thorough")
     slow = [node for node in p.problem.nodes if node.name.startswith("blocks_") and node.name.endswith("_mlp_2")]
     assert len(slow) == len(leaves)
     assert all(12.0 <= node.compute_ms < 20.0 for node in slow), [node.compute_ms for node in slow]

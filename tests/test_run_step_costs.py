@@ -301,12 +301,18 @@ def test_plan_prices_calls_and_runs_with_the_residuals_measured_in_the_step(monk
     # a call as read on the model's own small submodules (`planner.call_costs`), before the step's residuals
     monkeypatch.setattr(planner.plan_problem, "small_call_cost", lambda model, problem, *args: problem.region_overhead_ms + 0.25)
     monkeypatch.setattr(planner.plan_problem, "step_residuals", lambda *args, **kwargs: StepResiduals(0.5, 0.125, 4, 4, 1.5, 2))
-    p = plan(model, tokens, budget_gb=80, repeats=1)
+    p = plan(model, tokens, budget_gb=80, repeats=1, effort="thorough")
     assert p.problem.run_spans and p.problem.run_region_ms == 0.125
     assert p.problem.region_overhead_ms == 1.0
     assert p.problem.keep_region_ms == 1.75
     monkeypatch.setattr(planner.plan_problem, "step_residuals", lambda *args, **kwargs: StepResiduals(0.5, 0.125, 4, 4, -0.5, 2))
-    assert plan(model, tokens, budget_gb=80, repeats=1).problem.keep_region_ms == 0.0  # never below 0
+    assert plan(model, tokens, budget_gb=80, repeats=1, effort="thorough").problem.keep_region_ms == 0.0  # never below 0
+    # The default effort reads no step: the block's figures stand.
+    unread = lambda *args, **kwargs: pytest.fail("effort='normal' reads the model's steps")  # noqa: E731
+    monkeypatch.setattr(planner.plan_problem, "small_call_cost", unread)
+    monkeypatch.setattr(planner.plan_problem, "step_residuals", unread)
+    p = plan(model, tokens, budget_gb=80, repeats=1)
+    assert p.problem.region_overhead_ms == 0.25 and p.problem.run_region_ms == 0.0
 
 
 def test_a_block_that_cannot_be_recorded_whole_still_has_its_checkpoint_cost_measured(monkeypatch):
