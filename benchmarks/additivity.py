@@ -5,7 +5,7 @@ however well each region is.
 One planning of a model of `benchmarks/compare.py`; its plan at `--fraction` of the unplanned
 peak is split in two (module calls / runs recomputed alone where it has both, else alternate
 regions), and the whole, each part and the unplanned step are timed in sandwiched rounds
-(`planner.clock.sandwiched_rounds`), every node retimed after each round
+(`planner.measure.clock.sandwiched_rounds`), every node retimed after each round
 (`benchmarks/retime.py`). Per round, the interaction is the whole's overhead less the parts':
 about 0 where the overheads add up. Prints medians with distribution-free 95% intervals.
 
@@ -49,7 +49,7 @@ def split(planned):
 
 
 def interval_text(values: list[float]) -> str:
-    from planner.clock import median_interval
+    from planner.measure.clock import median_interval
 
     low_high = median_interval(values)
     spread = f" (95% {low_high[0]:+.1f} to {low_high[1]:+.1f})" if low_high else ""
@@ -65,9 +65,10 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+
     from planner import plan
     from planner.api import GIB
-    from planner.clock import sandwiched_rounds
+    from planner.measure.clock import sandwiched_rounds
 
     torch.set_num_threads(1)
     retain_freed_memory()

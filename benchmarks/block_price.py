@@ -4,7 +4,7 @@ Across steps (a plan against the unplanned model) the machine's load drifts betw
 steps; within one step it barely does. So: two plans each checkpoint half the blocks (even,
 then odd; `Plan.with_submodules`), and in each step the checkpointed blocks' mean forward plus
 backward, less their recomputation, is set against the plain blocks' mean in the same step
-(`planner.block_segments.BlockSegments`, `planner.block_price.round_cost`, as planning reads it
+(`planner.costs.block_price.BlockSegments`, `planner.costs.block_price.round_cost`, as planning reads it
 with 20-40 rounds). The two halves are averaged per round, so a block's position cancels. The
 across-step reading of the same rounds (each checkpointed block against the same block of the
 unplanned model, a third configuration in the rotation) is printed beside it. Price:
@@ -30,7 +30,7 @@ from cpu_memory import memory_kept, retain_freed_memory  # noqa: E402
 
 def _reading(values: list[float]) -> str:
     """Median (95% interval; its width), ms."""
-    from planner.clock import median_interval
+    from planner.measure.clock import median_interval
 
     bounds = median_interval(values)
     if bounds is None:
@@ -42,9 +42,9 @@ def _reading(values: list[float]) -> str:
 def run(key: str, rounds: int) -> str:
     """One table row: a block's price, and its cost within and across steps at 9 and all rounds."""
     import torch
+
     from planner import plan
-    from planner.block_price import round_cost
-    from planner.block_segments import BlockSegments
+    from planner.costs.block_price import BlockSegments, round_cost
 
     spec = SPECS[key]
     torch.manual_seed(0)

@@ -34,7 +34,7 @@ of every block's predicted overhead (`benchmarks/keep_gain.py` tabulates them).
 Peaks count static storages (parameters, gradients, buffers, inputs) plus the peak of what the
 step allocates, as `p.verify()` does (the allocator's events from `torch.profiler`, kernel
 scratch included). Eager configurations are also measured with
-`planner.memory.LiveBytesTracker` (tensors only), and the allocator's view without kernel
+`planner.measure.memory.LiveBytesTracker` (tensors only), and the allocator's view without kernel
 scratch is checked against it.
 
     .venv/bin/python benchmarks/compare.py [--quick] [--models gpt,gpt2,llama,bert,cnn,vit]
@@ -66,15 +66,28 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from retime import NodeRetimer  # noqa: E402
-from compare_models import (SPECS, Spec, every_block, every_block_plan, on_device, segments,  # noqa: E402
-                            sqrt_segments)
-from cpu_memory import retain_freed_memory  # noqa: E402
-from decision_space import beyond_the_planner  # noqa: E402
+from compare_models import (  # noqa: E402
+    SPECS,
+    Spec,
+    every_block,
+    every_block_plan,
+    on_device,
+    segments,
+    sqrt_segments,
+)
 from compare_plot import plot  # noqa: E402
-from compare_steps import inductor_with_budget, measure_allocator, measure_tensors, step, timed_step  # noqa: E402
 from compare_report import method_text, summary_lines, table, validation, verdict  # noqa: E402
 from compare_results import Config, ModelResult, PlanningReadings, mib  # noqa: E402
+from compare_steps import (  # noqa: E402
+    inductor_with_budget,
+    measure_allocator,
+    measure_tensors,
+    step,
+    timed_step,
+)
+from cpu_memory import retain_freed_memory  # noqa: E402
+from decision_space import beyond_the_planner  # noqa: E402
+from retime import NodeRetimer  # noqa: E402
 
 STARTED = time.perf_counter()
 
@@ -89,10 +102,11 @@ def log(message: str) -> None:
 
 def run_model(spec: Spec, args) -> ModelResult:
     import torch
+
     from planner import InfeasibleBudget, plan
     from planner.api import GIB
-    from planner.clock import sandwiched_rounds
-    from planner.eager_check import BEYOND_GRAPH
+    from planner.measure.clock import sandwiched_rounds
+    from planner.measure.steps import BEYOND_GRAPH
     from solvers import Status
 
     torch.manual_seed(0)
@@ -228,7 +242,7 @@ def run_model(spec: Spec, args) -> ModelResult:
         log(f"{spec.key}: round {round_index + 1}/{args.rounds} done "
             f"(none {none.times_ms[-1]:.0f} ms, every block {every.times_ms[-1]:.0f} ms)")
 
-    # Each configuration between two unplanned steps (`planner.clock.sandwiched_rounds`): its
+    # Each configuration between two unplanned steps (`planner.measure.clock.sandwiched_rounds`): its
     # overhead in a round is its step less their mean, which the machine's speed changes spare.
     by_name = {config.name: config for config in runnable}
     overheads = sandwiched_rounds({name: timed(config) for name, config in by_name.items()}, none.name,
@@ -302,12 +316,12 @@ def main() -> int:
     unknown = [key for key in keys if key not in SPECS]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {sorted(SPECS)}")
-    # The checkpoint figures read off the model's step and block (`planner.step_costs`,
-    # `planner.block_costs`, `planner.block_price`: its rounds and their time), and readings
-    # their rounds could not tell from the price (`planner.clock.reading_or_price`): they say
+    # The checkpoint figures read off the model's step and block (`planner.costs.step`,
+    # `planner.costs.block`, `planner.costs.block_price`: its rounds and their time), and readings
+    # their rounds could not tell from the price (`planner.measure.clock.reading_or_price`): they say
     # why a figure was kept.
     logging.basicConfig(format="%(name)s: %(message)s")
-    for name in ("planner.step_costs", "planner.block_costs", "planner.block_price", "planner.clock"):
+    for name in ("planner.costs.step", "planner.costs.block", "planner.costs.block_price", "planner.measure.clock"):
         logging.getLogger(name).setLevel(logging.INFO)
     args.rounds = args.rounds or (1 if args.quick else 7)
     args.solvers = [name.strip() for name in args.solvers.split(",") if name.strip()]

@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-
 # --------------------------------------------------------------------------------------------
 # Models
 
@@ -25,6 +24,7 @@ class Spec:
 
 def build_gpt(quick: bool):
     import torch
+
     from planner.examples import TinyGPT
 
     if quick:
@@ -84,6 +84,7 @@ def build_bert(quick: bool):
 
 def build_cnn(quick: bool):
     import torch
+
     from planner.examples import SmallCNN
 
     if quick:
@@ -132,7 +133,8 @@ def on_device(model, sample, device: str, batch_scale: int):
     times: the CPU sizes make launch-bound steps on a GPU."""
     import torch
     from torch.utils._pytree import tree_map_only
-    from planner.cli_models import to_device
+
+    from planner.cli.models import to_device
 
     if batch_scale > 1:
         sample = tree_map_only(torch.Tensor, lambda t: t.repeat(batch_scale, *[1] * (t.dim() - 1)) if t.dim() else t,

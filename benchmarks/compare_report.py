@@ -7,9 +7,20 @@ from __future__ import annotations
 
 import statistics
 
-from compare_results import (PREDICTION_SLACK_MS, PREDICTION_TOLERANCE, Config, ModelResult, every_overhead_ms,
-                             interval_note, interval_verdict, median_difference_ms, mib, overhead_ms, prediction_ok,
-                             within_tolerance)
+from compare_results import (
+    PREDICTION_SLACK_MS,
+    PREDICTION_TOLERANCE,
+    Config,
+    ModelResult,
+    every_overhead_ms,
+    interval_note,
+    interval_verdict,
+    median_difference_ms,
+    mib,
+    overhead_ms,
+    prediction_ok,
+    within_tolerance,
+)
 from decision_space import EVERY_KEEP_LIMIT
 
 # Most a plan's overhead may be, as a share of checkpointing every block, at each budget.
@@ -29,7 +40,7 @@ def method_text(rounds: int, threads: int, retained: bool, device_text: str = ""
     return (
         "Peak: static storages (parameters, gradients, buffers, inputs) + the highest point of what one "
         "forward+backward step allocates, gradients already allocated, as `p.verify()` measures it: "
-        "`planner.memory.PeakMemory`, the allocator's events from the profiler, kernel scratch included, for "
+        "`planner.measure.memory.PeakMemory`, the allocator's events from the profiler, kernel scratch included, for "
         "eager and compiled code alike; *under budget* uses it. Step time: median over "
         f"{rounds} rounds, configurations alternating, {threads} intra-op thread(s), the garbage "
         "collector off during each step, "
@@ -43,7 +54,7 @@ def method_text(rounds: int, threads: int, retained: bool, device_text: str = ""
         "nodes, their selective policy's, and for runs their recording's), *(off)* where it is more than "
         "10% and 2 ms from the measured one; for *every block*, the planner's prediction for the same "
         "regions. Predicted from the rounds' node times: the same cost model with each node's time measured once per round between the steps "
-        "(mean over rounds, as `plan()` takes them: `planner.node_rounds`; `benchmarks/retime.py`), so that the machine's drift between planning and "
+        "(mean over rounds, as `plan()` takes them: `planner.costs.node_rounds`; `benchmarks/retime.py`), so that the machine's drift between planning and "
         "timing is not counted as the model's error. Share = overhead / every "
         "block's, measured (predicted in brackets). Batch sizes were picked for about one second per "
         "unplanned step on this machine with one thread; each model's *none* row gives what this run "

@@ -79,7 +79,7 @@ class ModelResult:
 
 def overhead_ms(result: ModelResult, config: Config) -> float:
     """Measured overhead: the median over rounds of the configuration's step time less the mean
-    of the two unplanned steps around it (`planner.clock.sandwiched_rounds`): the machine's speed
+    of the two unplanned steps around it (`planner.measure.clock.sandwiched_rounds`): the machine's speed
     changes cancel, as they would not between the two medians (`median_difference_ms`) or steps
     a round apart. 0 for the unplanned one."""
     return statistics.median(config.overheads_ms) if config.overheads_ms else 0.0
@@ -111,7 +111,7 @@ def within_tolerance(predicted_ms: float, measured_ms: float) -> bool:
 def overhead_interval_ms(result: ModelResult, config: Config) -> tuple[float, float] | None:
     """A 95% interval for the configuration's overhead from its rounds (`clock.median_interval`
     of `overheads_ms`). None with fewer than 6 rounds, where no such interval reaches 95%."""
-    from planner.clock import median_interval
+    from planner.measure.clock import median_interval
 
     return median_interval(config.overheads_ms)
 
@@ -150,8 +150,8 @@ def interval_note(result: ModelResult, config: Config, predicted_ms: float) -> s
 
 class PlanningReadings(logging.Handler):
     """The readings a planning took off the model's own steps and a block's
-    (`planner.clock.reading_or_price` logs each): what was read, its interval (at
-    `planner.clock.READING_LEVEL`), the price it was held against, and whether it replaced the
+    (`planner.measure.clock.reading_or_price` logs each): what was read, its interval (at
+    `planner.measure.clock.READING_LEVEL`), the price it was held against, and whether it replaced the
     price. Kept with the run's notes, so that runs
     can be read together: one planning's interval rarely tells a small cost from its price.
 
@@ -168,7 +168,12 @@ class PlanningReadings(logging.Handler):
         self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        from planner.clock import READING_LEVEL, READING_STOOD, READING_TAKEN, READING_TAKEN_ALONE
+        from planner.measure.clock import (
+            READING_LEVEL,
+            READING_STOOD,
+            READING_TAKEN,
+            READING_TAKEN_ALONE,
+        )
 
         if record.msg not in (READING_STOOD, READING_TAKEN, READING_TAKEN_ALONE):
             return
@@ -182,8 +187,8 @@ class PlanningReadings(logging.Handler):
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[PlanningReadings]:
-        """Attached to planner.clock's logger, at INFO at least, for a `with` block."""
-        logger = logging.getLogger("planner.clock")
+        """Attached to planner.measure.clock's logger, at INFO at least, for a `with` block."""
+        logger = logging.getLogger("planner.measure.clock")
         level = logger.level
         logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
         logger.addHandler(self)

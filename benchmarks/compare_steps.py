@@ -13,15 +13,15 @@ import gc
 
 
 def step(module, sample) -> None:
-    """One training step (`planner.verify.training_step`)."""
-    from planner.verify import training_step
+    """One training step (`planner.core.training_step`)."""
+    from planner.core import training_step
 
     training_step(module, sample)
 
 
 def measure_tensors(module, sample) -> int:
-    from planner.memory import LiveBytesTracker
-    from planner.verify import static_bytes
+    from planner.measure.memory import LiveBytesTracker
+    from planner.measure.steps import static_bytes
 
     gc.collect()
     with LiveBytesTracker() as tracker:
@@ -32,9 +32,9 @@ def measure_tensors(module, sample) -> int:
 def measure_allocator(module, sample) -> tuple[int, int]:
     """The peak as p.verify() measures it (PeakMemory), and without kernel scratch (on CUDA the
     allocator cannot tell scratch apart: both are `torch.cuda.max_memory_allocated`)."""
-    from planner.allocations import ProfiledPeakMemory
-    from planner.memory import PeakMemory
-    from planner.verify import static_bytes
+    from planner.measure.allocations import ProfiledPeakMemory
+    from planner.measure.memory import PeakMemory
+    from planner.measure.steps import static_bytes
 
     gc.collect()
     static = static_bytes(module, sample)
@@ -49,10 +49,10 @@ def measure_allocator(module, sample) -> tuple[int, int]:
 
 
 def timed_step(module, sample) -> float:
-    """One step's time (ms; `planner.verify.step_ms`: the wall clock, or CUDA events on a GPU),
+    """One step's time (ms; `planner.measure.steps.step_ms`: the wall clock, or CUDA events on a GPU),
     with the garbage collector off while it runs, as `timeit` does: a collection inside one
     configuration's step would count against it alone."""
-    from planner.verify import step_ms
+    from planner.measure.steps import step_ms
 
     gc.collect()
     gc.disable()

@@ -24,9 +24,9 @@ import torch  # noqa: E402
 from benchmarks.real_models import _models  # noqa: E402
 from benchmarks.results import append_results  # noqa: E402
 from planner import InfeasibleBudget, load_plan, plan  # noqa: E402
-from planner.api import GIB  # noqa: E402
-from planner.cli_models import to_device  # noqa: E402
-from planner.verify import verify_modules  # noqa: E402
+from planner.api import GIB
+from planner.cli.models import to_device
+from planner.measure.steps import verify_modules
 from solvers import format_bytes  # noqa: E402
 
 

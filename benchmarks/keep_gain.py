@@ -5,7 +5,7 @@ peak, over five spaces:
 - the planner's: regions that are submodule calls, each keeping nodes under a selective policy
   (`Problem.keep_choices`: any of up to 8 keepable nodes, or in a block its 5 costliest, its k
   costliest for every k or all but a run of consecutive ones), and runs of nodes inside a
-  submodule call recomputed alone (`Problem.run_spans`, `planner.run_checkpoint`);
+  submodule call recomputed alone (`Problem.run_spans`, `planner.apply.runs`);
 - the planner's, with every subset of a submodule call's keepable nodes as a keep choice where
   it holds at most 10 (`decision_space.every_keep_subset`): what wrapping calls reaches at all;
 - whole submodule calls only (the same problem with nothing keepable and no runs);
@@ -32,9 +32,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.decision_space import EVERY_KEEP_LIMIT, any_run, every_keep_subset, without_keeps  # noqa: E402
 from benchmarks.compare_models import SPECS, block_names  # noqa: E402
 from benchmarks.cpu_memory import retain_freed_memory  # noqa: E402
+from benchmarks.decision_space import (  # noqa: E402
+    EVERY_KEEP_LIMIT,
+    any_run,
+    every_keep_subset,
+    without_keeps,
+)
 from benchmarks.results import append_results  # noqa: E402
 
 FRACTIONS = (0.4, 0.6, 0.8)

@@ -18,12 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from benchmarks.results import append_results  # noqa: E402
 from planner import InfeasibleBudget, plan
 from planner.api import GIB
 from planner.examples import cnn, gpt, mlp, skip_transformer
 from solvers import format_bytes
-
-from benchmarks.results import append_results  # noqa: E402
 
 MODELS = {
     "transformer (built-in GPT, 8 blocks)": lambda: gpt(batch=8, length=128),

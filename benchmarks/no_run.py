@@ -41,8 +41,8 @@ import torch  # noqa: E402
 
 from benchmarks.results import append_results  # noqa: E402
 from planner import InfeasibleBudget, load_plan, plan  # noqa: E402
-from planner.api import GIB  # noqa: E402
-from planner.verify import step_ms, verify_modules  # noqa: E402
+from planner.api import GIB
+from planner.measure.steps import step_ms, verify_modules
 from solvers import format_bytes  # noqa: E402
 
 FRACTIONS = (0.4, 0.6, 0.8)
@@ -176,7 +176,7 @@ sys.path.insert(0, {root!r})
 import torch, transformers
 transformers.logging.set_verbosity_error()
 from planner import plan
-from planner.verify import training_loss
+from planner.core import training_loss
 
 def rss(field):
     for line in open("/proc/self/status"):

@@ -27,11 +27,10 @@ import torch  # noqa: E402
 from torch._C._profiler import _EventType  # noqa: E402
 
 from planner import plan  # noqa: E402
-from planner.allocations import memory_profile  # noqa: E402
-from planner.api import GIB  # noqa: E402
-from planner.cli_models import to_device  # noqa: E402
-from planner.verify import training_loss  # noqa: E402
-from planner.trace import split_sample  # noqa: E402
+from planner.api import GIB
+from planner.cli.models import to_device
+from planner.core import split_sample, training_loss
+from planner.measure.allocations import memory_profile
 from solvers import format_bytes  # noqa: E402
 from solvers.simulate import simulate  # noqa: E402
 

@@ -15,15 +15,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import warnings
 
 import torch
-
-from planner import InfeasibleBudget, plan
-from planner.api import GIB
-from solvers import format_bytes
-
 from torch import nn  # noqa: E402
 
 from benchmarks.results import append_results  # noqa: E402
-from planner.examples import SkipTransformer  # noqa: E402
+from planner import InfeasibleBudget, plan
+from planner.api import GIB
+from planner.examples import SkipTransformer
+from solvers import format_bytes
 
 
 def _ids(batch: int = 8, length: int = 256) -> torch.Tensor:

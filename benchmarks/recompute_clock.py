@@ -7,7 +7,7 @@ unplanned model (7 alternating rounds, medians) against `recompute_ms`.
 It tells where a predicted overhead (benchmarks/compare.py) goes wrong: in the node times
 (region forward and recompute off their sums), or in the rest of the step (regions on time,
 step overhead not). The blocks' own forward and backward are also timed one by one inside the
-same steps (`planner.block_segments`), which reads checkpoint's cost per block without the rest of the
+same steps (`planner.costs.block_price`), which reads checkpoint's cost per block without the rest of the
 step's noise.
 
 With `--keep`, each model also runs with every block keeping all its keepable nodes (a
@@ -28,8 +28,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from compare_steps import step, timed_step  # noqa: E402
 from compare_models import SPECS, block_names  # noqa: E402
+from compare_steps import step, timed_step  # noqa: E402
 from cpu_memory import memory_kept, retain_freed_memory  # noqa: E402
 from retime import NodeRetimer  # noqa: E402
 
@@ -37,7 +37,7 @@ from retime import NodeRetimer  # noqa: E402
 def timed_regions(module) -> dict[str, list[float]]:
     """Wrap each checkpointed submodule's own forward (inside checkpoint) with a clock: its
     calls alternate forward, recomputation (as long as each step recomputes every region)."""
-    from planner.apply import CheckpointedForward
+    from planner.apply.checkpoints import CheckpointedForward
 
     times: dict[str, list[float]] = {}
     for name, submodule in module.named_modules():
@@ -58,9 +58,10 @@ def timed_regions(module) -> dict[str, list[float]]:
 
 def run(key: str, rounds: int, keep: bool = False) -> str:
     import torch
+
     from planner import plan
-    from planner.block_segments import BlockSegments
-    from planner.clock import median_interval
+    from planner.costs.block_price import BlockSegments
+    from planner.measure.clock import median_interval
 
     spec = SPECS[key]
     torch.manual_seed(0)
@@ -136,7 +137,7 @@ def _beyond_block_by_block(plain: list[dict], checked: list[dict], times: dict[s
     """What the checkpointed blocks' own segments took beyond the unplanned blocks' and their
     recomputations, round by round (forward, backward, both; medians and 95% intervals), and per
     block. Blocks whose input needs no gradient have no backward segment and count in neither."""
-    from planner.clock import median_interval
+    from planner.measure.clock import median_interval
 
     forward, backward = [], []
     for index, (none, planned) in enumerate(zip(plain, checked)):
@@ -185,7 +186,7 @@ def main() -> int:
         "as means over one pass of the graph's nodes per round, between the steps (`retime.NodeRetimer`). Step "
         "overhead: median over rounds of the paired difference; less recomputations: the same, less each "
         "round's recomputations, which checkpoint's own work (*checkpoint calls*) should account for. Block by block: "
-        "each block's own forward and backward timed inside the same steps (`planner.block_segments.BlockSegments`: "
+        "each block's own forward and backward timed inside the same steps (`planner.costs.block_price.BlockSegments`: "
         "forward hooks, and gradient hooks on its output and input), checkpointed less unplanned, less the "
         "block's recomputation, summed over blocks round by round: that figure without the noise of the rest "
         "of the step. Rows *keeping N*: every "

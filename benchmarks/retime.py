@@ -1,10 +1,10 @@
 """The planner's predictions again, from node times measured in the timing rounds.
 
 A plan's `recompute_ms` is predicted from node times measured as `plan()` runs (in its step
-rounds, where the whole step runs there: `planner.node_rounds`). On a shared machine the speed
+rounds, where the whole step runs there: `planner.costs.node_rounds`). On a shared machine the speed
 of one stretch of seconds differs from the next by several percent, so a prediction can miss a
 step time measured minutes later although its cost model is right. `NodeRetimer` times every
-graph node once per round, between the configurations' steps (`planner.node_rounds.NodeRounds`,
+graph node once per round, between the configurations' steps (`planner.costs.node_rounds.NodeRounds`,
 the pass `plan()` makes), and predicts each plan again from the per-node means: the cost
 model's error, the machine's drift removed. The cost model's other terms (per checkpoint call,
 per recorded call, ...) stay as `plan()` measured them.
@@ -21,8 +21,9 @@ from __future__ import annotations
 class NodeRetimer:
     def __init__(self, base) -> None:
         import torch
-        from planner.node_rounds import NodeRounds
-        from planner.trace import split_sample
+
+        from planner.core import split_sample
+        from planner.costs.node_rounds import NodeRounds
 
         self.base = base
         args, kwargs = split_sample(base.sample)
@@ -37,7 +38,7 @@ class NodeRetimer:
 
     def problem(self):
         """The plan's problem with node times (and times to the last save) as means over the rounds."""
-        from planner.node_rounds import with_node_times
+        from planner.costs.node_rounds import with_node_times
 
         return with_node_times(self.base.problem, self.rounds.means())
 

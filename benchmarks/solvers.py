@@ -40,9 +40,9 @@ class Result:
 
 def transformer() -> Problem:
     from planner.examples import gpt
-    from planner.graph import build_problem
-    from planner.profile import profile
-    from planner.trace import trace
+    from planner.measure.profile import profile
+    from planner.problem.graph import build_problem
+    from planner.trace.tracing import trace
 
     model, x = gpt()
     traced = trace(model, x)

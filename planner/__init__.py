@@ -7,11 +7,11 @@ Example:
     >>> p.apply(model)            # in place; planner.remove_plan(model) undoes it
 """
 from planner.api import Plan, plan
-from planner.report import Checkpoint
-from planner.apply import remove_plan
-from planner.persist import SavedPlan, load_plan
-from planner.targets import targets  # planner.targets() lists the GPUs a plan can be for
-from planner.trace import TraceError
+from planner.apply.checkpoints import remove_plan
+from planner.measure.targets import targets
+from planner.plans.record import SavedPlan, load_plan
+from planner.report.text import Checkpoint
+from planner.trace.tracing import TraceError
 from solvers import InfeasibleBudget
 
 __all__ = ["Checkpoint", "InfeasibleBudget", "Plan", "SavedPlan", "TraceError", "load_plan", "plan", "remove_plan",

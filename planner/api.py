@@ -1,4 +1,5 @@
-"""`plan()`: trace, measure and solve; and the `Plan` it returns, which applies itself to a model."""
+"""`plan()`: trace, measure and solve; and the `Plan` it returns, which applies itself to a model.
+"""
 from __future__ import annotations
 
 import logging
@@ -9,27 +10,39 @@ from typing import Any, Callable, Sequence
 
 from torch import nn
 
-from planner.apply import ModuleCheckpoint, apply_plan, sample_shapes, shallow_clone
-from planner.state_check import check_state, state_shapes
-from planner.given_regions import named_regions, submodule_regions
-from planner.graph import compute_nodes, kept_indices, module_path
-from planner.measure import check_measure, measurable_bytes, plan_device
-from planner.plan_problem import check_effort, measure_problem
-from planner.plan_setup import Setup, check_gb, check_trainable, sample_tensors
-from planner.eager_check import held_outside_step, steady_peak
-from planner.measured_fit import BEYOND_PLAN, fit_to_measured
-from planner.profile_records import GraphProfile
-from planner.region_specs import region_specs
-from planner.report import PlanFigures, describe_checkpoints, format_report
-from planner.static import check_optimizer, check_world_size
-from planner.targets import target as find_target
-from planner.trace import Traced
-from planner.verify import Verification, verify_modules
+from planner.apply.checkpoints import apply_plan, sample_shapes, shallow_clone
+from planner.core import GraphProfile, ModuleCheckpoint, sample_tensors
+from planner.measure.device import check_measure, measurable_bytes, plan_device
+from planner.measure.static import check_optimizer, check_world_size
+from planner.measure.steps import (
+    Verification,
+    held_outside_step,
+    steady_peak,
+    verify_modules,
+)
+from planner.measure.targets import target as find_target
+from planner.planning import (
+    BEYOND_PLAN,
+    Setup,
+    check_effort,
+    check_gb,
+    check_trainable,
+    fit_to_measured,
+    measure_problem,
+)
+from planner.plans.matching import check_state, state_shapes
+from planner.problem.graph import compute_nodes, kept_indices, module_path
+from planner.problem.regions import named_regions, region_specs, submodule_regions
+from planner.report.text import PlanFigures, describe_checkpoints, format_report
+from planner.trace.tracing import Traced
 from solvers import InfeasibleBudget, Problem, Solution, Status, peak_bytes, solve
 
 logger = logging.getLogger(__name__)
 
+
 GIB = 2**30
+
+
 DEFAULT_BUDGET_GB = 80.0  # one 80 GB GPU, where no target says otherwise
 
 
@@ -89,7 +102,7 @@ class Plan(PlanFigures):
 
     @property
     def static_breakdown(self) -> dict[str, int]:
-        """Static memory per rank, term by term, in bytes (see `planner.static`): parameters,
+        """Static memory per rank, term by term, in bytes (see `planner.measure.static`): parameters,
         gradients, optimizer state, buffers, inputs, FSDP2's unsharded parameters
         and gradients in flight, the reserve. They sum to `problem.static_bytes`."""
         return dict(self.setup.static_breakdown or {})
@@ -111,7 +124,7 @@ class Plan(PlanFigures):
 
     @property
     def traced(self) -> Traced:
-        """The traced graph, with the per-node measurements in `node.meta["planner.profile"]`."""
+        """The traced graph, with the per-node measurements in `node.meta["planner.measure.profile"]`."""
         return self._traced
 
     @property
@@ -242,23 +255,23 @@ class Plan(PlanFigures):
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
         """Write a PNG of the predicted memory over one step, unplanned and planned, with the
-        budget and the regions marked (needs matplotlib). See `planner.plot`.
+        budget and the regions marked (needs matplotlib). See `planner.report.plot`.
 
         Example:
             >>> p.plot("memory.png")
         """
-        from planner.plot import plot_plan
+        from planner.report.plot import plot_plan
 
         return plot_plan(self, path)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Save the plan as JSON; `planner.load_plan(path).apply(model)` re-applies it to a
-        freshly built model of the same architecture without measuring again. See `planner.persist`.
+        freshly built model of the same architecture without measuring again. See `planner.plans.record`.
 
         Example:
             >>> p.save("plan.json")
         """
-        from planner.persist import save_plan
+        from planner.plans.record import save_plan
 
         return save_plan(self, path)
 
@@ -269,7 +282,7 @@ class Plan(PlanFigures):
         Example:
             >>> p.export("planned.pt")
         """
-        from planner.persist import export_module
+        from planner.plans.record import export_module
 
         return export_module(self, path)
 
@@ -315,15 +328,15 @@ def plan(
     tuple of positional arguments or a dict of keyword arguments for `model.forward`: the
     largest batch and length you train on. Model and sample may be on the `meta` device.
 
-    `target` names the GPU the plan is for (`planner.targets()`); without it, the device of
+    `target` names the GPU the plan is for (`planner.measure.targets()`); without it, the device of
     the model's tensors. Where the target is not this machine's device, times are roofline
     estimates, labelled as such. Without `budget_gb` the target's memory is the budget (else
-    80 GiB). `world_size` > 1 plans for FSDP2 over that many ranks (`planner.static`).
+    80 GiB). `world_size` > 1 plans for FSDP2 over that many ranks (`planner.measure.static`).
     `measure`: "run" measures the whole step at once (exact; needs more memory than the
     step), "no-run" measures sizes on fake tensors and runs one node at a time, "auto" (the
     default) runs the whole step wherever this device has the memory for it (not the budget's
-    question: `planner.measure.measurable_bytes`). Wherever the plan's own step can run here,
-    it is run and the plan solved again if it peaks above the budget (`planner.measured_fit`);
+    question: `planner.measure.device.measurable_bytes`). Wherever the plan's own step can run here,
+    it is run and the plan solved again if it peaks above the budget (`planner.planning`);
     `p.verified` says whether it ran within the budget. `effort="thorough"` also reads what
     checkpoint calls and runs cost off the model's own training steps (a minute or more on a
     CPU; "normal" reads them on one block). The model is left as it was. `solver_options` go to
@@ -364,7 +377,7 @@ def _solved(model: nn.Module, sample: Any, traced: Traced, problem: Problem, sum
             budget_bytes: int, reserved_bytes: int, method: str, solver_options: dict[str, Any], setup: Setup,
             wrapped: dict[range, ModuleCheckpoint]) -> Plan:
     """The plan `method` solves for; where its own step can run here, checked against that step
-    and solved again with what it holds beyond the graph kept free (`planner.measured_fit`).
+    and solved again with what it holds beyond the graph kept free (`planner.planning`).
     Where no plan fits, the smallest budget named is the one a plan's measured step fits in."""
     def keeping_free(extra: int, budget: int = budget_bytes) -> Plan:
         kept_free = replace(problem, static_bytes=problem.static_bytes + extra)
@@ -400,7 +413,7 @@ def _own_step_runs_here(model: nn.Module, sample: Any, planned: Plan, summary: G
     """Whether the plan's own training step can run on its device here: planning may run steps
     (not `measure="no-run"`), the plan is for this machine's device, for one rank, the model is
     real, and what the step allocates beyond the tensors already there fits in what measuring
-    may use (`planner.measure.measurable_bytes`)."""
+    may use (`planner.measure.device.measurable_bytes`)."""
     where = setup.where
     if setup.measure == "no-run" or not where.local or setup.world_size != 1:
         return False

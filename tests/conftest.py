@@ -6,7 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from planner import block_costs, block_price, call_costs, plan, step_costs
+from planner import plan
+from planner.costs import block as block_costs
+from planner.costs import block_price
+from planner.costs import calls as call_costs
+from planner.costs import step as step_costs
 from planner.examples import SmallCNN, TinyGPT, cnn, mlp
 from solvers import NodeCost, Problem
 

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import planner
-from planner.apply import CheckpointedForward
-from planner.verify import training_loss
+from planner.apply.checkpoints import CheckpointedForward
+from planner.core import training_loss
 
 WORLD = 2
 TIMEOUT_S = 90.0  # per test, for all ranks together (each takes a few seconds)

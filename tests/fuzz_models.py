@@ -36,9 +36,15 @@ from typing import Any
 
 import torch
 import torch.fx
+from fuzz_programs import (
+    Block,
+    FlatModel,
+    FuzzModel,
+    ProgramBuilder,
+    TensorState,
+    describe,
+)
 from torch import nn
-
-from fuzz_programs import Block, FlatModel, FuzzModel, ProgramBuilder, TensorState, describe
 
 GIB = 2**30
 PEAK_TOLERANCE = 0.03
@@ -265,7 +271,7 @@ def _plan_predicted(make_plan: Any, reference: nn.Module, sample: torch.Tensor, 
     import tempfile
 
     from planner import load_plan
-    from planner.eager_check import steady_peak
+    from planner.measure.steps import steady_peak
     from solvers import InfeasibleBudget
 
     try:
@@ -306,7 +312,7 @@ def check_seed(seed: int, flat: bool = False, replan: bool = False) -> dict[str,
     failed (with a traceback where something raised).
     """
     from planner import plan
-    from planner.eager_check import steady_peak
+    from planner.measure.steps import steady_peak
 
     record: dict[str, Any] = {"seed": seed, "flat": flat, "ok": False, "failure": None}
     stage = "build"

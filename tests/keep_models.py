@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from conftest import train_step
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import train_step
 from planner import Plan
 
 WIDTH = 64

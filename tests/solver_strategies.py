@@ -85,7 +85,7 @@ def problems(
                 recomputable=draw(st.integers(0, 14)) != 0,
             )
         )
-    # Gradients in flight as measured (planner.allocations.BackwardMemory), sometimes: any
+    # Gradients in flight as measured (planner.measure.allocations.BackwardMemory), sometimes: any
     # spans of backward steps, which replace the ones derived from the graph.
     span = st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), sizes).map(
         lambda t: (min(t[0], t[1]), max(t[0], t[1]), t[2]))
@@ -114,7 +114,7 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
     # checkpoint's cost per saved tensor in a region
     saved_tensor_ms = draw(st.sampled_from([0.0, 0.25]))
     nodes = problem.nodes
-    if options.get("keep_spans"):  # kept only in allowed regions within a span (planner.holds)
+    if options.get("keep_spans"):  # kept only in allowed regions within a span (planner.measure.holds)
         nodes = tuple(replace(node, keep_span=(draw(st.integers(0, i)), draw(st.integers(i + 1, n))))
                       if node.keepable and draw(st.integers(0, 3)) == 0 else node for i, node in enumerate(nodes))
     run_spans: tuple[range, ...] = ()

@@ -6,17 +6,16 @@ import warnings
 
 import pytest
 import torch
+from conftest import small_gpt, train_step
+from models_hf import bert, gpt2, llama
 from torch import nn
 
 import planner
 from planner import load_plan, plan, remove_plan
 from planner.api import GIB
-from planner.apply import CheckpointedForward
-from planner.verify import training_loss
+from planner.apply.checkpoints import CheckpointedForward
+from planner.core import training_loss
 from solvers import minimum_peak_bytes
-
-from conftest import small_gpt, train_step
-from models_hf import bert, gpt2, llama
 
 pytestmark = pytest.mark.slow
 

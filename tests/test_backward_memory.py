@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from planner import plan
-from planner.allocations import AllocationEvent, window_memory
+from planner.measure.allocations import AllocationEvent, window_memory
 
 
 def test_window_memory_finds_gradients_in_flight_and_temporaries():
@@ -115,8 +115,7 @@ def test_planning_a_model_that_has_gradients_measures_a_fresh_step(build):
     import conftest
     import models_hf
 
-    from planner.verify import training_loss
-    from planner.trace import split_sample
+    from planner.core import split_sample, training_loss
 
     model, sample = getattr(conftest, build)() if build == "small_gpt" else models_hf.vit()
     fresh = plan(model, sample, budget_gb=80, repeats=1)

@@ -1,16 +1,21 @@
-"""Checkpoint's own cost per block, read within one training step (`planner.block_price`, with
-`planner.block_segments` timing each block inside the step), and how it prices a call and a
+"""Checkpoint's own cost per block, read within one training step (`planner.costs.block_price`, with
+`planner.costs.block_price` timing each block inside the step), and how it prices a call and a
 saved tensor (`step_costs.call_and_tensor_ms`, `step_costs.tensor_ms_within`)."""
 from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import norms_and_blocks, small_gpt, train_step
-from planner.apply import CheckpointedForward, ModuleCheckpoint, apply_plan, shallow_clone
-from planner.block_price import BlockReading, round_cost, within_step_block_ms
-from planner.block_segments import BlockSegments
-from planner.clock import until_decided
+
+from planner.apply.checkpoints import CheckpointedForward, apply_plan, shallow_clone
+from planner.core import ModuleCheckpoint
+from planner.costs.block_price import (
+    BlockReading,
+    BlockSegments,
+    round_cost,
+    within_step_block_ms,
+)
+from planner.measure.clock import until_decided
 
 
 def test_a_round_reads_checkpointed_blocks_beyond_their_recomputation_against_the_plain_ones_of_the_same_step():
@@ -65,8 +70,8 @@ def test_a_checkpointed_block_that_did_not_recompute_once_is_an_error_not_a_read
 
 def test_the_within_step_reading_runs_its_rounds_and_leaves_the_model_as_it_was():
     from planner import plan
-    from planner.step_regions import large_calls
-    from planner.verify import training_loss
+    from planner.core import training_loss
+    from planner.costs.step import large_calls
 
     model, tokens = small_gpt()
     p = plan(model, tokens, budget_gb=80, repeats=1)
@@ -95,7 +100,7 @@ def test_the_within_step_block_cost_and_the_norms_fix_a_call_and_a_tensor_either
     # blocks save twelve and were read within one step, beyond their timed recomputation. Both
     # figures fit exactly, above the old tensor figure (0.05 ms) as well as below: the blocks'
     # reading holds no recomputation, which was why an across-step fit was taken only below it.
-    from planner.step_costs import call_and_tensor_ms
+    from planner.costs.step import call_and_tensor_ms
 
     problem, norms, blocks = norms_and_blocks()
     norms_ms = sum(problem.region_recompute_ms(r) + per_call + per_tensor for r in norms)
@@ -105,7 +110,7 @@ def test_the_within_step_block_cost_and_the_norms_fix_a_call_and_a_tensor_either
 
 
 def test_without_calls_to_split_with_a_blocks_cost_beyond_the_call_is_its_tensors():
-    from planner.step_costs import tensor_ms_within
+    from planner.costs.step import tensor_ms_within
 
     problem, _, blocks = norms_and_blocks()
     assert tensor_ms_within(problem, blocks, 0.3 + 12 * 0.07) == pytest.approx(0.07)

@@ -1,5 +1,5 @@
 """What a checkpoint call costs on the model's own smallest repeated submodule, alone and in the
-model's forward (`planner.call_costs`): read beyond the recomputation the problem prices, and
+model's forward (`planner.costs.calls`): read beyond the recomputation the problem prices, and
 never below the figure held so far."""
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from planner import call_costs, clock, plan
-from planner.memory import preserved_state
-from planner.step_regions import small_calls
+from planner import plan
+from planner.costs import calls as call_costs
+from planner.measure import clock
+from planner.costs.step import small_calls
+from planner.measure.memory import preserved_state
 
 
 class Wavy(nn.Module):
@@ -94,7 +96,7 @@ def test_calls_that_cannot_be_read_leave_the_figure_with_a_warning(monkeypatch, 
     monkeypatch.setattr(call_costs, "captured_call", not_called)
     monkeypatch.setattr(call_costs, "RECOMPUTE_LIMIT", float("inf"))  # (read however slow this CPU's matmuls)
     problem = replace(p.problem, region_overhead_ms=0.25)
-    with caplog.at_level("WARNING", logger="planner.call_costs"):
+    with caplog.at_level("WARNING", logger="planner.costs.calls"):
         assert call_costs.small_call_cost(model, problem, p.wrapped, torch.device("cpu"), lambda m: m(x)) == 0.25
     assert "could not be read on waves.0" in caplog.text
 
@@ -108,7 +110,7 @@ def test_calls_that_recompute_far_more_than_a_call_costs_are_not_read(monkeypatc
     least_ms = min(map(p.problem.region_recompute_ms, small_calls(p.problem, p.wrapped)))
     problem = replace(p.problem, region_overhead_ms=least_ms / (2 * call_costs.RECOMPUTE_LIMIT), run_region_ms=0.0)
     monkeypatch.setattr(clock, "timed_rounds", None)  # (timing anything would fail)
-    with caplog.at_level("INFO", logger="planner.call_costs"):
+    with caplog.at_level("INFO", logger="planner.costs.calls"):
         assert call_costs.small_call_cost(model, problem, p.wrapped, torch.device("cpu"), lambda m: m(x)) \
             == problem.region_overhead_ms
     assert "not read on waves.0" in caplog.text

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import small_mlp
 from torch import nn
 
-from conftest import small_mlp
-from planner import InfeasibleBudget, cli, load_plan, plan
+from planner import InfeasibleBudget, load_plan, plan
+from planner.cli import main as cli
 from planner.api import GIB
-from planner.cli import load_model, main, parse_shapes, resize_sample
+from planner.cli.main import main
+from planner.cli.models import load_model, parse_shapes, resize_sample
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FAST = ["--repeats", "1"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from distributed_ranks import WORLD, build, check, plan_on_one_thread, spawn, warned
 
 import planner
-from distributed_ranks import WORLD, build, check, plan_on_one_thread, spawn, warned
 from planner.api import GIB
 
 pytestmark = pytest.mark.slow

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from distributed_ranks import STEPS, WORLD, build, plan_on_one_thread, spawn, warned
 
 import planner
-from distributed_ranks import STEPS, WORLD, build, plan_on_one_thread, spawn, warned
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def saved_run_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """In every block of the small GPT, the second norm and the MLP's first linear and
-    activation recomputed alone (runs inside the block, `planner.run_checkpoint`); saved."""
+    activation recomputed alone (runs inside the block, `planner.apply.runs`); saved."""
     model, sample = build("gpt")
     p = plan_on_one_thread(model, sample, measure="run")  # (as each rank runs)
     runs = p.with_regions([(f"blocks_{i}_norm2", f"blocks_{i}_mlp_1") for i in range(len(model.blocks))])
@@ -69,7 +69,7 @@ def test_fsdp2_plan_with_runs_across_sharded_stages_matches_unplanned(saved_cros
 @pytest.fixture(scope="module")
 def saved_slice_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """In the CNN, each stage's children from its first BatchNorm through its second
-    convolution under one checkpoint call in the stage's loop (`planner.segments`), in the
+    convolution under one checkpoint call in the stage's loop (`planner.problem.segments`), in the
     stages that FSDP2 shards."""
     model, sample = build("cnn")
     p = planner.plan(model, sample, budget_gb=80, repeats=1)

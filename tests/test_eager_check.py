@@ -1,4 +1,4 @@
-"""The model's own step against the traced graph (`planner.eager_check`)."""
+"""The model's own step against the traced graph (`planner.measure.steps`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,16 +6,16 @@ import warnings
 
 import pytest
 import torch
+from conftest import small_gpt
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
 from planner import InfeasibleBudget, plan
 from planner.api import GIB
-from planner.eager_check import BEYOND_GRAPH, held_outside_step
-from planner.measured_fit import BEYOND_PLAN
-from conftest import small_gpt
+from planner.measure.steps import BEYOND_GRAPH, held_outside_step
+from planner.planning import BEYOND_PLAN
 
-EAGER_CHECK_WARNING = "the model's own training step peaked"  # (planner.eager_check's warning)
+EAGER_CHECK_WARNING = "the model's own training step peaked"  # (planner.measure.steps's warning)
 
 EXTRA_BYTES = 4 << 20
 

@@ -4,9 +4,9 @@ import warnings
 
 import pytest
 import torch
+from conftest import COMPILE_BACKEND, small_cnn, small_gpt, snapshot, train_step
 from torch import nn
 
-from conftest import COMPILE_BACKEND, small_cnn, small_gpt, snapshot, train_step
 from planner import TraceError, plan
 from planner.api import GIB
 from planner.examples import TinyGPT

@@ -1,9 +1,9 @@
-"""planner.holds: what the model's own forward keeps alive that the traced graph does not show."""
+"""planner.measure.holds: what the model's own forward keeps alive that the traced graph does not show."""
 import torch
 import torch.fx
 from torch import nn
 
-from planner.holds import eager_holds
+from planner.measure.holds import eager_holds
 
 
 class Inner(nn.Module):

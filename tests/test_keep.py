@@ -14,14 +14,23 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import train_step
+from keep_models import (
+    BLOCK_NAMES,
+    BLOCKS,
+    KEPT_LINEARS,
+    LINEARS,
+    assert_same_step,
+    backward_calls,
+    build,
+    recomputed_ms,
+    selective,
+)
 from torch import nn
 
-from conftest import train_step
-from keep_models import (BLOCK_NAMES, BLOCKS, KEPT_LINEARS, LINEARS, assert_same_step, backward_calls, build,
-                         recomputed_ms, selective)
 from planner import Plan, load_plan, plan
-from planner.keep_policy import KeepPolicy
-from planner.holds import KEEPABLE_OPS, eager_holds
+from planner.apply.policy import KeepPolicy
+from planner.measure.holds import KEEPABLE_OPS, eager_holds
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +51,7 @@ def test_what_is_keepable_and_where(measured):
               "scaled_dot_product_attention_1"}
     assert heavy <= keepable and all(nodes[name].keep_span is None for name in heavy)
     # other deterministic storage-making nodes, within the submodule calls whose calls match
-    from planner.graph import compute_nodes, module_calls
+    from planner.problem.graph import compute_nodes, module_calls
 
     calls = {(call.nodes.start, call.nodes.stop) for call in module_calls(p.traced.gm)}
     index = {name: i for i, name in enumerate(nodes)}
@@ -54,7 +63,7 @@ def test_what_is_keepable_and_where(measured):
     for name in ("blocks_0_attention_dropout", "blocks_1_dropout", "reshape"):
         assert name not in keepable, name
     # each keepable node's cached calls are the ones that make its storages
-    from planner.profile import META_KEY
+    from planner.measure.profile import META_KEY
 
     for node in compute_nodes(p.traced.gm):
         record = node.meta[META_KEY]
@@ -82,12 +91,12 @@ def test_without_running_the_calls_are_recorded_on_fake_tensors_as_on_real_ones(
 
 
 def test_nothing_is_keepable_where_the_calls_are_not_recorded(caplog, monkeypatch):
-    import planner.measure
+    import planner.measure.paths
 
     def fails(*args, **kwargs):
         raise RuntimeError("data-dependent control flow")
 
-    monkeypatch.setattr(planner.measure, "fake_eager_holds", fails)
+    monkeypatch.setattr(planner.measure.paths, "fake_eager_holds", fails)
     model, tokens = build()
     with caplog.at_level(logging.INFO, logger="planner"):
         p = plan(model, tokens, budget_gb=80, repeats=1, measure="no-run")
@@ -112,12 +121,12 @@ def test_calls_are_found_per_region_where_the_whole_runs_differ(caplog):
     # A region that makes other matrix products, or that the model calls twice, keeps nothing.
     changed = copy.deepcopy(model)  # the graph runs the traced model's modules
     changed[2].forward = lambda h: F.linear(F.linear(h, model[2].weight), model[2].weight, model[2].bias)
-    with caplog.at_level(logging.INFO, logger="planner.holds"):
+    with caplog.at_level(logging.INFO, logger="planner.measure.holds"):
         other = eager_holds(gm, [x], lambda: changed(x))
     assert other.calls["_0"].keepable and not other.calls["_2"].keepable
     assert other.calls["_2"].names == same.calls["_2"].names  # the graph run's, for counting occurrences
     assert "2 (keepable call 0 is aten.mm.default in the model, aten.addmm.default in the graph)" in caplog.text
-    with caplog.at_level(logging.INFO, logger="planner.holds"):
+    with caplog.at_level(logging.INFO, logger="planner.measure.holds"):
         twice = eager_holds(gm, [x], lambda: (model[0](x), model(x)))
     assert not twice.calls["_0"].keepable and twice.calls["_2"].keepable
     assert "0 (called 2 times in the model's forward, once in the graph)" in caplog.text
@@ -259,8 +268,8 @@ def test_torch_compile_of_a_selective_plan_trains_like_eager():
 
 
 def test_the_memory_plot_draws_the_kept_nodes(measured, tmp_path, monkeypatch):
-    import planner.plot
-    from planner.plot import timelines
+    import planner.report.plot
+    from planner.report.plot import timelines
 
     _, _, p = measured
     keeping = selective(p)
@@ -270,7 +279,7 @@ def test_the_memory_plot_draws_the_kept_nodes(measured, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     assert keeping.plot(tmp_path / "drawn.png").read_bytes().startswith(b"\x89PNG")
     drawn: list[Any] = []
-    monkeypatch.setattr(planner.plot, "plot_memory", lambda *args, **kwargs: drawn.append(kwargs["kept"]))
+    monkeypatch.setattr(planner.report.plot, "plot_memory", lambda *args, **kwargs: drawn.append(kwargs["kept"]))
     keeping.plot(tmp_path / "plan.png")
     load_plan(keeping.save(tmp_path / "plan.json")).plot(tmp_path / "saved.png")
     assert drawn == [kept, kept]

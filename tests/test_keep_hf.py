@@ -10,16 +10,15 @@ from typing import Any
 
 import pytest
 import torch
+from keep_models import CallCounter
+from models_hf import bert, gpt2, llama
 from torch import nn
 
 from planner import Plan, plan
 from planner.api import GIB
-from planner.graph import compute_nodes, module_calls, module_path
-from planner.holds import KEEPABLE_OPS
-from planner.verify import training_loss
-
-from models_hf import bert, gpt2, llama
-from keep_models import CallCounter
+from planner.core import training_loss
+from planner.measure.holds import KEEPABLE_OPS
+from planner.problem.graph import compute_nodes, module_calls, module_path
 
 transformers = pytest.importorskip("transformers")
 

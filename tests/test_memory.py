@@ -5,15 +5,16 @@ import math
 
 import pytest
 import torch
+from conftest import MODELS, small_gpt
 from torch import nn
 
-from conftest import MODELS, small_gpt
-from planner import InfeasibleBudget, plan, verify
+from planner import InfeasibleBudget, plan
+from planner.measure import steps as verify
 from planner.api import GIB
-from planner.allocations import ProfiledPeakMemory
-from planner.memory import LiveBytesTracker, PeakMemory
-from planner.plan_records import verification_from_record
-from planner.verify import training_loss
+from planner.core import training_loss
+from planner.measure.allocations import ProfiledPeakMemory
+from planner.measure.memory import LiveBytesTracker, PeakMemory
+from planner.plans.document import verification_from_record
 
 
 def test_tracker_counts_new_storages_once_and_frees_them():
@@ -96,7 +97,7 @@ def test_each_node_carries_its_own_kernel_scratch():
     # the profiled node's forward temporaries must include it, as a lone call measures it.
     import torch.fx
 
-    from planner.profile import META_KEY, profile
+    from planner.measure.profile import META_KEY, profile
 
     class Concat(nn.Module):
         def __init__(self) -> None:

@@ -5,23 +5,22 @@ import math
 
 import pytest
 import torch
+from conftest import MODELS, small_gpt
+from test_hazards import _assert_unchanged, _fingerprint
 from torch import nn
 from torch._subclasses import FakeTensorMode
 
-from conftest import MODELS, small_gpt
 from planner import load_plan, plan
 from planner.api import GIB
-from planner.backward_windows import BackwardWindows
+from planner.core import split_sample, training_loss
 from planner.examples import TinyGPT
-from planner.graph import compute_nodes
-from planner.memory import LiveBytesTracker, preserved_state
-from planner.profile import META_KEY, claim_autograd_nodes, profile
-from planner.profile_fake import profile_sizes
-from planner.static import static_breakdown
-from planner.targets import KernelCounter, target, targets
-from planner.trace import split_sample, trace
-from planner.verify import training_loss
-from test_hazards import _assert_unchanged, _fingerprint
+from planner.measure.memory import LiveBytesTracker, preserved_state
+from planner.measure.profile import META_KEY, claim_autograd_nodes, profile
+from planner.measure.sizes import BackwardWindows, profile_sizes
+from planner.measure.static import static_breakdown
+from planner.measure.targets import KernelCounter, target, targets
+from planner.problem.graph import compute_nodes
+from planner.trace.tracing import trace
 
 SIZE_FIELDS = ("output_bytes", "grad_bytes", "saved_bytes", "uses", "saves", "mutates", "param_grad_bytes",
                "random", "mutated_buffers", "parameters")
@@ -128,7 +127,7 @@ def test_auto_measures_the_whole_step_wherever_the_device_holds_it_whatever_the_
 
 def test_where_the_device_cannot_hold_the_unplanned_step_the_plans_own_step_runs(monkeypatch):
     import planner.api
-    import planner.measure
+    import planner.measure.paths
 
     model, tokens = small_gpt()
     first = plan(model, tokens, budget_gb=80, repeats=1)
@@ -136,7 +135,7 @@ def test_where_the_device_cannot_hold_the_unplanned_step_the_plans_own_step_runs
     # a device with room for the planned step, not for measuring the unplanned one whole
     resident = first.profile.parameter_bytes + first.profile.buffer_bytes + first.profile.input_bytes
     room = budget - resident
-    monkeypatch.setattr(planner.measure, "measurable_bytes", lambda device: room)
+    monkeypatch.setattr(planner.measure.paths, "measurable_bytes", lambda device: room)
     monkeypatch.setattr(planner.api, "measurable_bytes", lambda device: room)
     p = plan(model, tokens, budget_gb=budget / GIB, repeats=1)
     assert p.profile.measurement == "node by node" and p.checkpoints
@@ -172,7 +171,7 @@ def test_a_plan_made_on_meta_applies_to_the_real_model(tmp_path):
         p.verify()
     saved = load_plan(p.save(tmp_path / "plan.json"))
     module = saved.apply(real)
-    from planner.verify import verify_modules
+    from planner.measure.steps import verify_modules
 
     record = verify_modules(real, module, tokens, 1, p.predicted_peak_bytes, p.baseline_peak_bytes, p.budget_bytes)
     assert record.gradients_match and record.within_budget, str(record)
@@ -246,7 +245,7 @@ def test_measuring_the_whole_step_of_a_meta_model_is_refused():
 @pytest.mark.slow
 def test_cli_plans_a_hugging_face_architecture_on_meta(capsys, tmp_path):
     pytest.importorskip("transformers")
-    from planner.cli import main
+    from planner.cli.main import main
 
     code = main(["plan", "hf:llama", "--config", "hidden_size=64,intermediate_size=128,num_hidden_layers=2,"
                  "num_attention_heads=4,num_key_value_heads=2,vocab_size=100", "--seq", "64", "--batch", "2",
@@ -274,7 +273,7 @@ def _saved_shapes(attention, query, key, value, **options) -> list[tuple[int, ..
 
 
 def test_a_cuda_target_runs_grouped_query_attention_on_the_math_path():
-    from planner.targets import target_attention
+    from planner.measure.targets import target_attention
 
     batch, heads, length, width = 2, 4, 32, 16
     query = torch.randn(batch, heads, length, width)

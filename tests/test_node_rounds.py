@@ -1,4 +1,4 @@
-"""Node times read in the step rounds (`planner.node_rounds`): where the machine was slow while
+"""Node times read in the step rounds (`planner.costs.node_rounds`): where the machine was slow while
 `plan()` first timed the nodes, the figures read off the model's steps, and the plan's node
 times, are those of the rounds, not of that slow moment."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import statistics
 import time
 
 import torch
+from conftest import small_gpt
 from torch import nn
 
-from conftest import small_gpt
 from planner import plan
-from planner.node_rounds import NodeRounds, with_node_times
+from planner.costs.node_rounds import NodeRounds, with_node_times
 
 
 class Slow(nn.Module):
@@ -74,7 +74,8 @@ def test_a_plans_node_times_come_from_its_step_rounds_not_a_fast_moment_before(m
     # step rounds run on a slow one (12 ms): the plan prices recomputation at the rounds' times.
     # (Node times found high are scaled down to what the blocks measured, `step_fit`; found low,
     # they were not, and every recomputation was predicted low.)
-    from planner import plan_problem, step_costs
+    from planner import planning as plan_problem
+    from planner.costs import step as step_costs
 
     delay_ms = [2.0]
     model, tokens, leaves = _slow_gpt(delay_ms)

@@ -4,16 +4,16 @@ import math
 
 import pytest
 import torch
+from conftest import MODELS, small_cnn, small_gpt, small_mlp, train_step
 from torch import nn
 
-from conftest import MODELS, small_cnn, small_gpt, small_mlp, train_step
 from planner import Plan, SavedPlan, load_plan, plan
 from planner.api import GIB
-from planner.apply import CheckpointedForward
+from planner.apply.checkpoints import CheckpointedForward
 from planner.examples import TinyGPT
-from planner.json_values import decode_value, encode_value
-from planner.persist import FX_FRONTEND
-from planner.trace import trace
+from planner.plans.document import decode_value, encode_value
+from planner.plans.matching import FX_FRONTEND
+from planner.trace.tracing import trace
 
 
 def tight(model, sample, fraction: float = 0.75, **options) -> Plan:

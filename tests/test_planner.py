@@ -1,8 +1,8 @@
 """End to end: plan() on small models, the rewritten module's behaviour and the report."""
 import pytest
 import torch
-
 from conftest import small_gpt, snapshot, train_step
+
 from planner import Plan, plan
 from planner.api import GIB
 from solvers import peak_bytes
@@ -153,7 +153,7 @@ def test_solver_options_reach_the_solver_and_stay_with_the_plan():
 
 def test_report_module_column_names_the_first_and_last_node_modules():
     # A region that starts and ends in one module but passes through its children is that module.
-    from planner.report import span
+    from planner.report.text import span
 
     assert span(("blocks.0.attention", "blocks.0.attention.qkv", "blocks.0.attention")) == "blocks.0.attention"
     assert span(("blocks.0.norm1", "blocks.0.attention.qkv", "blocks.0.attention")) == (

@@ -3,11 +3,11 @@ import struct
 import sys
 
 import pytest
-
 from conftest import small_cnn
+
 from planner import load_plan, plan
 from planner.api import GIB
-from planner.plot import plot_memory, step_positions
+from planner.report.plot import plot_memory, step_positions
 from solvers import NodeCost, Problem, simulate
 
 pytest.importorskip("matplotlib")

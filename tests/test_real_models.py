@@ -2,13 +2,12 @@
 U-Net-shaped model: planned modules train exactly like the originals."""
 import pytest
 import torch
+from models_hf import MODELS, _ids, gpt2
 
 from planner import load_plan, plan
 from planner.api import GIB
-from planner.verify import training_loss
+from planner.core import training_loss
 from solvers import minimum_peak_bytes
-
-from models_hf import MODELS, _ids, gpt2
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from solver_strategies import SETTINGS, Truth, budgets, module_problems, problems

@@ -1,5 +1,5 @@
 """Regions that are runs of nodes inside a submodule call, recomputed alone
-(`planner.run_checkpoint`): gradients equal to the unplanned model's, saved tensors freed as
+(`planner.apply.runs`): gradients equal to the unplanned model's, saved tensors freed as
 predicted, the planner choosing them, and their survival through save/load, other shapes and
 torch.compile. (FSDP2: tests/test_distributed.py; what they cost in the step:
 tests/test_run_step_costs.py.)"""
@@ -12,14 +12,21 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import (
+    COMPILE_BACKEND,
+    assert_trains_like,
+    cnn_step,
+    small_cnn_plan,
+    small_gpt,
+    train_step,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import COMPILE_BACKEND, assert_trains_like, cnn_step, small_cnn_plan, small_gpt, train_step
 from planner import load_plan, plan
+from planner.apply.runs import RunRecorder
+from planner.core import counted_call
+from planner.costs.overhead import forward_calls
 from planner.examples import Block, TinyGPT
-from planner.overhead import forward_calls
-from planner.run_checkpoint import counted_call
-from planner.run_recording import RunRecorder
 from solvers import NodeCost, Problem, solve
 
 

@@ -1,5 +1,5 @@
-"""What checkpoint calls and runs recomputed alone (`planner.run_checkpoint`) cost inside the
-model's own training step (`planner.step_costs`, `planner.step_fit`): the rounds each figure is
+"""What checkpoint calls and runs recomputed alone (`planner.apply.runs`) cost inside the
+model's own training step (`planner.costs.step`, `planner.costs.step`): the rounds each figure is
 read off, the figures' floors, and the plan priced with them. (The runs themselves:
 tests/test_run_checkpoint.py.)"""
 from __future__ import annotations
@@ -8,20 +8,20 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import norms_and_blocks, small_gpt
 from torch import nn
 
-from conftest import norms_and_blocks, small_gpt
 from planner import plan
+from planner.core import counted_call
+from planner.costs.overhead import forward_calls
 from planner.examples import Block
-from planner.overhead import forward_calls
-from planner.run_checkpoint import counted_call
 from solvers import NodeCost, Problem
 from solvers.problem_index import run_structure
 
 
 def _count_replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The number of calls each replayed run recorded, as runs replay from now on."""
-    from planner.run_checkpoint import RunTape
+    from planner.apply.runs import RunTape
 
     replayed: list[int] = []
     original = RunTape.replay
@@ -38,7 +38,7 @@ def test_recording_cost_is_measured_on_recorded_and_replayed_forwards(monkeypatc
     # The cost per recorded call comes from steps that record every call and replay them:
     # a recorder that saw other calls than the block's (its inputs' copies) would record
     # nothing, replay nothing and measure nothing.
-    from planner import block_costs
+    from planner.costs import block as block_costs
 
     replayed = _count_replays(monkeypatch)
     monkeypatch.setattr(block_costs, "FINE_ROUNDS", 2)
@@ -57,9 +57,10 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
     # short run (two nodes) alone in each call of a repeated submodule recomputed, in the model's
     # own training step as a plan applies them: every run records and replays in each timed step,
     # and the model's gradients, buffers and RNG are left as they were.
-    from planner import step_costs, step_regions
-    from planner.graph import run_checkpoints, saved_calls
-    from planner.verify import training_loss
+    from planner.costs import step as step_costs
+    from planner.costs import step as step_regions
+    from planner.core import training_loss
+    from planner.problem.graph import run_checkpoints, saved_calls
 
     model, tokens = small_gpt()
     p = plan(model, tokens, budget_gb=80, repeats=1)
@@ -120,10 +121,11 @@ def test_the_runs_the_step_is_read_off_each_replay(monkeypatch):
     # the step among the others, such runs made runs look cheaper than they are; the runs the
     # fit uses now each replay, and one of GPT-2's calls would otherwise have given one.
     from models_hf import gpt2
-    from planner import step_regions
-    from planner.apply import apply_plan, shallow_clone
-    from planner.graph import run_checkpoints
-    from planner.verify import training_loss
+
+    from planner.costs import step as step_regions
+    from planner.apply.checkpoints import apply_plan, shallow_clone
+    from planner.core import training_loss
+    from planner.problem.graph import run_checkpoints
 
     torch.manual_seed(0)
     model, sample = gpt2()
@@ -152,10 +154,10 @@ def test_node_times_far_above_what_the_step_measured_are_reported():
     # on this small model the checkpoint calls' own cost puts the blocks' measured overhead at
     # 2-3 times their nodes' recompute (2.0-3.0 in seven runs), so with three the warning's
     # threshold (2.55) was a coin toss and CI missed it once.
-    from planner import step_costs
-    from planner.graph import run_checkpoints
-    from planner.step_fit import node_times_high, scaled_node_times
-    from planner.verify import training_loss
+    from planner.costs import step as step_costs
+    from planner.core import training_loss
+    from planner.costs.step import node_times_high, scaled_node_times
+    from planner.problem.graph import run_checkpoints
 
     assert node_times_high(100.0, 86.0, 6) is None and node_times_high(100.0, 84.0, 6) is not None
     model, tokens = small_gpt()
@@ -183,7 +185,7 @@ def test_node_times_are_scaled_to_what_the_blocks_measured_beyond_their_calls():
     # 285 ms of node times, blocks measured at 166 ms, 6 ms of it checkpoint's own: the times
     # are scaled so that the blocks' recomputation is the 160 ms left. Never scaled up, and not
     # at all where the step leaves nothing for recomputation.
-    from planner.step_fit import node_time_scale, scaled_node_times
+    from planner.costs.step import node_time_scale, scaled_node_times
 
     assert node_time_scale(285.0, 166.0, 6.0) == pytest.approx(160 / 285)
     assert node_time_scale(100.0, 130.0, 6.0) == 1.0 and node_time_scale(100.0, 5.0, 6.0) == 1.0
@@ -199,7 +201,7 @@ def test_a_call_and_a_saved_tensor_are_priced_by_what_norms_and_blocks_cost_in_t
     # figures where a saved tensor costs less than the figure read off a block (50 us); where
     # more, that figure stands and the call's is what the norms leave beyond their tensors,
     # never below the one it had (0.3 ms).
-    from planner.step_costs import call_and_tensor_ms
+    from planner.costs.step import call_and_tensor_ms
 
     problem, norms, blocks = norms_and_blocks()
 
@@ -215,7 +217,7 @@ def test_a_call_and_a_saved_tensor_are_priced_by_what_norms_and_blocks_cost_in_t
 
 
 def test_neither_figure_read_off_the_step_falls_below_zero():
-    from planner.step_costs import call_and_tensor_ms
+    from planner.costs.step import call_and_tensor_ms
 
     problem, norms, blocks = norms_and_blocks()
     recompute = sum(problem.region_recompute_ms(r) for r in blocks)
@@ -237,12 +239,12 @@ def _runs_in_two_blocks() -> tuple[Problem, list[range], list[range]]:
     blocks = (range(0, 6), range(6, 12))
     problem = Problem(tuple(nodes), allowed_regions=blocks, run_spans=blocks, region_overhead_ms=0.3,
                       recorded_call_ms=0.01)
-    from planner.step_regions import longest_run
+    from planner.costs.step import longest_run
     return problem, [range(0, 2), range(6, 8)], [longest_run(problem, span) for span in blocks]
 
 
 def test_the_long_run_of_a_block_is_the_one_that_records_most_calls():
-    from planner.step_regions import longest_run
+    from planner.costs.step import longest_run
 
     problem, _, longs = _runs_in_two_blocks()
     calls = run_structure(problem)[1]
@@ -259,7 +261,7 @@ def test_the_long_run_of_a_block_is_the_one_that_records_most_calls():
 def test_a_run_and_a_recorded_call_are_priced_by_what_short_and_long_runs_cost_in_the_step(per_run, per_recorded):
     # Short runs record 6 calls each, long runs 9: their two measured overheads fix both figures;
     # a run may cost less than a call (down to the floor), a recorded call never less than nothing.
-    from planner.step_costs import run_and_recorded_call_ms
+    from planner.costs.step import run_and_recorded_call_ms
 
     problem, short, longs = _runs_in_two_blocks()
     calls = run_structure(problem)[1]
@@ -277,7 +279,7 @@ def test_a_run_and_a_recorded_call_are_priced_by_what_short_and_long_runs_cost_i
 def test_long_runs_cheaper_than_their_nodes_leave_the_blocks_figure_per_recorded_call():
     # Long runs measured 1 ms under their nodes' recomputation: no reading of a recorded call's
     # cost, so the block's (0.01 ms) stands, and a run costs what the short runs leave beyond it.
-    from planner.step_costs import run_and_recorded_call_ms
+    from planner.costs.step import run_and_recorded_call_ms
 
     problem, short, longs = _runs_in_two_blocks()
     calls = run_structure(problem)[1]
@@ -290,27 +292,27 @@ def test_long_runs_cheaper_than_their_nodes_leave_the_blocks_figure_per_recorded
 
 
 def test_plan_prices_calls_and_runs_with_the_residuals_measured_in_the_step(monkeypatch):
-    import planner.plan_problem
-    from planner.block_costs import MeasuredCosts
-    from planner.step_costs import StepResiduals
+    import planner.planning
+    from planner.costs.block import MeasuredCosts
+    from planner.costs.step import StepResiduals
 
     model, tokens = small_gpt()
-    monkeypatch.setattr(planner.plan_problem, "checkpoint_overhead_ms", lambda device: (0.25, 0.01))  # tiny modules'
+    monkeypatch.setattr(planner.planning, "checkpoint_overhead_ms", lambda device: (0.25, 0.01))  # tiny modules'
     measured = MeasuredCosts(0.25, 0.001, 0.01, 0.001, 0.002, 0.01)
-    monkeypatch.setattr(planner.plan_problem, "selective_overhead_for_plan", lambda *args: measured)
-    # a call as read on the model's own small submodules (`planner.call_costs`), before the step's residuals
-    monkeypatch.setattr(planner.plan_problem, "small_call_cost", lambda model, problem, *args: problem.region_overhead_ms + 0.25)
-    monkeypatch.setattr(planner.plan_problem, "step_residuals", lambda *args, **kwargs: StepResiduals(0.5, 0.125, 4, 4, 1.5, 2))
+    monkeypatch.setattr(planner.planning, "selective_overhead_for_plan", lambda *args: measured)
+    # a call as read on the model's own small submodules (`planner.costs.calls`), before the step's residuals
+    monkeypatch.setattr(planner.planning, "small_call_cost", lambda model, problem, *args: problem.region_overhead_ms + 0.25)
+    monkeypatch.setattr(planner.planning, "step_residuals", lambda *args, **kwargs: StepResiduals(0.5, 0.125, 4, 4, 1.5, 2))
     p = plan(model, tokens, budget_gb=80, repeats=1, effort="thorough")
     assert p.problem.run_spans and p.problem.run_region_ms == 0.125
     assert p.problem.region_overhead_ms == 1.0
     assert p.problem.keep_region_ms == 1.75
-    monkeypatch.setattr(planner.plan_problem, "step_residuals", lambda *args, **kwargs: StepResiduals(0.5, 0.125, 4, 4, -0.5, 2))
+    monkeypatch.setattr(planner.planning, "step_residuals", lambda *args, **kwargs: StepResiduals(0.5, 0.125, 4, 4, -0.5, 2))
     assert plan(model, tokens, budget_gb=80, repeats=1, effort="thorough").problem.keep_region_ms == 0.0  # never below 0
     # The default effort reads no step: the block's figures stand.
     unread = lambda *args, **kwargs: pytest.fail("effort='normal' reads the model's steps")  # noqa: E731
-    monkeypatch.setattr(planner.plan_problem, "small_call_cost", unread)
-    monkeypatch.setattr(planner.plan_problem, "step_residuals", unread)
+    monkeypatch.setattr(planner.planning, "small_call_cost", unread)
+    monkeypatch.setattr(planner.planning, "step_residuals", unread)
     p = plan(model, tokens, budget_gb=80, repeats=1)
     assert p.problem.region_overhead_ms == 0.25 and p.problem.run_region_ms == 0.0
 
@@ -318,7 +320,7 @@ def test_plan_prices_calls_and_runs_with_the_residuals_measured_in_the_step(monk
 def test_a_block_that_cannot_be_recorded_whole_still_has_its_checkpoint_cost_measured(monkeypatch):
     # A forward that reads a buffer and then writes it in place cannot be replayed as one run
     # (replay would read the written value): what checkpoint costs it is measured all the same.
-    from planner import block_costs
+    from planner.costs import block as block_costs
 
     class Rescaled(nn.Module):
         def __init__(self) -> None:
@@ -342,7 +344,7 @@ def test_the_share_of_a_forward_that_recomputation_runs_stops_at_the_last_saving
     # A layer ending in a linear and a residual add: nothing saves the add's inputs, so
     # recomputation stops after the node before them (the fc2 matmul itself is skipped where
     # only its input is saved, as `stop_ms` says).
-    from planner.block_costs import recomputed_share
+    from planner.costs.block import recomputed_share
 
     nodes = (NodeCost("norm", 1.0, output_bytes=8, saves=()),
              NodeCost("fc1", 2.0, output_bytes=8, uses=(0,), saves=(0,)),
@@ -357,7 +359,8 @@ def test_a_blocks_readings_subtract_only_the_forward_its_recomputation_runs(monk
     # Fixed times: a forward of 10 ms of which recomputation and replay run half; checkpoint
     # costs 1 ms beyond that, and recording 0.05 ms per call. Subtracting the whole forward
     # instead would read checkpoint at -4 ms and recording at nothing.
-    from planner import block_costs, clock
+    from planner.costs import block as block_costs
+    from planner.measure import clock
 
     block = Block(32, 4, dropout=0.0).train()
     mask = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
@@ -382,7 +385,8 @@ def test_a_blocks_readings_subtract_only_the_forward_its_recomputation_runs(monk
 def test_a_blocks_policy_cost_per_call_pools_its_steps_and_its_forwards(monkeypatch):
     # Steps read 0.05 ms per call under the policy, forwards alone 0.03 ms: the figure is the
     # median of both rounds' readings, between the two; each alone would give its own.
-    from planner import block_costs, clock
+    from planner.costs import block as block_costs
+    from planner.measure import clock
 
     block = Block(32, 4, dropout=0.0).train()
     mask = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)

@@ -1,4 +1,4 @@
-"""Regions of consecutive children of an `nn.Sequential` (`planner.segments`): one checkpoint
+"""Regions of consecutive children of an `nn.Sequential` (`planner.problem.segments`): one checkpoint
 call around them in the Sequential's own loop, trained like the model (gradients, BatchNorm
 statistics), saved and applied again, and under torch.compile."""
 from __future__ import annotations
@@ -8,13 +8,13 @@ import inspect
 
 import pytest
 import torch
+from conftest import COMPILE_BACKEND, assert_trains_like, cnn_step, small_cnn_plan
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from conftest import COMPILE_BACKEND, assert_trains_like, cnn_step, small_cnn_plan
 from planner import load_plan
-from planner.segments import plain_sequential
-from planner.sequential_run import run_segments
+from planner.apply.sequential import run_segments
+from planner.problem.segments import plain_sequential
 
 
 def test_run_segments_is_the_sequentials_forward():

@@ -13,10 +13,16 @@ from unittest import mock
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from solver_strategies import (
+    SETTINGS,
+    Truth,
+    budgets,
+    check_against_truth,
+    module_problems,
+)
 
-from solvers import InfeasibleBudget, NodeCost, Problem, solve
 import solvers.problem
-from solver_strategies import SETTINGS, Truth, budgets, check_against_truth, module_problems
+from solvers import InfeasibleBudget, NodeCost, Problem, solve
 
 
 @settings(max_examples=120, **SETTINGS)

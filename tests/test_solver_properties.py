@@ -10,9 +10,16 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from solvers import InfeasibleBudget, Problem, Status, minimum_peak_bytes, peak_bytes, solve
 from solver_strategies import SETTINGS, Truth, budgets, check_against_truth, problems
+
+from solvers import (
+    InfeasibleBudget,
+    Problem,
+    Status,
+    minimum_peak_bytes,
+    peak_bytes,
+    solve,
+)
 
 
 @settings(max_examples=150, **SETTINGS)
@@ -42,8 +49,8 @@ def test_ilp_model_admits_every_plan_that_fits(problem: Problem, data: st.DataOb
     # constraint of the model, the valid inequalities (triangle cuts) included.
     # (Regions that start at a memoryless node, and regions that save nothing, are left out of
     # the model on purpose: another plan beats them for sure.)
-    from solvers.ilp_warm_start import cp_sat_solver as _solver
     from solvers.ilp_model import build_model
+    from solvers.ilp_warm_start import cp_sat_solver as _solver
     from solvers.ilp_warm_start import hint_plan
     from solvers.structure import Structure
 
@@ -243,8 +250,8 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
     # beside the search) is at most the optimum.
     import time
 
-    from solvers.ilp_warm_start import lp_guided_plan as _lp_guided_plan
     from solvers.ilp_model import build_model, scaled_cost
+    from solvers.ilp_warm_start import lp_guided_plan as _lp_guided_plan
     from solvers.lp_relaxation import LinearRelaxation
 
     truth = Truth.of(problem)

@@ -234,8 +234,8 @@ def test_lp_relaxation_is_silent_and_bounds_the_optimum(capfd):
 def test_branching_node_parts_a_mix_of_plans_at_its_long_regions_costliest_node():
     # Half of region [0, 6) and half of [2, 6): the LP takes half of the long region from node
     # 0, and of the nodes it leaves half out (0 and 1) the costlier one is where to branch.
-    from solvers.ilp_warm_start import branching_node as _branching_node
     from solvers.ilp_model import build_model
+    from solvers.ilp_warm_start import branching_node as _branching_node
     from solvers.ilp_warm_start import hint_plan
 
     chain = [NodeCost(f"n{i}", [5.0, 9.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0][i], output_bytes=8,

@@ -7,10 +7,16 @@ from math import comb
 
 import pytest
 import torch
-
 from conftest import small_gpt
+
 from planner import plan
-from planner.clock import paired_difference, paired_differences, paired_interval, reading_or_price, timed_rounds
+from planner.measure.clock import (
+    paired_difference,
+    paired_differences,
+    paired_interval,
+    reading_or_price,
+    timed_rounds,
+)
 
 pytestmark = pytest.mark.full_timing_rounds  # (the block's fake rounds are as many as a planning's)
 
@@ -33,7 +39,7 @@ def test_paired_rounds_read_each_call_against_the_baseline_runs_around_it_under_
     # A machine whose every call takes 1 ms longer than the one before: "plan" costs 5 ms more
     # than "base", "other" 2 ms more. Timed in rounds base, other, plan, with base once more at
     # the end, each reads exactly its own cost; paired in the round only, the drift adds to it.
-    import planner.clock as clock
+    import planner.measure.clock as clock
 
     clock_ms = iter(range(1000))
     cost = {"base": 10.0, "other": 12.0, "plan": 15.0}
@@ -53,7 +59,7 @@ def test_a_reading_replaces_its_price_only_where_its_interval_at_the_readings_le
     # Eight of nine rounds read +30 to +37 ms, one -5 ms, against a price of 0: a 95% interval
     # (2nd to 8th smallest) is clear of the price, the readings' (all nine) holds it. A planning
     # tests about ten readings: at 95% each, one in three plannings may replace a price on noise.
-    from planner.clock import READING_LEVEL
+    from planner.measure.clock import READING_LEVEL
 
     times = {"unplanned": [1000.0] * 9, "plan": [1000.0 + d for d in (-5, 30, 31, 32, 33, 34, 35, 36, 37)]}
     assert paired_interval(times, "plan", "unplanned") == (30.0, 36.0)
@@ -72,13 +78,13 @@ def test_a_reading_inside_its_interval_of_the_price_keeps_the_price():
 
 
 def test_each_reading_is_logged_with_its_interval_price_and_outcome(caplog):
-    from planner.clock import READING_STOOD, READING_TAKEN, READING_TAKEN_ALONE
+    from planner.measure.clock import READING_STOOD, READING_TAKEN, READING_TAKEN_ALONE
 
-    with caplog.at_level(logging.INFO, logger="planner.clock"):
+    with caplog.at_level(logging.INFO, logger="planner.measure.clock"):
         reading_or_price(12.0, (-30.0, 51.0), 20.0, "24 runs")
         reading_or_price(31.0, (28.0, 35.0), 20.0, "6 blocks")
         reading_or_price(31.0, None, 20.0, "6 calls")
-    records = [record for record in caplog.records if record.name == "planner.clock"]
+    records = [record for record in caplog.records if record.name == "planner.measure.clock"]
     assert [record.msg for record in records] == [READING_STOOD, READING_TAKEN, READING_TAKEN_ALONE]
     assert records[0].args == ("24 runs", 12.0, -30.0, 51.0, 20.0)
     assert records[1].args == ("6 blocks", 31.0, 28.0, 35.0, 20.0)
@@ -104,9 +110,10 @@ def test_figures_stand_where_the_steps_rounds_cannot_tell_them_from_their_price(
     # +-1 s: every set's price lies inside its reading's interval, so every figure stays what
     # it was (before, each came out at its floor: the median difference, 0, priced nothing).
     # Rounds that agree (each +1 s, exactly) are read as measured.
-    from planner import step_costs, step_regions
-    from planner.graph import run_checkpoints, saved_calls
-    from planner.verify import training_loss
+    from planner.costs import step as step_costs
+    from planner.costs import step as step_regions
+    from planner.core import training_loss
+    from planner.problem.graph import run_checkpoints, saved_calls
 
     model, tokens, p = planned_gpt
     problem = replace(p.problem, region_overhead_ms=0.3, saved_tensor_ms=0.05, run_region_ms=0.2,
@@ -151,8 +158,8 @@ def test_a_blocks_checkpoint_cost_inside_its_noise_leaves_the_tiny_modules_figur
     # The block's checkpoint measured 20 ms beyond its forward. Where its rounds' interval holds
     # what the tiny modules' figures price it at (0.3 ms a call, 10 us a saved tensor), their
     # per-tensor figure stands; where the interval is clear of it, the block's is read.
-    from planner import block_costs
-    from planner.graph import saved_calls
+    from planner.costs import block as block_costs
+    from planner.problem.graph import saved_calls
 
     model, tokens, p = planned_gpt
     problem = replace(p.problem, region_overhead_ms=0.3, saved_tensor_ms=0.01, run_region_ms=0.0)  # (not as measured)
@@ -175,9 +182,10 @@ def test_a_blocks_policy_and_recording_figures_inside_their_noise_leave_their_pr
     # is the tiny modules' price (per kept node: nothing). Before, each was max(0, the noise).
     # The rounds go on while the policy's cost per call is undecided, up to MAX_BLOCK_ROUNDS.
     # Rounds that agree are read as measured, after the first FINE_ROUNDS.
-    from planner import block_costs, clock
-    from planner.graph import saved_calls
-    from planner.overhead import selective_overhead_ms
+    from planner.costs import block as block_costs
+    from planner.measure import clock
+    from planner.costs.overhead import selective_overhead_ms
+    from planner.problem.graph import saved_calls
 
     model, tokens, p = planned_gpt
     assert any(node.keepable for node in p.problem.nodes)
@@ -228,7 +236,7 @@ def test_a_blocks_policy_and_recording_figures_inside_their_noise_leave_their_pr
 def test_sandwiched_rounds_difference_each_call_from_its_two_neighbouring_baseline_runs():
     # A clock whose speed jumps between calls: each call's difference is against the baseline
     # runs just before and after it, so a jump two calls away does not reach it.
-    from planner.clock import sandwiched_rounds
+    from planner.measure.clock import sandwiched_rounds
 
     log: list[str] = []
     baseline: list[float] = []  # (the baseline's times, as it returned them)

@@ -5,12 +5,11 @@ import warnings
 
 import pytest
 import torch
+from models_hf import gpt2
 
 from planner import plan
 from planner.api import GIB
-from planner.apply import CheckpointedForward
-
-from models_hf import gpt2
+from planner.apply.checkpoints import CheckpointedForward
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,216 @@
+"""The records a profile writes: one `NodeProfile` per compute node (in
+`node.meta["planner.measure.profile"]`, see `planner.measure.profile`) and one `GraphProfile` for the whole
+graph. `planner.problem.graph.build_problem` turns them into the solvers' `NodeCost`s.
+
+Example:
+    >>> record = gm.graph.find_nodes(op="call_module", target="fc1")[0].meta["planner.measure.profile"]
+    >>> record.saved_bytes, record.transient_bytes
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+
+@dataclass
+class NodeProfile:
+    """What one fx node costs. Node references are fx node names of the owning nodes."""
+
+    forward_ms: float = 0.0
+    output_bytes: int = 0
+    grad_bytes: int = 0
+    saved_bytes: int = 0
+    transient_bytes: int = 0
+    param_grad_bytes: int = 0
+    parameters: tuple[str, ...] = ()  # trainable parameters it reads (first qualified name of each)
+    uses: tuple[str, ...] = ()
+    saves: tuple[str, ...] = ()
+    mutates: tuple[str, ...] = ()
+    grad_aliases: tuple[str, ...] = ()  # owners whose gradient its backward hands on uncopied
+    mutated_buffers: tuple[str, ...] = ()  # qualified names of buffers written (BatchNorm statistics)
+    backward_transient_bytes: int = 0  # temporaries of this node's backward (freed when it ends)
+    holds: tuple[str, ...] = ()  # outputs the model's own code still references while it runs (planner.measure.holds)
+    arguments: tuple[str, ...] = ()  # outputs passed to a submodule call starting here (planner.measure.holds)
+    random: bool = True  # draws random numbers (dropout): a region holding it must replay the RNG
+    # False where backward never reaches its autograd nodes (nothing returned depends on its
+    # output): what it saved is freed with its output, not by its backward
+    backward_runs: bool = True
+    # its last saved tensor is packed before its outputs are made (an input or an intermediate,
+    # saved before the last kernel runs): recomputation that stops here never makes them
+    stops_before_output: bool = False
+    # forward time up to its last saved tensor (what recomputation stopping here costs); None
+    # where not measured (then all of forward_ms counts)
+    stop_ms: float | None = None
+    stop_transient_bytes: int | None = None  # stops_before_output: temporaries up to its last save
+    # graph inputs (placeholder names, not parameters or buffers) it reads, and writes in place:
+    # a region must not recompute from an input written in place (planner.problem.graph.build_problem)
+    input_reads: tuple[str, ...] = ()
+    input_writes: tuple[str, ...] = ()
+    # its ATen calls in the model's own forward, in order (planner.measure.holds; empty where the whole
+    # step was not run, or the model's calls differ from the graph's)
+    aten_calls: tuple[str, ...] = ()
+    # where a region may keep its output (planner.measure.holds.NodeCalls.keepable), the positions in
+    # `aten_calls` of the calls that make its storages: what a selective policy caches
+    keep_calls: tuple[int, ...] = ()
+    # (start, stop) compute-node indices: kept only by regions within them (NodeCost.keep_span)
+    keep_span: tuple[int, int] | None = None
+    # (start, stop) compute-node indices of the largest submodule call holding it whose ATen
+    # calls the model's forward makes exactly as the graph does, from a submodule call at or
+    # before it on (planner.measure.holds.NodeCalls.run_span): a run of nodes inside it may be
+    # recomputed alone (planner.apply.runs)
+    call_span: tuple[int, int] | None = None
+    # tensors autograd saved for its backward, counted as packed (parameters included): in a
+    # region, checkpoint's hooks pack and unpack each one
+    saved_tensors: int = 0
+
+
+@dataclass(frozen=True)
+class GraphProfile:
+    """Whole-graph figures next to the per-node records in `node.meta`."""
+
+    parameter_bytes: int
+    gradient_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    device: torch.device  # the device the plan is for
+    timing: str  # how forward times were obtained
+    # Checkpoint keeps a copy of the RNG state for each region that draws random numbers, from
+    # its forward to its backward: this many bytes each (the simulator counts them per region).
+    rng_state_bytes: int = 0
+    measurement: str = "whole step"  # or "node by node": sizes on fake tensors, see profile_fake
+    times_estimated: bool = False  # times are roofline estimates for a target GPU, not measured
+    scratch_measured: bool = True  # kernel scratch (workspace the allocator sees) was measured
+    loss_bytes: int = 0  # held through backward by the loss outside the graph (see training_loss_bytes)
+    # Gradients in flight, measured: (node whose backward made the storage, node whose backward
+    # freed it, bytes), where the whole step ran (None: derived from the graph by the solvers)
+    gradients: tuple[tuple[str, str, int], ...] | None = None
+
+
+# a slice: (start, stop, random), `ModuleCheckpoint.segments`
+Segment = tuple[int, int, bool]
+
+
+@dataclass(frozen=True)
+class ModuleCheckpoint:
+    """One region of a plan: one call of a submodule, recomputed in backward, keeping the
+    outputs of the ATen calls in `saved_calls` (a selective-checkpoint policy).
+
+    Example:
+        >>> ModuleCheckpoint("transformer.h.3", "GPT2Block", random=True,
+        ...                  saved_calls=(("aten.addmm.default", 0), ("aten.addmm.default", 2)))
+    """
+
+    module: str  # the submodule's path in the model ("transformer.h.3")
+    module_class: str  # its class name when planned (checked when applied)
+    random: bool = True  # draws random numbers: recomputation replays the RNG state
+    written_buffers: tuple[str, ...] = ()  # buffers its forward writes (relative names)
+    # ATen calls whose outputs its forward keeps for backward, so recomputation skips them:
+    # (func name, occurrence of that func within the forward, from 0); () keeps nothing
+    saved_calls: tuple[tuple[str, int], ...] = ()
+    # Where given, the forward is not checkpointed: only these runs of its ATen calls ((start,
+    # stop) call indices, `planner.apply.runs`) are recomputed, checked against `calls`,
+    # the names of all its calls as planned.
+    runs: tuple[tuple[int, int], ...] = ()
+    calls: tuple[str, ...] = ()
+    # per run: the submodules (paths relative to this one, "" for itself) whose forward pre-hook
+    # starts recording and whose forward hook stops it, with the calls where they start and stop
+    run_windows: tuple[tuple[str, int, str, int], ...] = ()
+    # Where given (an `nn.Sequential`), the forward is not checkpointed: each (start, stop,
+    # random) slice of its children runs under one checkpoint call (`planner.apply.sequential`),
+    # replaying the RNG state where random (a slice that draws random numbers).
+    segments: tuple[Segment, ...] = ()
+
+
+def split_sample(sample: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A sample is a Tensor, a tuple/list of positional args, or a dict of keyword args.
+
+    Example:
+        >>> split_sample(torch.ones(2))
+        ((tensor([1., 1.]),), {})
+    """
+    if isinstance(sample, torch.Tensor):
+        return (sample,), {}
+    if isinstance(sample, (tuple, list)):
+        return tuple(sample), {}
+    if isinstance(sample, dict):
+        return (), dict(sample)
+    raise TypeError(
+        f"sample must be a Tensor, a tuple of positional arguments or a dict of keyword "
+        f"arguments for the model's forward, not {type(sample).__name__}"
+    )
+
+
+def sample_tensors(sample: Any) -> list[torch.Tensor]:
+    """The tensors a sample passes to forward directly (positional and keyword arguments).
+
+    Example:
+        >>> sample_tensors({"input_ids": torch.ones(2), "use_cache": False})
+        [tensor([1., 1.])]
+    """
+    args, kwargs = split_sample(sample)
+    return [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
+
+
+def training_loss(output: Any) -> torch.Tensor:
+    """A scalar to call backward on: the model's own `loss` if it returns one, else the sum of
+    its floating-point outputs, whose backward hands each output a gradient of ones as a loss
+    function would: materialised (`t.sum()` passes an expanded scalar, which kernels such as
+    matmul's backward then copy into scratch of their own, memory no real loss causes).
+
+    Example:
+        >>> training_loss(torch.ones(3, requires_grad=True))
+        tensor(3., grad_fn=<AddBackward0>)
+    """
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    tensors = [t for t in output_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not tensors:
+        raise ValueError("the model's output holds no tensor that requires grad: nothing to train")
+    return sum(_SumOfOnes.apply(t) for t in tensors)  # type: ignore[return-value]
+
+
+class _SumOfOnes(torch.autograd.Function):
+    """`x.sum()` whose backward returns a contiguous gradient, as a loss function's does."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.shape = x.shape
+        return x.sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.expand(ctx.shape).clone(memory_format=torch.contiguous_format)
+
+
+def output_leaves(output: Any) -> list[Any]:
+    """Pytree leaves, looking inside dataclass records too (pytree treats them as leaves)."""
+    found = []
+    for leaf in tree_flatten(output)[0]:
+        if dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            found += output_leaves([getattr(leaf, f.name) for f in dataclasses.fields(leaf)])
+        else:
+            found.append(leaf)
+    return found
+
+
+def run_forward(module: nn.Module, sample: Any) -> Any:
+    args, kwargs = split_sample(sample)
+    return module(*args, **kwargs)
+
+
+def training_step(module: nn.Module, sample: Any) -> None:
+    training_loss(run_forward(module, sample)).backward()
+
+
+def counted_call(name: str) -> bool:
+    """Whether a run's call indices count an ATen call: not torch.export's metadata asserts
+    (the model's forward makes none) nor `detach`, which autograd itself dispatches when it
+    saves some outputs without saved-tensor hooks (the planner's runs have hooks) and which
+    replay needs no more than the tensor it aliases."""
+    return not name.startswith("aten._assert") and name != "aten.detach.default"

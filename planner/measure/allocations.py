@@ -1,0 +1,370 @@
+"""Read the allocator through `torch.profiler`: every allocation and free, kernel scratch included.
+
+`planner.measure.memory.LiveBytesTracker` (a `TorchDispatchMode`) follows tensors, which is what
+attributing memory to graph nodes needs, but it cannot see memory a kernel allocates and frees
+for itself (oneDNN convolutions on CPU, cuDNN workspaces on CUDA), and under `torch.compile`
+it sees nothing Inductor's wrapper allocates (Dynamo skips compiled frames while a dispatch mode
+is active). The profiler (`profile_memory=True`) records every allocation and free made through
+c10's allocators, with pointer, size and a nanosecond timestamp, whoever made it.
+
+- `ProfiledPeakMemory` replays those events in time order and follows only allocations made
+  inside the block (a free of a pointer allocated before is ignored): `peak_bytes` is the
+  highest point of bytes allocated inside the block and not yet freed, scratch included;
+  `peak_bytes_without_scratch` leaves out every allocation freed before the outermost `aten::`
+  operator that made it returns, which is the tracker's view.
+- `forward_scratch` says, per profiled graph node, how far one operator's scratch raises its
+  forward's peak above what the tracker sees; `backward_temporaries` measures each node's
+  backward from the allocator alone (autograd's own allocations included).
+
+Example:
+    >>> with ProfiledPeakMemory() as memory:
+    ...     model(x).sum().backward()
+    >>> memory.peak_bytes, memory.peak_bytes_without_scratch
+"""
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch._C._profiler import _EventType
+
+
+@dataclass(frozen=True)
+class AllocationEvent:
+    """One allocation (`size_bytes` > 0) or free (< 0) seen by the profiler."""
+
+    time_ns: int
+    size_bytes: int
+    pointer: int
+    operator_end_ns: int | None  # when the outermost aten:: operator around it returned
+
+
+class ProfiledPeakMemory:
+    """Peak bytes allocated on `device` (default the CPU) inside a `with` block and not yet
+    freed, from the profiler's allocation events (eager and `torch.compile`d code alike).
+
+    After the block: `peak_bytes` (kernel scratch included), `peak_bytes_without_scratch`,
+    `live_bytes` (allocated inside and still live at the end), `allocations` (count).
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device_type = torch.device(device).type
+        self.peak_bytes = 0
+        self.peak_bytes_without_scratch = 0
+        self.live_bytes = 0
+        self.allocations = 0
+        self._running: Any = None
+        self._profile: torch.profiler.profile | None = None
+
+    def __enter__(self) -> "ProfiledPeakMemory":
+        self._running = memory_profile()
+        self._profile = self._running.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._running.__exit__(*exc)
+        events = allocation_events(self._profile, self.device_type)
+        self._running = self._profile = None
+        self.allocations = sum(1 for event in events if event.size_bytes > 0)
+        self.peak_bytes, self.live_bytes = replay(events)
+        self.peak_bytes_without_scratch, _ = replay(events, skip_scratch=True)
+
+
+@contextmanager
+def memory_profile() -> Iterator[torch.profiler.profile]:
+    """A running profiler that records operators and every allocator event (the CPU and CUDA
+    allocators report to it alike; no CUDA activity tracing is needed for memory).
+
+    Example:
+        >>> with memory_profile() as profile:
+        ...     model(x).sum().backward()
+        >>> allocation_events(profile)[:1]
+    """
+    profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with _without_kineto_banner():
+        profile.__enter__()
+    try:
+        yield profile
+    finally:
+        with _without_kineto_banner():
+            profile.__exit__(None, None, None)
+
+
+@contextmanager
+def _without_kineto_banner() -> Iterator[None]:
+    """Kineto writes a line to the process's stderr each time a profiler starts and stops,
+    whatever the log level; with a profile per measured step they would bury the planner's
+    own output, so stderr is closed for just those calls."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def allocation_events(profile: torch.profiler.profile, device_type: str = "cpu") -> list[AllocationEvent]:
+    """Every allocation and free on `device_type` the profile recorded, in time order; at equal
+    times frees come first (the allocator can hand out a pointer again only after it was freed)."""
+    events: list[AllocationEvent] = []
+    stack = [(root, None) for root in profile.profiler.kineto_results.experimental_event_tree()]
+    while stack:
+        node, operator_end = stack.pop()
+        kind, fields = node.typed
+        if kind == _EventType.Allocation:
+            if fields.device.type == device_type and fields.alloc_size != 0:
+                events.append(AllocationEvent(node.start_time_ns, fields.alloc_size, fields.ptr, operator_end))
+            continue
+        if operator_end is None and kind == _EventType.TorchOp and node.name.startswith("aten::"):
+            operator_end = node.end_time_ns
+        stack.extend((child, operator_end) for child in node.children)
+    events.sort(key=lambda event: (event.time_ns, event.size_bytes > 0))
+    return events
+
+
+def replay(events: list[AllocationEvent], skip_scratch: bool = False) -> tuple[int, int]:
+    """(peak, final) live bytes of the allocations among `events`, in order; frees of pointers
+    not allocated among them (memory from before) are ignored. With `skip_scratch`, an
+    allocation freed before its operator returned is left out."""
+    skipped: set[int] = set()
+    if skip_scratch:
+        opened: dict[int, tuple[int, AllocationEvent]] = {}
+        for index, event in enumerate(events):
+            if event.size_bytes > 0:
+                opened[event.pointer] = (index, event)
+            elif event.pointer in opened:
+                start, allocation = opened.pop(event.pointer)
+                if allocation.operator_end_ns is not None and event.time_ns <= allocation.operator_end_ns:
+                    skipped.update((start, index))
+    live: dict[int, int] = {}
+    live_bytes = peak = 0
+    for index, event in enumerate(events):
+        if index in skipped:
+            continue
+        if event.size_bytes > 0:
+            live_bytes += event.size_bytes - live.pop(event.pointer, 0)  # seen twice: a free was missed
+            live[event.pointer] = event.size_bytes
+            peak = max(peak, live_bytes)
+        else:
+            live_bytes -= live.pop(event.pointer, 0)
+    return peak, live_bytes
+
+
+def forward_scratch(profile: torch.profiler.profile, device_type: str, label_prefix: str) -> dict[str, int]:
+    """How far kernel scratch raises one operator's peak above what the tensor tracker sees,
+    at most, per `record_function(label_prefix + name)` range: for every outermost `aten::`
+    operator, the peak of all its allocations minus the peak of those it does not free before
+    returning (its outputs), both from the operator's start.
+
+    Example:
+        >>> with memory_profile() as profile:
+        ...     with torch.profiler.record_function("node:conv"):
+        ...         y = conv(x)
+        >>> forward_scratch(profile, "cpu", "node:")["conv"]
+    """
+    return {label: max((_scratch_extra(_subtree_allocations(operator, device_type)) for operator in operators),
+                       default=0)
+            for label, (operators, _) in _labelled_operators(profile, label_prefix, None).items()}
+
+
+def scratch_before_mark(profile: torch.profiler.profile, device_type: str, label_prefix: str,
+                        mark: str) -> dict[str, int]:
+    """`forward_scratch` counting only what is allocated before the last `record_function(mark)`
+    inside each labelled range, for the ranges that hold one: the scratch a forward holds
+    when it is stopped there (recomputation stops at a node's last saved tensor, raised from
+    its pack hook, before the kernel that makes its output allocates anything).
+
+    Example:
+        >>> scratch_before_mark(profile, "cpu", "node:", "saved tensor")["conv"]  # saved before its kernel
+        0
+    """
+    scratch: dict[str, int] = {}
+    for label, (operators, mark_ns) in _labelled_operators(profile, label_prefix, mark).items():
+        if mark_ns is None:
+            continue
+        before = ([event for event in _subtree_allocations(operator, device_type) if event.time_ns < mark_ns]
+                  for operator in operators if operator.start_time_ns < mark_ns)
+        scratch[label] = max((_scratch_extra(events) for events in before), default=0)
+    return scratch
+
+
+def _labelled_operators(profile: torch.profiler.profile, label_prefix: str,
+                        mark: str | None) -> dict[str, tuple[list[Any], int | None]]:
+    """Per `record_function(label_prefix + name)` range: its outermost `aten::` operators, and
+    when the last `record_function(mark)` inside it started (None: none, or no `mark`)."""
+    found: dict[str, tuple[list[Any], int | None]] = {}
+    stack = [(root, None) for root in profile.profiler.kineto_results.experimental_event_tree()]
+    while stack:
+        node, label = stack.pop()
+        if node.typed[0] != _EventType.TorchOp:
+            continue
+        if node.name.startswith(label_prefix):
+            label = node.name[len(label_prefix):]
+            marks = _marks_under(node, mark) if mark is not None else []
+            found[label] = (found.get(label, ([], None))[0], max(marks, default=None))
+        elif node.name.startswith("aten::"):
+            if label is not None:
+                found[label][0].append(node)
+            continue
+        stack.extend((child, label) for child in node.children)
+    return found
+
+
+def _marks_under(operator: Any, mark: str) -> list[int]:
+    """Start times of the `record_function(mark)` ranges anywhere under `operator`."""
+    times = []
+    stack = [operator]
+    while stack:
+        node = stack.pop()
+        if node.typed[0] == _EventType.TorchOp:
+            if node.name == mark:
+                times.append(node.start_time_ns)
+            stack.extend(node.children)
+    return times
+
+
+@dataclass(frozen=True)
+class BackwardMemory:
+    """What each graph node's backward does to memory, measured: `temporaries` per owner (the
+    most its backward raises memory above what it started with and leaves behind), and
+    `gradients`, every storage one backward leaves for a later one (gradients in flight) as
+    (owner that allocated it, owner whose backward freed it, bytes). Storages made before the
+    first owned backward (the output's gradient) count as the first owner's; storages never
+    freed (parameters' `.grad`) are not gradients in flight."""
+
+    temporaries: dict[str, int]
+    gradients: list[tuple[str, str, int]]
+
+
+def backward_memory(profile: torch.profiler.profile, device_type: str, owners: dict[int, str]) -> BackwardMemory:
+    """Each node's backward temporaries and the gradients passed between nodes, from the
+    allocator alone (kernel scratch, temporaries of the autograd formulas and autograd's own
+    sums included). `owners` maps autograd sequence numbers (`grad_fn._sequence_nr()`) to the
+    graph node that created them. An owner's window opens when one of its autograd nodes
+    starts and closes when another owner's does; autograd nodes nobody owns (AccumulateGrad,
+    the loss's) count for the window they run in.
+
+    Example:
+        >>> with memory_profile() as profile:
+        ...     loss.backward()
+        >>> backward_memory(profile, "cpu", {y.grad_fn._sequence_nr(): "conv"}).temporaries["conv"]
+    """
+    starts: list[tuple[int, str]] = []
+    backward_start: int | None = None
+    stack = list(profile.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        kind, fields = node.typed
+        if kind != _EventType.TorchOp:
+            continue
+        if node.name.startswith("autograd::engine::evaluate_function"):
+            backward_start = min(node.start_time_ns, backward_start or node.start_time_ns)
+            if fields.sequence_number in owners:
+                starts.append((node.start_time_ns, owners[fields.sequence_number]))
+        stack.extend(node.children)
+    return window_memory(allocation_events(profile, device_type), starts, backward_start)
+
+
+def backward_temporaries(profile: torch.profiler.profile, device_type: str, owners: dict[int, str]) -> dict[str, int]:
+    """`backward_memory(...).temporaries`.
+
+    Example:
+        >>> backward_temporaries(profile, "cpu", {y.grad_fn._sequence_nr(): "conv"})["conv"]
+    """
+    return backward_memory(profile, device_type, owners).temporaries
+
+
+def window_temporaries(events: list[AllocationEvent], starts: list[tuple[int, str]]) -> dict[str, int]:
+    """The window algorithm of `backward_memory` on any event source: `events` in time
+    order, `starts` as (time, owner) of each autograd node an owner runs. (The fake-tensor
+    profile feeds it the tensor tracker's log and the ticks of autograd pre-hooks.)
+
+    Example:
+        >>> window_temporaries([AllocationEvent(2, 64, 1, None), AllocationEvent(3, -64, 1, None)],
+        ...                    [(1, "relu")])
+        {'relu': 64}
+    """
+    return window_memory(events, starts).temporaries
+
+
+def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
+                  backward_start: int | None = None) -> BackwardMemory:
+    """`window_temporaries`, and the gradients in flight between windows: storages a window
+    allocates and a later one frees, and, where `backward_start` (the time backward began) is
+    given, those allocated between it and the first window.
+
+    Example:
+        >>> window_memory([AllocationEvent(2, 64, 1, None), AllocationEvent(5, -64, 1, None)],
+        ...               [(1, "add"), (4, "relu")], backward_start=0).gradients
+        [('add', 'relu', 64)]
+    """
+    starts = sorted(starts)
+    windows = [start for index, start in enumerate(starts) if index == 0 or start[1] != starts[index - 1][1]]
+
+    temporaries: dict[str, int] = {}
+    gradients: list[tuple[str, str, int]] = []
+    # pointer -> (bytes, window it was allocated in, window it counts for as a gradient)
+    live: dict[int, tuple[int, int, int | None]] = {}
+    window = -1
+    live_bytes = opened_at = peak = kept = 0  # kept: bytes the open window allocated, still live
+
+    def close() -> None:
+        if window >= 0:
+            owner = windows[window][1]
+            temporaries[owner] = max(temporaries.get(owner, 0), peak - opened_at - kept)
+
+    def forget(pointer: int, freed: bool) -> int:
+        nonlocal kept
+        size, made_in, gradient_of = live.pop(pointer, (0, -1, None))
+        if made_in == window and window >= 0:
+            kept -= size
+        elif freed and gradient_of is not None and window >= 0:
+            gradients.append((windows[gradient_of][1], windows[window][1], size))
+        return size
+
+    for event in events:
+        while window + 1 < len(windows) and windows[window + 1][0] <= event.time_ns:
+            close()
+            window += 1
+            opened_at = peak = live_bytes
+            kept = 0
+        if event.size_bytes > 0:
+            live_bytes += event.size_bytes - forget(event.pointer, False)  # seen twice: a free was missed
+            in_backward = window >= 0 or (backward_start is not None and event.time_ns >= backward_start
+                                          and bool(windows))
+            live[event.pointer] = (event.size_bytes, window, max(window, 0) if in_backward else None)
+            kept += event.size_bytes if window >= 0 else 0
+            peak = max(peak, live_bytes)
+        else:
+            live_bytes -= forget(event.pointer, True)
+    close()
+    return BackwardMemory(temporaries, gradients)
+
+
+def _subtree_allocations(operator: Any, device_type: str) -> list[AllocationEvent]:
+    events: list[AllocationEvent] = []
+    stack = [operator]
+    while stack:
+        node = stack.pop()
+        kind, fields = node.typed
+        if kind == _EventType.Allocation:
+            if fields.device.type == device_type and fields.alloc_size != 0:
+                events.append(AllocationEvent(node.start_time_ns, fields.alloc_size, fields.ptr, operator.end_time_ns))
+        else:
+            stack.extend(node.children)
+    events.sort(key=lambda event: (event.time_ns, event.size_bytes > 0))
+    return events
+
+
+def _scratch_extra(events: list[AllocationEvent]) -> int:
+    if not any(event.size_bytes < 0 for event in events):
+        return 0  # nothing freed inside: no scratch
+    return replay(events)[0] - replay(events, skip_scratch=True)[0]

@@ -1,0 +1,253 @@
+"""Times and kernel scratch node by node (the no-run path's second half).
+
+After `planner.measure.sizes` has written every node's sizes, each node that launches work is
+run alone on real tensors made for it on the plan's device: its inputs materialised (random
+floats, zero integers: any valid index), run forward with autograd as training would, then
+backward from a gradient of ones, and freed before the next node. That gives what sizes on
+fake tensors cannot: the node's forward time (median of `repeats` runs after a warm-up), the
+scratch its kernels allocate for themselves in forward, and its backward's temporaries as the
+allocator sees them. Nodes that do the same thing (same op or module class, same argument
+shapes, dtypes and constants: the layers of a transformer) are measured once. Parameters are
+the model's own tensors where the model is real and on the device, else made for the node.
+
+Where the target is not this machine's device, nothing runs: each node's time is the roofline
+estimate of its ATen calls on the target (`planner.measure.targets`), and scratch is not measured.
+
+Example:
+    >>> fake = profile_sizes(gm, inputs, torch.device("cpu"))
+    >>> measure_nodes(gm, fake, torch.device("cpu"), repeats=3)
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import statistics
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._pytree import tree_map_only
+
+from planner.measure.allocations import (
+    backward_temporaries,
+    forward_scratch,
+    memory_profile,
+)
+from planner.measure.clock import ahead_for, elapsed_ms, launch_ms
+from planner.measure.memory import LiveBytesTracker
+from planner.measure.profile import (
+    COMPUTE_OPS,
+    META_KEY,
+    NODE_LABEL,
+    claim_autograd_nodes,
+    tensors_in,
+)
+from planner.measure.sizes import (
+    GRADIENT_STRIDES_KEY,
+    BackwardWindows,
+    FakeProfile,
+    kernels_of,
+)
+from planner.measure.targets import Target
+
+logger = logging.getLogger(__name__)
+
+
+def _spec(value: Any) -> Any:
+    """What about a value decides what a node costs: shapes, strides and dtypes of tensors,
+    everything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), tuple(value.stride()), str(value.dtype), value.requires_grad,
+                isinstance(value, nn.Parameter))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_spec(item) for item in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((key, _spec(item)) for key, item in value.items()))
+    return repr(value)
+
+
+def signature(gm: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> tuple[Any, ...]:
+    """Two nodes with the same signature do the same work: the same function or method (for a
+    module: its class, settings and the shapes of its parameters and buffers) on arguments of
+    the same shapes, strides and dtypes.
+
+    Example:
+        >>> signature(gm, node_of_layer_0, *args0) == signature(gm, node_of_layer_1, *args1)
+        True
+    """
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        what: Any = (type(module).__qualname__, module.extra_repr(), module.training,
+                     tuple(_spec(t) for t in (*module.parameters(), *module.buffers())))
+    else:
+        what = (node.op, str(node.target))
+    return (what, _spec(args), _spec(kwargs))
+
+
+def _materialise(fake: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A real tensor shaped and strided like `fake` (expanded dimensions too): normal floats,
+    zero integers (valid indices)."""
+    span = 1 + sum((size - 1) * stride for size, stride in zip(fake.shape, fake.stride()) if size > 0)
+    storage = torch.empty(span if fake.numel() else 0, dtype=fake.dtype, device=device)
+    _fill(storage, 1.0)
+    real = storage.as_strided(fake.shape, fake.stride()).detach()
+    return real.requires_grad_(fake.requires_grad)
+
+
+class _NodeRunner:
+    """Runs single nodes of `gm` on real tensors made from the fake profile's values."""
+
+    def __init__(self, gm: fx.GraphModule, fake: FakeProfile, device: torch.device, repeats: int, warmup: int):
+        self.gm = gm
+        self.fake = fake
+        self.device = device
+        self.repeats = repeats
+        self.warmup = warmup
+
+    def _real(self, fake_tensor: torch.Tensor) -> torch.Tensor:
+        source = self.fake.sources.get(id(fake_tensor))
+        if source is not None and source.device == self.device:
+            return source  # the model's own parameter or buffer: no copy
+        return _materialise(fake_tensor, self.device)
+
+    def _callable(self, node: fx.Node) -> tuple[Callable[..., Any], list[torch.Tensor]]:
+        """What runs the node, and the parameters its backward produces gradients for."""
+        if node.op == "call_module":
+            module = self.gm.get_submodule(str(node.target))
+            if any(t.device != self.device for t in (*module.parameters(), *module.buffers())):
+                module = copy.deepcopy(module).to_empty(device=self.device)  # made for this node
+                with torch.no_grad():
+                    for tensor in (*module.parameters(), *module.buffers()):
+                        _fill(tensor)
+            return module, [p for p in module.parameters() if p.requires_grad]
+        if node.op == "call_method":
+            return lambda this, *args, **kwargs: getattr(this, str(node.target))(*args, **kwargs), []
+        return node.target, []  # type: ignore[return-value]
+
+    def measure(self, node: fx.Node, writes_inputs: bool) -> tuple[float, int, int]:
+        """(forward ms, forward scratch, backward scratch) of one node, in bytes: what its
+        kernels allocate beyond the tensors, which the fake pass has already counted. A node
+        that writes its inputs in place gets copies of them (autograd refuses in-place writes
+        to leaves), made before measuring starts."""
+        leaves: list[torch.Tensor] = []
+
+        def real(fake_tensor: torch.Tensor) -> torch.Tensor:
+            tensor = self._real(fake_tensor)
+            if tensor.requires_grad and tensor.is_leaf:
+                leaves.append(tensor)
+                if writes_inputs and not isinstance(fake_tensor, nn.Parameter):
+                    return tensor.clone()
+            return tensor
+
+        args, kwargs = tree_map_only(FakeTensor, real, _fetch(self.fake, node))
+        function, parameters = self._callable(node)
+        owners: dict[Any, str] = {}
+        tracker = LiveBytesTracker(log=[])
+        with torch.enable_grad():
+            with memory_profile() as allocations:
+                # The label first (see ProfileInterpreter.run_node): else its scratch is lost.
+                with torch.profiler.record_function(NODE_LABEL + node.name), tracker:
+                    result = function(*args, **kwargs)
+                outputs = [t for t in tensors_in(result) if t.requires_grad and t.grad_fn is not None]
+                claim_autograd_nodes(outputs, node.name, owners)
+                wrt = [*leaves, *parameters]
+                gradients: Any = ()
+                if outputs and wrt:  # held past the window, as a backward hands them on
+                    strides = node.meta.get(GRADIENT_STRIDES_KEY, {})
+                    ones = [_gradient(t, strides.get(position)) for position, t in enumerate(tensors_in(result))
+                            if t.requires_grad and t.grad_fn is not None]
+                    with BackwardWindows(tracker, owners) as windows:
+                        gradients = torch.autograd.grad(outputs, wrt, ones, allow_unused=True)
+                    tensors = windows.temporaries().get(node.name, 0)
+            del result, outputs, gradients
+            scratch = forward_scratch(allocations, self.device.type, NODE_LABEL).get(node.name, 0)
+            numbers = {grad_fn._sequence_nr(): name for grad_fn, name in owners.items()}
+            allocated = backward_temporaries(allocations, self.device.type, numbers).get(node.name, 0)
+            backward_scratch = max(0, allocated - tensors) if owners else 0
+            del allocations
+            # on CUDA its launch time sets how far ahead to queue (planner.measure.clock)
+            ahead = ahead_for(launch_ms(lambda: function(*args, **kwargs))) if self.device.type == "cuda" else 0.0
+            times = [elapsed_ms(self.device, lambda: function(*args, **kwargs), ahead)
+                     for _ in range(self.warmup + self.repeats)]
+        return statistics.median(times[self.warmup:]), scratch, backward_scratch
+
+
+def _gradient(output: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
+    """Ones shaped like `output`, laid out as the step's backward hands it its gradient (`stride`,
+    from the fake pass), else contiguous."""
+    if stride is None or len(stride) != output.dim():
+        return torch.ones_like(output, memory_format=torch.contiguous_format)
+    span = 1 + sum((size - 1) * step for size, step in zip(output.shape, stride) if size > 0)
+    storage = torch.ones(span if output.numel() else 0, dtype=output.dtype, device=output.device)
+    return storage.as_strided(output.shape, stride)
+
+
+def _fill(tensor: torch.Tensor, std: float = 0.02) -> None:
+    if (tensor.is_floating_point() or tensor.is_complex()) and tensor.element_size() > 1:
+        tensor.normal_(0.0, std)
+    else:
+        tensor.zero_()  # integers (valid indices), booleans, 8-bit floats
+
+
+def _fetch(fake: FakeProfile, node: fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The node's arguments as the fake pass saw them."""
+    lookup = lambda argument: fake.values[argument]  # noqa: E731
+    args = fx.node.map_arg(node.args, lookup)
+    kwargs = fx.node.map_arg(node.kwargs, lookup)
+    return args, kwargs  # type: ignore[return-value]
+
+
+def measure_nodes(
+    gm: fx.GraphModule,
+    fake: FakeProfile,
+    device: torch.device,
+    repeats: int = 5,
+    warmup: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> int:
+    """Run every distinct compute node of `gm` alone on `device`; set its forward time and add
+    its kernels' scratch (what the allocator sees beyond the tensors, forward and backward) to
+    its `NodeProfile`. Returns how many distinct nodes ran. The caller restores
+    state that the runs change (BatchNorm statistics of a real model, RNG): see
+    `planner.measure.memory.preserved_state`.
+
+    Example:
+        >>> measure_nodes(gm, profile_sizes(gm, inputs, device), device)
+        41
+    """
+    runner = _NodeRunner(gm, fake, device, repeats, warmup)
+    measured: dict[tuple[Any, ...], tuple[float, int, int]] = {}
+    nodes = [node for node in gm.graph.nodes if node.op in COMPUTE_OPS]
+    for index, node in enumerate(nodes):
+        args, kwargs = _fetch(fake, node)
+        key = (signature(gm, node, args, kwargs), tuple(sorted(node.meta.get(GRADIENT_STRIDES_KEY, {}).items())))
+        if key not in measured:
+            if progress and len(measured) % 25 == 0:
+                progress(f"running node {index + 1}/{len(nodes)} alone ({len(measured)} distinct so far)")
+            try:
+                measured[key] = runner.measure(node, bool(node.meta[META_KEY].mutates))
+            except Exception as error:
+                raise RuntimeError(f"running node {node.name!r} ({node.format_node()}) alone failed: "
+                                   f"{type(error).__name__}: {error}") from error
+        forward_ms, scratch, backward_scratch = measured[key]
+        record = node.meta[META_KEY]
+        record.forward_ms = forward_ms
+        record.transient_bytes += scratch
+        if record.stop_transient_bytes is not None:  # (all of it: not cut off at the last pack here)
+            record.stop_transient_bytes += scratch
+        record.backward_transient_bytes += backward_scratch
+    return len(measured)
+
+
+def estimate_nodes(gm: fx.GraphModule, target: Target) -> None:
+    """Set every compute node's forward time to the roofline estimate of its ATen calls on
+    `target` (kernel scratch stays unmeasured).
+
+    Example:
+        >>> estimate_nodes(gm, target("h100"))
+    """
+    for node in gm.graph.nodes:
+        if node.op in COMPUTE_OPS:
+            node.meta[META_KEY].forward_ms = target.estimate_ms(kernels_of(node))

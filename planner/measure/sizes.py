@@ -1,0 +1,305 @@
+"""Each node's backward temporaries at the tensor level, from autograd hooks and the tracker.
+
+The allocator's view (`planner.measure.allocations.backward_temporaries`) needs real memory. On fake
+tensors the same figure comes from `LiveBytesTracker`'s log of every allocation and free, cut
+into windows by autograd pre-hooks on the nodes each graph node created, and read by the same
+window algorithm (`planner.measure.allocations.window_temporaries`).
+
+One difference between fake and real tensors must be undone. Where a tensor feeds several
+consumers, autograd sums their gradients in a buffer: on real tensors it adds a new gradient
+into that buffer in place, so the new gradient is a temporary of its node's backward; on fake
+tensors (a tensor subclass) it adds out of place, which would instead look like a new buffer
+handed on. `BackwardWindows` notes those out-of-place sums (an `add` made by the engine between
+one node's backward and the next) and replays them as the in-place sums real tensors get.
+
+Example:
+    >>> with BackwardWindows(tracker, owners) as windows:
+    ...     loss.backward()
+    >>> windows.temporaries()["layer_norm_3"]
+
+Sizes without memory: profile a traced graph on fake tensors (the no-run path's first half).
+
+Running the unplanned step needs more memory than the step itself, so a model that does not
+fit cannot be measured that way. Sizes do not need memory: shapes, dtypes, storages, aliasing
+and what autograd saves are the same under `torch._subclasses.FakeTensorMode` as for real
+tensors. `profile_sizes` runs the graph's forward and backward on fake copies of the model's
+parameters, buffers and inputs (built on the plan's device; a model on the `meta` device works
+the same) and writes every node's `NodeProfile` (outputs, saved tensors, uses, in-place writes,
+random draws, tensor temporaries of forward and backward) into `node.meta`, as the measured
+path does, plus the ATen calls each node makes (`planner.measure.targets.KernelCounter`), for
+roofline times. Kernel scratch and times are left to `planner.measure.nodes`.
+
+The model is reparametrised with the fake tensors only for the duration of the pass and
+left as it was. On a CPU-only PyTorch build fake tensors that require grad must stay on the
+CPU device, so a plan for a CUDA target is profiled on fake CPU tensors with attention swapped
+for the kernel the target runs (`planner.measure.targets.target_attention`).
+
+Example:
+    >>> sizes = profile_sizes(gm, inputs, torch.device("cpu"))
+    >>> gm.graph.nodes[3].meta["planner.measure.profile"].output_bytes
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch._prims_common import is_non_overlapping_and_dense_or_false
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from planner.core import training_loss
+from planner.measure.allocations import AllocationEvent, window_temporaries
+from planner.measure.memory import LiveBytesTracker, storage_key
+from planner.measure.profile import (
+    COMPUTE_OPS,
+    META_KEY,
+    ProfileInterpreter,
+    tensors_in,
+    training_loss_bytes,
+)
+from planner.measure.targets import (
+    ATTENTION_TARGETS,
+    KernelCost,
+    KernelCounter,
+    target_attention,
+)
+from planner.trace.fake import fake_like, fake_model_state, fake_state
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    return is_non_overlapping_and_dense_or_false(tensor)
+
+
+class _EngineSums(TorchDispatchMode):
+    """Notes the out-of-place gradient sums the autograd engine makes for fake tensors: an
+    `aten.add.Tensor` between a node's backward (post-hook) and the next one's (pre-hook)."""
+
+    def __init__(self, windows: "BackwardWindows") -> None:
+        super().__init__()
+        self.windows = windows
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        if (self.windows.between_nodes and func is torch.ops.aten.add.Tensor and isinstance(result, FakeTensor)
+                and all(isinstance(a, torch.Tensor) for a in args[:2])):
+            old, new = args[0], args[1]
+            # Real tensors are summed into the old buffer where it is dense, else into the new one.
+            into = old if _dense(old) else new if _dense(new) else None
+            if into is not None:
+                self.windows.sums.append((self.windows.clock(), id(into.untyped_storage()),
+                                          id(result.untyped_storage())))
+        return result
+
+
+class BackwardWindows:
+    """While active (around a backward pass, with `tracker` active too: it enters it), cuts
+    `tracker`'s log into one window per owner: a window opens when an autograd node that
+    `owners` maps to a graph node starts. `tracker` must be the one that saw the forward, so
+    that frees of forward tensors are in its log, and must have a log.
+
+    Example:
+        >>> tracker = LiveBytesTracker(log=[])
+        >>> ... forward under tracker, owners from planner.measure.profile.claim_autograd_nodes ...
+        >>> with BackwardWindows(tracker, owners) as windows:
+        ...     loss.backward()
+        >>> windows.temporaries()
+    """
+
+    def __init__(self, tracker: LiveBytesTracker, owners: dict[Any, str]) -> None:
+        if tracker.log is None:
+            raise ValueError("BackwardWindows needs a tracker that keeps a log")
+        self.tracker = tracker
+        self.clock = tracker.clock
+        self.owners = owners
+        self.starts: list[tuple[int, str]] = []
+        self.sums: list[tuple[int, int, int]] = []  # (tick, storage summed into, out-of-place result)
+        self.between_nodes = False
+        self._handles: list[Any] = []
+        self._mode = _EngineSums(self)
+
+    def _opened(self, name: str) -> None:
+        self.between_nodes = False
+        self.starts.append((self.clock(), name))
+
+    def _closed(self) -> None:
+        self.between_nodes = True
+
+    def __enter__(self) -> "BackwardWindows":
+        for grad_fn, name in self.owners.items():
+            self._handles.append(grad_fn.register_prehook(lambda _, name=name: self._opened(name)))
+            self._handles.append(grad_fn.register_hook(lambda *_: self._closed()))
+        self.tracker.__enter__()
+        self._mode.__enter__()  # inside the tracker: it sees a sum after the tracker logged it
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+        self.tracker.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def temporaries(self) -> dict[str, int]:
+        """Per owner, the most its backward raised tensor memory above what it started with
+        and left behind (see `planner.measure.allocations.backward_temporaries`)."""
+        return window_temporaries(self.events(), self.starts)
+
+    def events(self) -> list[AllocationEvent]:
+        """The tracker's log as allocation events, with out-of-place sums replayed in place:
+        the sum's allocation and the free of the buffer it replaces are dropped, and the sum's
+        later events become that buffer's."""
+        log = list(self.tracker.log or [])
+        replayed: list[tuple[int, int, int, int]] = []  # (sum's key, buffer's key, from tick, to tick)
+        for tick, into, result in self.sums:
+            for key, buffer, first, last in replayed:  # summing into an earlier sum: its buffer
+                if into == key and first < tick <= last:
+                    into = buffer
+            made = max((i for i, (t, size, key) in enumerate(log) if t < tick and key == result and size > 0),
+                       default=None)
+            freed = next((i for i, (t, size, key) in enumerate(log) if t > tick and key == into and size < 0), None)
+            if made is None or freed is None:
+                continue  # the summed-into buffer outlives the window: nothing to replay
+            # The sum's own free ends its life: a later storage may reuse its id.
+            end = next((i for i, (_, size, key) in enumerate(log) if i > made and key == result and size < 0),
+                       len(log) - 1)
+            replayed.append((result, into, log[made][0], log[end][0]))
+            log = [(t, size, into if key == result and made < i <= end else key)
+                   for i, (t, size, key) in enumerate(log) if i not in (made, freed)]
+        return [AllocationEvent(tick, size, key, None) for tick, size, key in log]
+
+
+logger = logging.getLogger(__name__)
+
+
+KERNELS_KEY = "planner.kernels"  # node.meta: the node's ATen calls, tuple[KernelCost, ...]
+
+
+# node.meta: the strides of the gradient backward hands each of the node's outputs (in
+# `tensors_in` order; None where it gets none), dict[int, tuple[int, ...]]
+GRADIENT_STRIDES_KEY = "planner.gradient_strides"
+
+
+@dataclass
+class FakeProfile:
+    """The fake values of a profiled graph, kept for running nodes one at a time later.
+
+    `values` maps each fx node to its fake value; `sources` maps the id of a fake parameter,
+    buffer, constant or input to the tensor (real or meta) it stands for; `needed_bytes` is
+    about what measuring the whole step at once would hold (every value kept, plus static
+    memory and gradients).
+    """
+
+    values: dict[fx.Node, Any]
+    sources: dict[int, torch.Tensor]
+    needed_bytes: int = 0
+    loss_bytes: int = 0  # held through backward by the loss outside the graph
+
+
+class _FakeInterpreter(ProfileInterpreter):
+    """The profile interpreter on fake tensors: attributes that are not parameters or buffers
+    (export's lifted constants) are made fake on first use, every node's ATen calls are
+    counted, and attention can run the target's kernel."""
+
+    def __init__(self, gm: fx.GraphModule, static_keys: set[int], tracker: LiveBytesTracker,
+                 fake: Callable[[torch.Tensor], torch.Tensor], attention: Callable[..., Any] | None):
+        super().__init__(gm, static_keys, tracker)
+        self.fake = fake
+        self.attention = attention
+
+    def fetch_attr(self, target: str) -> Any:
+        value = super().fetch_attr(target)
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            return self.fake(value)
+        return value
+
+    def compute(self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with KernelCounter() as counter:
+            if self.attention is not None and n.op == "call_function" and n.target in ATTENTION_TARGETS:
+                result = self.attention(*args, **kwargs)
+            else:
+                result = super().compute(n, args, kwargs)
+        n.meta[KERNELS_KEY] = tuple(counter.kernels)
+        # A kernel's backward may copy a gradient it gets in another layout (a slice of a cat's
+        # gradient), scratch that running the node alone on a contiguous gradient would not show.
+        strides: dict[int, tuple[int, ...]] = {}
+        n.meta[GRADIENT_STRIDES_KEY] = strides
+
+        def note(position: int) -> Callable[[torch.Tensor], None]:
+            def hook(grad: torch.Tensor) -> None:
+                strides.setdefault(position, tuple(grad.stride()))
+            return hook
+
+        for position, tensor in enumerate(tensors_in(result)):
+            if tensor.requires_grad and tensor.grad_fn is not None:
+                tensor.register_hook(note(position))
+        return result
+
+
+def profile_sizes(
+    gm: fx.GraphModule,
+    inputs: list[torch.Tensor],
+    device: torch.device,
+    cuda_attention: bool = False,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+) -> FakeProfile:
+    """Profile `gm` on fake copies of its state and of `inputs` (real or meta) on `device`.
+
+    Writes each compute node's `NodeProfile` (times zero, scratch not included) and its
+    `KernelCost`s into `node.meta`; returns the fake values for `planner.measure.nodes`.
+    `cuda_attention` runs attention as a CUDA GPU would (`planner.measure.targets.target_attention`).
+    One backward pass from `loss(output)` (default `planner.core.training_loss`) gives the
+    tensor temporaries of each node's backward.
+
+    Example:
+        >>> with torch.device("meta"):
+        ...     model = build_model()
+        >>> traced = trace(model, sample)
+        >>> fake = profile_sizes(traced.gm, traced.graph_inputs((), sample), torch.device("cpu"))
+    """
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    sources: dict[int, torch.Tensor] = {}
+    constants: dict[int, torch.Tensor] = {}
+
+    def fake(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in constants:
+            constants[id(tensor)] = fake_like(tensor, mode, device)
+            sources[id(constants[id(tensor)])] = tensor
+        return constants[id(tensor)]
+
+    state = fake_state(gm, mode, device)
+    originals = dict(gm.named_parameters()) | dict(gm.named_buffers())
+    sources.update((id(state[name]), originals[name]) for name in state)
+    fake_inputs = [fake_like(tensor, mode, device) for tensor in inputs]
+    sources.update((id(fake_input), tensor) for fake_input, tensor in zip(fake_inputs, inputs))
+
+    tracker = LiveBytesTracker(log=[])
+    static_keys = {storage_key(t) for t in (*state.values(), *fake_inputs)}
+    with fake_model_state(gm, mode, device, state), mode, torch.enable_grad():
+        # Built inside: it names the parameters and buffers it sees, the fake ones.
+        interpreter = _FakeInterpreter(gm, static_keys, tracker, fake, target_attention if cuda_attention else None)
+        output = interpreter.run(*fake_inputs)
+        value, loss_bytes = training_loss_bytes(loss or training_loss, output)
+        with BackwardWindows(tracker, interpreter.autograd_owners) as windows:
+            value.backward()
+        del value
+        static = sum(t.untyped_storage().nbytes() for t in state.values())
+        gradients = sum(p.numel() * p.element_size() for p in state.values()
+                        if isinstance(p, nn.Parameter) and p.requires_grad)
+    records = {node.name: node.meta[META_KEY] for node in gm.graph.nodes if node.op in COMPUTE_OPS}
+    temporaries = windows.temporaries()
+    for name, record in records.items():
+        record.backward_runs = name in temporaries
+        record.backward_transient_bytes = max(0, temporaries.get(name, 0))
+    kept = sum(r.output_bytes + r.saved_bytes for r in records.values())
+    peak_extra = max((r.transient_bytes + r.backward_transient_bytes for r in records.values()), default=0)
+    needed = static + gradients + kept + 2 * sum(r.grad_bytes for r in records.values()) + peak_extra
+    return FakeProfile(dict(interpreter.env), sources, needed, loss_bytes)
+
+
+def kernels_of(node: fx.Node) -> tuple[KernelCost, ...]:
+    """The ATen calls `profile_sizes` saw node `node` make."""
+    return node.meta.get(KERNELS_KEY, ())

@@ -1,0 +1,253 @@
+"""What a plan is for besides its budget (`Setup`), and the checks of what the user gives: sizes
+in GiB, a model to train, a sample's tensors.
+
+Plans checked against the model's own planned step, where it runs on the plan's device.
+
+`planner.measure.steps` keeps free what the model's unplanned step holds beyond the traced graph.
+A planned step can hold more than that: its peak moves (into a recomputation, or to another
+point of backward), and what the model's own code allocates there the graph does not show. On
+an H100, with the unplanned step's 320 MiB kept free, GPT-2's and Llama's plans at every
+block's peak still measured 96-160 MiB above their predictions, and over budget
+(benchmarks/RESULTS.md, 2026-11-27 08:27-08:29). So where the whole step runs here, `plan()`
+and `replan()` measure the plan's own step (`fit_to_measured`): where it peaks above the
+budget, its excess over the predicted peak is kept free as a static term, `BEYOND_PLAN`, and
+the plan is solved again, up to `REFITS` times. A plan the check finds under budget is left as
+it was: on the CPU, where predictions match measured peaks to the byte, that is every plan.
+
+Example:
+    >>> fitted = fit_to_measured(planned, lambda extra: solve_keeping_free(extra),
+    ...                          lambda p: measured_peak(p.module(), sample, device))
+
+The measuring half of `plan()`: trace the model, measure it, and build the `solvers.Problem`
+the solvers see, priced with what checkpoint calls, selective policies and runs cost on the
+plan's device. `planner.api` solves it and wraps the answer in a `Plan`.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Protocol, TypeVar
+
+import torch
+from torch import nn
+
+from planner.core import (
+    GraphProfile,
+    ModuleCheckpoint,
+    sample_tensors,
+    split_sample,
+    training_loss,
+)
+from planner.costs.block import MAX_BLOCK_ROUNDS, selective_overhead_for_plan
+from planner.costs.calls import small_call_cost
+from planner.costs.node_rounds import NodeRounds
+from planner.costs.overhead import FINE_ROUNDS, checkpoint_overhead_ms
+from planner.costs.step import step_residuals
+from planner.measure.device import PlanDevice
+from planner.measure.memory import preserved_state
+from planner.measure.paths import measure_model
+from planner.measure.static import static_breakdown
+from planner.measure.steps import keep_free_beyond_graph
+from planner.problem.graph import (
+    build_problem,
+    module_calls,
+    module_checkpoint,
+    run_checkpoints,
+    saved_calls,
+)
+from planner.problem.segments import sequential_segments
+from planner.trace.tracing import Traced, trace
+from solvers import Problem, format_bytes
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the plan is for besides the budget: the device (and target GPU), how the run holds
+    static memory (FSDP2 ranks, optimizer) and the resulting static memory per rank, by term,
+    and how planning may measure (`measure`: "no-run" runs no step, not even the plan's own)."""
+
+    where: PlanDevice
+    world_size: int = 1
+    optimizer: str | float | None = None
+    static_breakdown: dict[str, int] | None = None
+    measure: str = "auto"
+
+    def with_reserve(self, reserved_bytes: int) -> "Setup":
+        return replace(self, static_breakdown={**(self.static_breakdown or {}), "reserved": reserved_bytes})
+
+
+def check_trainable(model: nn.Module) -> None:
+    """Refuse a model with nothing to train; warn where it is in eval mode.
+
+    Example:
+        >>> check_trainable(model.train())
+    """
+    if not model.training:
+        warnings.warn("the model is in eval mode; the plan is for training, where dropout and "
+                      "BatchNorm behave differently: call model.train() first", stacklevel=3)
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        raise ValueError(f"{type(model).__name__} has no trainable parameters: a training step "
+                         "keeps no activations for them, so there is nothing to plan; unfreeze the "
+                         "parameters you train (requires_grad=True) first")
+
+
+def check_gb(name: str, value: Any, allow_zero: bool = False) -> float:
+    """Validate a size in GiB given by the user; raise ValueError naming the argument.
+
+    Example:
+        >>> check_gb("budget_gb", 4)
+        4.0
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number of GiB, not {value!r}")
+    value = float(value)
+    if math.isnan(value) or math.isinf(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = "zero or more" if allow_zero else "more than zero"
+        raise ValueError(f"{name} must be a finite number of GiB {bound}, not {value!r}")
+    return value
+
+
+BEYOND_PLAN = "planned step beyond the traced graph (measured)"
+
+
+REFITS = 3  # solves again at most this many times
+
+
+class _Sized(Protocol):
+    @property
+    def budget_bytes(self) -> int: ...
+
+    @property
+    def predicted_peak_bytes(self) -> int: ...
+
+
+PlanT = TypeVar("PlanT", bound=_Sized)
+
+
+def fit_to_measured(plan: PlanT, solve_keeping_free: Callable[[int], PlanT],
+                    measured_peak: Callable[[PlanT], int]) -> tuple[PlanT, int]:
+    """`plan` where its own step (`measured_peak(plan)`) stays within its budget; else the plan
+    `solve_keeping_free(extra)` solves with `extra` bytes more kept free, `extra` the measured
+    excess over the predicted peak (summed over tries), checked again, up to `REFITS` times.
+    Returns the plan and its step's measured peak. Warns with the figures where it solves
+    again, and where the last plan is still above its budget. `solve_keeping_free` raises
+    `InfeasibleBudget` where no plan fits with that much kept free.
+
+    Example:
+        >>> fitted, measured = fit_to_measured(planned, solve_keeping_free, lambda p: 120 << 20)
+    """
+    extra = 0
+    for _ in range(REFITS):
+        measured = measured_peak(plan)
+        if measured <= plan.budget_bytes:
+            return plan, measured
+        excess = max(1, measured - plan.predicted_peak_bytes)
+        extra += excess
+        warnings.warn(f"the plan's own training step peaked at {format_bytes(measured)}, above its budget of "
+                      f"{format_bytes(plan.budget_bytes)} and {format_bytes(excess)} above its predicted "
+                      f"{format_bytes(plan.predicted_peak_bytes)}: memory the traced graph does not show; solving "
+                      f"again with {format_bytes(extra)} kept free (static term {BEYOND_PLAN!r})", stacklevel=3)
+        plan = solve_keeping_free(extra)
+    measured = measured_peak(plan)
+    if measured > plan.budget_bytes:
+        warnings.warn(f"after {REFITS} tries the plan's own training step still peaks at {format_bytes(measured)}, "
+                      f"above its budget of {format_bytes(plan.budget_bytes)}: lower budget_gb by the difference, "
+                      "or check the plan with p.verify()", stacklevel=3)
+    return plan, measured
+
+
+@dataclass(frozen=True)
+class MeasuredProblem:
+    """What `measure_problem` returns: the traced graph, its measurements, the problem built
+    from them, static memory per rank by term, and the checkpoint each allowed region applies
+    (submodule calls and slices of an nn.Sequential), by node range."""
+
+    traced: Traced
+    summary: GraphProfile
+    problem: Problem
+    breakdown: dict[str, int]
+    wrapped: dict[range, ModuleCheckpoint]
+
+
+EFFORTS = ("normal", "thorough")
+
+
+def check_effort(effort: Any) -> str:
+    """Validate `effort=`: "normal" or "thorough".
+
+    Example:
+        >>> check_effort("thorough")
+        'thorough'
+    """
+    if effort not in EFFORTS:
+        raise ValueError(f"effort must be one of {', '.join(repr(e) for e in EFFORTS)}; not {effort!r}")
+    return effort
+
+
+def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_bytes: int,
+                    optimizer: str | float | None, world_size: int, leaves: tuple[str, ...], frontend: str,
+                    repeats: int, measure: str, say: Callable[[str], None], effort: str = "normal") -> MeasuredProblem:
+    """Trace and measure `model` on `sample` where `where` says, leaving the model as it was.
+    The arguments are `plan()`'s, already checked. With `effort="thorough"`, where the whole
+    step runs here, what checkpoint calls and runs cost is also read off the model's own
+    training steps (`planner.costs.calls`, `planner.costs.step`: a minute or more on a CPU).
+
+    Example:
+        >>> model, tokens = planner.examples.gpt()
+        >>> measured = measure_problem(model, tokens, plan_device([*model.parameters(), tokens], None),
+        ...                            0, None, 1, (), "auto", 1, "no-run", print)
+        >>> len(measured.problem.nodes)
+        290
+    """
+    args, kwargs = split_sample(sample)
+    say("tracing")
+    on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *sample_tensors(sample)))
+    traced = trace(model, sample, leaves, frontend, fake_device=where.profile_device if on_meta else None)
+    inputs = traced.graph_inputs(args, kwargs)
+    with preserved_state(model, [where.device] if where.local else []):
+        summary = measure_model(traced.gm, inputs, where, measure, repeats, say,
+                                loss=lambda result: training_loss(traced.model_output(result)),
+                                model_call=(model, args, kwargs))
+    breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes,
+                                 where.device, optimizer, world_size, reserved_bytes, summary.loss_bytes)
+    wrapped = {call.nodes: spec for call in module_calls(traced.gm)
+               if (spec := module_checkpoint(traced.gm, call, type(model).__name__)) is not None}
+    # Measured where the plan runs; for a GPU elsewhere, this CPU's (checkpoint's own work is
+    # mostly on the host), an estimate like the target's node times.
+    overhead_device = where.device if where.local else torch.device("cpu")
+    overhead_ms, saved_tensor_ms = checkpoint_overhead_ms(overhead_device)
+    segments, sequentials = sequential_segments(model, traced.gm, wrapped)
+    problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
+                            summary.gradients, saved_tensor_ms, tuple(segments), sequentials)
+    if where.local and not on_meta:
+        say("timing checkpoint, a selective policy and run recording on one of the model's blocks")
+    costs = selective_overhead_for_plan(
+        model, problem, wrapped, overhead_device, where.local and not on_meta, lambda: model(*args, **kwargs),
+        lambda region, kept: saved_calls(traced.gm, region, kept),
+        MAX_BLOCK_ROUNDS if effort == "thorough" else FINE_ROUNDS)
+    problem = replace(problem, **asdict(costs))
+    whole_step = summary.measurement == "whole step" and where.local and not on_meta  # (the step fits here)
+    if whole_step and effort == "thorough":
+        say("timing checkpoint calls of the model's smallest repeated submodule, alone and in its forward")
+        with preserved_state(model, [where.device]):
+            problem = replace(problem, region_overhead_ms=small_call_cost(
+                model, problem, wrapped, where.device, lambda module: module(*args, **kwargs)))
+        say("timing checkpoint calls and runs in training steps (checkpoint's cost per block within one step "
+            "first), and the nodes again in the same rounds")
+        node_rounds = NodeRounds(traced.gm, inputs, where.device)
+        residuals = step_residuals(
+            model, problem, wrapped, lambda runs: run_checkpoints(traced.gm, problem, runs, wrapped).values(),
+            lambda keeps: [replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, kept))
+                           for region, kept in keeps],
+            lambda module: training_loss(module(*args, **kwargs)).backward(), where.device,
+            node_rounds=node_rounds)
+        problem = residuals.priced(problem)
+        summary = replace(summary, timing=node_rounds.described(summary.timing))
+    if whole_step and world_size == 1:  # (FSDP2's per-rank terms are not what one unsharded step holds)
+        say("measuring the model's own step against the traced graph")
+        problem, breakdown = keep_free_beyond_graph(model, sample, problem, breakdown, where.device, where.name)
+    return MeasuredProblem(traced, summary, problem, breakdown, {**wrapped, **segments})
+
+
+__all__ = ['BEYOND_PLAN', 'REFITS', 'Setup', 'check_gb', 'check_trainable', 'fit_to_measured']

@@ -1,0 +1,369 @@
+"""Turn a profiled fx graph into a torch-free `solvers.Problem`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Collection, Sequence
+
+import torch.fx as fx
+
+from planner.core import ModuleCheckpoint, counted_call
+from planner.measure.profile import COMPUTE_OPS, META_KEY
+from solvers import NodeCost, Problem
+
+# A run holds at most this many nodes: the solvers search every run from every node, and a
+# longer one costs about what checkpointing its block does (runs that matter free a norm's or an
+# activation's output, or cross a block's end: its residual add and the next block's norm).
+MAX_RUN_NODES = 32
+
+
+def compute_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The graph's compute nodes in topological order: the solvers' node indices."""
+    return [node for node in gm.graph.nodes if node.op in COMPUTE_OPS]
+
+
+def module_path(node: fx.Node) -> str:
+    """The model submodule a node belongs to ("" for the model's own forward).
+
+    Example:
+        >>> module_path(node)  # an export-frontend node inside GPT-2's first attention block
+        'transformer.h.0.attn'
+    """
+    if node.op == "call_module":
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [path for path, _ in stack.values() if path]
+    return paths[-1] if paths else ""
+
+
+def _module_stack(node: fx.Node) -> list[tuple[str, str, str]]:
+    """(call key, path, class name) of each submodule the node runs in, outermost first. The
+    key tells calls apart: export marks a module's second call "@1"; an fx leaf call is a node."""
+    stack = node.meta.get("nn_module_stack") or {}
+    entries = []
+    for key, (path, kind) in stack.items():
+        if path:
+            name = kind.__name__ if isinstance(kind, type) else str(kind).rsplit(".", 1)[-1]
+            entries.append((str(key), path, name))
+    if node.op == "call_module" and (not entries or entries[-1][1] != node.target):
+        entries.append((node.name, str(node.target), ""))
+    if node.op == "call_module":  # every call of a leaf is a node of its own
+        entries[-1] = (node.name, entries[-1][1], entries[-1][2])
+    return entries
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """A submodule call that can be one region: its compute nodes, consecutive."""
+
+    path: str
+    module_class: str
+    nodes: range
+
+
+def module_calls(gm: fx.GraphModule) -> list[ModuleCall]:
+    """The submodule calls a plan can checkpoint by wrapping the submodule's forward: modules
+    called once, whose compute nodes are consecutive. Where nested modules hold the very same
+    nodes, the outermost stands for them (the block, not its only child). And the model's own
+    forward (path "", its class left "" for the caller to name), where it computes nodes outside
+    every submodule call: runs of nodes inside it, across its submodule calls (a residual stage's
+    last convolution, the add and ReLU the model's loop makes, the next stage's first), may then
+    be recomputed alone.
+
+    Example:
+        >>> [call.path for call in module_calls(gm)][:2]
+        ['transformer.h.0', 'transformer.h.0.ln_1']
+    """
+    positions: dict[str, list[int]] = {}
+    keys: dict[str, set[str]] = {}
+    classes: dict[str, str] = {}
+    for index, node in enumerate(compute_nodes(gm)):
+        for key, path, name in _module_stack(node):
+            positions.setdefault(path, []).append(index)
+            keys.setdefault(path, set()).add(key)
+            classes.setdefault(path, name)
+    calls: dict[range, ModuleCall] = {}
+    everything = range(len(compute_nodes(gm)))
+    own = any(not _module_stack(node) for node in compute_nodes(gm))
+    if own and len(everything) >= 2:
+        calls[everything] = ModuleCall("", "", everything)
+    for path, found in positions.items():
+        nodes = range(found[0], found[-1] + 1)
+        if len(keys[path]) != 1 or len(found) != len(nodes) or nodes in calls:
+            continue
+        calls[nodes] = ModuleCall(path, classes[path] or path.rsplit(".", 1)[-1], nodes)
+    return sorted(calls.values(), key=lambda call: (call.nodes.start, -len(call.nodes)))
+
+
+def module_checkpoint(gm: fx.GraphModule, call: ModuleCall, model_class: str) -> ModuleCheckpoint | None:
+    """How to checkpoint `call` (random draws, buffers to restore after recomputing), or None
+    where it writes a buffer outside its own module, which recomputation could not restore.
+    `model_class` names the model's own forward's class (path "")."""
+    nodes = compute_nodes(gm)
+    records = [nodes[i].meta[META_KEY] for i in call.nodes if META_KEY in nodes[i].meta]
+    prefix = call.path + "." if call.path else ""
+    written = sorted({name for record in records for name in record.mutated_buffers})
+    if any(not name.startswith(prefix) for name in written):
+        return None
+    return ModuleCheckpoint(
+        module=call.path, module_class=call.module_class or model_class,
+        random=any(record.random for record in records) or len(records) < len(call.nodes),
+        written_buffers=tuple(name[len(prefix):] for name in written),
+    )
+
+
+def saved_calls(gm: fx.GraphModule, region: range, kept: Collection[int]) -> tuple[tuple[str, int], ...]:
+    """The ATen calls a selective-checkpoint policy caches so that `region` keeps the outputs
+    of its nodes in `kept` (node indices): (func name, occurrence of that func counted from the
+    first call of the region's first node), as `ModuleCheckpoint.saved_calls` lists them. The
+    region is one submodule call, whose forward makes its nodes' calls (`NodeProfile.aten_calls`).
+
+    Example:
+        >>> saved_calls(gm, range(10, 24), [12, 20])  # a block's qkv and first MLP linear
+        (('aten.addmm.default', 0), ('aten.addmm.default', 2))
+    """
+    nodes = compute_nodes(gm)
+    kept = frozenset(kept)
+    seen: dict[str, int] = {}
+    found: list[tuple[str, int]] = []
+    for i in region:
+        record = nodes[i].meta[META_KEY]
+        if i in kept and not record.keep_calls:
+            raise ValueError(f"node {nodes[i].name!r} cannot be kept: its ATen calls were not recorded, or not all "
+                             "the storages it makes come from matrix products, convolutions or attention")
+        cached = set(record.keep_calls) if i in kept else set()
+        for position, name in enumerate(record.aten_calls):
+            if position in cached:
+                found.append((name, seen.get(name, 0)))
+            seen[name] = seen.get(name, 0) + 1
+    return tuple(found)
+
+
+def run_checkpoints(gm: fx.GraphModule, problem: Problem, regions: Sequence[range],
+                    wrapped: dict[range, ModuleCheckpoint], kept: Collection[int] = ()) -> dict[range, ModuleCheckpoint]:
+    """For each of `regions` that is a run inside a submodule call (`Problem.run_span_of`),
+    how that call's forward is applied: not checkpointed, recomputing the ATen calls of every
+    planned run inside it (`ModuleCheckpoint.runs`, indices into its calls as the model's
+    forward makes them, `planner.core.counted_call`). `kept`: the plan's kept
+    nodes; a run's recording does not start inside a region that keeps some (see below).
+
+    Example:
+        >>> run_checkpoints(gm, problem, [range(30, 34)], wrapped)[range(30, 34)].runs
+        ((52, 58),)
+    """
+    nodes = compute_nodes(gm)
+    runs: dict[range, list[range]] = {}
+    for region in regions:
+        span = problem.run_span_of(region)
+        if span is not None:
+            runs.setdefault(span, []).append(region)
+    # A region that keeps nodes runs its forward under its selective policy's dispatch mode,
+    # which must nest with the recording's: a recording started at a submodule's hook inside
+    # that forward would be popped when the policy's mode exits (fuzz seed 401: the run freed
+    # nothing). Such a window starts at the keeping region's own pre-hook instead, and so also
+    # sees its forward's calls (at `run_call_ms` each, which the solvers do not price).
+    keeping = [region for region in regions if region in wrapped and any(i in region for i in kept)]
+    found: dict[range, ModuleCheckpoint] = {}
+    for span, inside in runs.items():
+        calls: list[str] = []
+        first_call: dict[int, int] = {}
+        for i in span:
+            first_call[i] = len(calls)
+            calls += [name for name in nodes[i].meta[META_KEY].aten_calls if counted_call(name)]
+        first_call[span.stop] = len(calls)
+        prefix = wrapped[span].module + "."
+        windows = []
+        for region in inside:  # the submodules whose forward hooks start and stop the recording
+            entry, leave = problem.run_windows(region)  # type: ignore[misc]
+            entry = next((r for r in keeping if r.start <= entry.start and entry.stop <= r.stop), entry)
+            windows.append((wrapped[entry].module.removeprefix(prefix) if entry != span else "", first_call[entry.start],
+                            wrapped[leave].module.removeprefix(prefix) if leave != span else "",
+                            first_call[leave.stop]))
+        spec = replace(wrapped[span], runs=tuple((first_call[r.start], first_call[r.stop]) for r in inside),
+                       calls=tuple(calls), run_windows=tuple(windows))
+        found.update({region: spec for region in inside})
+    return found
+
+
+def kept_indices(problem: Problem, regions: tuple[range, ...], kept: Sequence[str]) -> tuple[int, ...]:
+    """The sorted node indices of `kept` (node names), each a node one of `regions` may keep
+    (`Problem.keepable_in`); ValueError naming the first that is not, with the nodes the
+    regions may keep.
+
+    Example:
+        >>> kept_indices(problem, (range(8, 43),), ["blocks_0_mlp_0"])
+        (38,)
+    """
+    if isinstance(kept, str):
+        raise TypeError(f"kept takes a list of node names, not the string {kept!r}")
+    index = {node.name: i for i, node in enumerate(problem.nodes)}
+    candidates = {i for region in regions for i in problem.keepable_in(region)}
+    for name in kept:
+        if index.get(name) in candidates:
+            continue
+        if name not in index:
+            why = "is not a node of the graph"
+        elif not any(index[name] in region for region in regions):
+            why = "lies in none of the checkpointed regions"
+        else:
+            why = ("is not a node its region may keep (one that makes a storage, writes nothing in place, draws "
+                   "no random numbers, whose calls were recorded in the model's forward as in the graph, and "
+                   "that recomputation reaches)")
+        named = ", ".join(problem.nodes[i].name for i in sorted(candidates)[:12]) or "none"
+        more = f" and {len(candidates) - 12} more" if len(candidates) > 12 else ""
+        raise ValueError(f"cannot keep {name!r}: it {why}; the regions may keep {named}{more}")
+    return tuple(sorted({index[name] for name in kept}))
+
+
+def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[range, ...] | None = None,
+                  region_overhead_ms: float = 0.0, rng_state_bytes: int = 0,
+                  gradients: tuple[tuple[str, str, int], ...] | None = None,
+                  saved_tensor_ms: float = 0.0, segments: tuple[range, ...] = (),
+                  sequentials: tuple[range, ...] = ()) -> Problem:
+    """Collect the per-node profiles of `gm` into a Problem (plain ints and floats), with the
+    static memory the plan does not change (see `planner.measure.static`). Regions are limited to the
+    node ranges `allowed_regions` (None: any run of nodes), each costs `region_overhead_ms` more,
+    and `saved_tensor_ms` per tensor its nodes save, and one that draws random numbers keeps an
+    RNG state of `rng_state_bytes`. `segments`, slices of an `nn.Sequential`'s children
+    (`planner.problem.segments`), are allowed regions too; no run is recorded inside them nor inside the
+    calls in `sequentials`. `gradients`
+    (measured gradients in flight, `GraphProfile.gradients`) replace the graph's estimate.
+
+    Example:
+        >>> problem = build_problem(gm, sum(static_breakdown(...).values()))
+        >>> len(problem) == len(compute_nodes(gm))
+        True
+    """
+    nodes = compute_nodes(gm)
+    index = {node.name: i for i, node in enumerate(nodes)}
+    if segments:
+        allowed_regions = tuple(sorted({*(allowed_regions or ()), *segments}, key=lambda r: (r.start, -len(r))))
+    output_node = next(node for node in gm.graph.nodes if node.op == "output")
+    returned: set[str] = set()
+    for node in output_node.all_input_nodes:
+        record = node.meta.get(META_KEY)
+        if record is not None and record.output_bytes == 0:
+            returned.update(record.uses)  # returns views or a record of tensors made earlier
+        returned.add(node.name)
+    shared = _shared_gradients(gm, nodes)
+    released = _released_with_outputs(nodes, index)
+    # A kept output must not be written in place later: the cached copy would be stale.
+    written = {index[name] for node in nodes for name in node.meta[META_KEY].mutates}
+    fixed = _touching_written_inputs(nodes)
+    no_runs = {*segments, *sequentials}
+    spans = tuple(span for span in run_spans(nodes, allowed_regions) if span not in no_runs)
+    buffer_sizes = {name: buffer.numel() * buffer.element_size() for name, buffer in gm.named_buffers()}
+    costs = []
+    for i, node in enumerate(nodes):
+        record = node.meta[META_KEY]
+        runs = record.backward_runs
+        costs.append(
+            NodeCost(
+                name=node.name,
+                compute_ms=record.forward_ms,
+                output_bytes=record.output_bytes + (0 if runs else record.saved_bytes),
+                grad_bytes=record.grad_bytes,
+                saved_bytes=record.saved_bytes if runs else 0,
+                transient_bytes=record.transient_bytes,
+                param_grad_bytes=record.param_grad_bytes - sum(size for _, size in shared.get(i, ())),
+                backward_transient_bytes=record.backward_transient_bytes,
+                uses=tuple(index[name] for name in record.uses),
+                saves=tuple(index[name] for name in record.saves) if runs else (),
+                mutates=tuple(index[name] for name in record.mutates),
+                grad_aliases=tuple(index[name] for name in record.grad_aliases),
+                holds=tuple(sorted({index[name] for name in record.holds} | released.get(i, set()))),
+                arguments=tuple(index[name] for name in record.arguments),
+                shared_grads=tuple(shared.get(i, ())),
+                is_output=node.name in returned,
+                random=record.random,
+                buffer_bytes=sum(buffer_sizes[name] for name in record.mutated_buffers),
+                stops_before_output=record.stops_before_output,
+                stop_ms=record.stop_ms,
+                stop_transient_bytes=record.stop_transient_bytes,
+                keepable=bool(record.keep_calls) and i not in written,
+                keep_span=None if record.keep_span is None else tuple(record.keep_span),
+                aten_calls=len(record.aten_calls),
+                saved_tensors=record.saved_tensors,
+                recomputable=i not in fixed,
+                # (a run's replay writes buffers on copies, `planner.apply.runs`)
+                replayable=_replayable(record.call_span, i, spans),
+            )
+        )
+    measured = None
+    if gradients is not None:
+        # A storage lives from the backward that made it (the later node) to the one that freed it.
+        measured = tuple(sorted((min(index[made], index[freed]), max(index[made], index[freed]), size)
+                                for made, freed, size in gradients))
+    return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
+                   region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes,
+                   measured_gradients=measured, saved_tensor_ms=saved_tensor_ms,
+                   run_spans=spans, max_run_nodes=MAX_RUN_NODES, segment_regions=segments)
+
+
+def run_spans(nodes: list[fx.Node], allowed_regions: tuple[range, ...] | None) -> tuple[range, ...]:
+    """The allowed regions (submodule calls) inside which any run of nodes may be a region
+    (`Problem.run_spans`): those of 2 nodes or more within some node's
+    `NodeProfile.call_span` (the largest call holding it whose ATen calls the model's forward
+    makes as the graph does; so do the calls inside it)."""
+    matched = {range(*span) for node in nodes if (span := node.meta[META_KEY].call_span) is not None}
+    return tuple(region for region in allowed_regions or ()
+                 if len(region) >= 2
+                 and any(span.start <= region.start and region.stop <= span.stop for span in matched))
+
+
+def _replayable(call_span: tuple[int, int] | None, index: int, spans: tuple[range, ...]) -> bool:
+    """Whether a run in any of `spans` may hold node `index`: its calls are the graph's in each
+    that holds it (its `NodeProfile.call_span` holds them all; a stack whose forward makes other
+    calls before its blocks matches from its first block only)."""
+    return all(call_span is not None and call_span[0] <= span.start and span.stop <= call_span[1]
+               for span in spans if index in span)
+
+
+def _touching_written_inputs(nodes: list[fx.Node]) -> set[int]:
+    """Nodes no region may hold: those that write a graph input in place, and those that read
+    one written in place at or after them (see `NodeCost.recomputable`)."""
+    last_write: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for name in node.meta[META_KEY].input_writes:
+            last_write[name] = i
+    return {i for i, node in enumerate(nodes)
+            if node.meta[META_KEY].input_writes
+            or any(last_write.get(name, -1) >= i for name in node.meta[META_KEY].input_reads)}
+
+
+def _released_with_outputs(nodes: list[fx.Node], index: dict[str, int]) -> dict[int, set[int]]:
+    """For nodes whose backward never runs (`NodeProfile.backward_runs`), what they saved is
+    freed with their output (the autograd node that holds it dies with it), not by backward:
+    by node index, the saved owners that node's reading or holding of such an output keeps
+    alive (a dead branch: `gelu(x)` that nothing returned depends on keeps `x` while the
+    model's code holds the result)."""
+    records = [node.meta[META_KEY] for node in nodes]
+    kept: dict[int, set[int]] = {}
+    for k, record in enumerate(records):
+        if record.backward_runs or not record.saves:
+            continue
+        saved = {index[name] for name in record.saves}
+        # Its output: its own storage, or the one it writes in place or views.
+        outputs = {nodes[k].name} if record.output_bytes else set(record.mutates or record.uses)
+        kept.setdefault(k, set()).update(saved)
+        for m in range(k + 1, len(records)):
+            if outputs & {*records[m].uses, *records[m].holds}:
+                kept.setdefault(m, set()).update(saved)
+    return kept
+
+
+def _shared_gradients(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[int, list[tuple[int, int]]]:
+    """For parameters read by several nodes (tied weights), what `NodeCost.shared_grads` says:
+    by the last reader's index, (first reader's index, gradient bytes). Autograd sums the
+    readers' gradients in one buffer before adding it to `.grad`, so the last reader's backward
+    (the first to run) creates a buffer that lives until the first reader's has run."""
+    sizes = {name: p.numel() * p.element_size() for name, p in gm.named_parameters()}
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.meta[META_KEY].parameters:
+            readers.setdefault(name, []).append(i)
+    shared: dict[int, list[tuple[int, int]]] = {}
+    for name, users in readers.items():
+        if len(users) > 1:
+            shared.setdefault(users[-1], []).append((users[0], sizes[name]))
+    return shared

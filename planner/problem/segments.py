@@ -1,0 +1,64 @@
+"""Regions of consecutive children of an `nn.Sequential` (a conv stage's BatchNorm, ReLU and
+next convolution): each applied as one checkpoint call around those children in the
+Sequential's own loop (`planner.apply.sequential`), where a run recomputed alone
+(`planner.apply.runs`) would record every ATen call of the stage's forward.
+
+Example:
+    >>> segments, sequentials = sequential_segments(model, gm, wrapped)
+    >>> segments[range(18, 21)].segments  # children 1 to 3 of a stage, drawing no random numbers
+    ((1, 4, False),)
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch.fx as fx
+from torch import nn
+
+from planner.core import ModuleCheckpoint
+from planner.problem.graph import MAX_RUN_NODES, ModuleCall, module_checkpoint
+
+
+def plain_sequential(module: nn.Module) -> bool:
+    """Whether `module` runs `nn.Sequential`'s own forward (not a subclass's, not one patched on it)."""
+    return (isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
+            and "forward" not in module.__dict__)
+
+
+def sequential_segments(model: nn.Module, gm: fx.GraphModule, wrapped: dict[range, ModuleCheckpoint]
+                        ) -> tuple[dict[range, ModuleCheckpoint], tuple[range, ...]]:
+    """For each call of a plain `nn.Sequential` in `wrapped` (the plan's submodule calls) of 3
+    children or more, each a call of one graph node (a convolution, a norm, an activation):
+    how each slice of 2 to `MAX_RUN_NODES` of its children, short of all, is checkpointed, by
+    node range; and the calls of those Sequentials, inside which slices replace runs recomputed
+    alone (every such run is a slice there).
+
+    Example:
+        >>> segments, sequentials = sequential_segments(model, gm, wrapped)
+        >>> sequentials
+        (range(3, 8), range(10, 15))
+    """
+    region_of = {spec.module: region for region, spec in wrapped.items()}
+    segments: dict[range, ModuleCheckpoint] = {}
+    sequentials = []
+    for region, spec in wrapped.items():
+        # (the model's own forward is never a Sequential's: it is a call only with nodes of its own)
+        if not spec.module or not plain_sequential(module := model.get_submodule(spec.module)):
+            continue
+        names = list(module._modules)
+        if len(names) < 3 or len(region) != len(names) or any(
+                region_of.get(f"{spec.module}.{name}") != range(region.start + k, region.start + k + 1)
+                for k, name in enumerate(names)):
+            continue
+        sequentials.append(region)
+        for start in range(len(names)):
+            for stop in range(start + 2, min(len(names), start + MAX_RUN_NODES) + 1):
+                if stop - start < len(names):
+                    call = ModuleCall(spec.module, spec.module_class, range(region.start + start, region.start + stop))
+                    found = module_checkpoint(gm, call, spec.module_class)
+                    if found is not None:
+                        segments[call.nodes] = replace(found, segments=((start, stop, found.random),))
+    return segments, tuple(sequentials)
+
+
+__all__ = ['plain_sequential', 'sequential_segments']
