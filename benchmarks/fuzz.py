@@ -79,7 +79,7 @@ def summary(records: list[dict], elapsed: float) -> tuple[list[str], dict[str, i
     refused = sum(bool(r.get("infeasible")) for r in records)
     flat = sum(r["flat"] for r in records)
     keeping = sum(bool(r.get("kept")) or bool(r.get("keep", {}).get("kept")) for r in records)
-    lines = [f"| check | seeds passing |", "|---|---|"]
+    lines = ["| check | seeds passing |", "|---|---|"]
     lines += [f"| {text} | {counts[key]}/{n} |" for key, text in CHECKS.items()]
     lines.append(f"| every check | {sum(r['ok'] for r in records)}/{n} |")
     lines += ["", f"{n} seeds ({flat} flat models, {n - flat} blocked) in {elapsed:.0f} s; {refused} budgets refused as "

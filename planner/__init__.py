@@ -6,13 +6,11 @@ Example:
     >>> print(p)
     >>> p.apply(model)            # in place; planner.remove_plan(model) undoes it
 """
-from planner.api import Plan, plan
+from planner.api import Plan, load_plan, plan
 from planner.apply.checkpoints import remove_plan
-from planner.measure.targets import targets
-from planner.plans.record import SavedPlan, load_plan
-from planner.report.text import Checkpoint
+from planner.measure.steps import Verification
+from planner.measure.targets import targets  # planner.targets() lists the GPUs a plan can be for
 from planner.trace.tracing import TraceError
 from solvers import InfeasibleBudget
 
-__all__ = ["Checkpoint", "InfeasibleBudget", "Plan", "SavedPlan", "TraceError", "load_plan", "plan", "remove_plan",
-           "targets"]
+__all__ = ["InfeasibleBudget", "Plan", "TraceError", "Verification", "load_plan", "plan", "remove_plan", "targets"]

@@ -1,25 +1,27 @@
 """`plan()`: trace, measure and solve; and the `Plan` it returns, which applies itself to a model.
+`load_plan` reads a saved plan back as a `Plan` that holds its record only.
+
+Example:
+    >>> p = plan(model, sample, budget_gb=4)
+    >>> p.apply(model)
+    >>> load_plan(p.save("plan.json")).apply(fresh_model)
 """
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import torch
 from torch import nn
 
-from planner.apply.checkpoints import apply_plan, sample_shapes, shallow_clone
+from planner.apply.checkpoints import shallow_clone
 from planner.core import GraphProfile, ModuleCheckpoint, sample_tensors
 from planner.measure.device import check_measure, measurable_bytes, plan_device
 from planner.measure.static import check_optimizer, check_world_size
-from planner.measure.steps import (
-    Verification,
-    held_outside_step,
-    steady_peak,
-    verify_modules,
-)
+from planner.measure.steps import Verification, held_outside_step, steady_peak, verify_modules
 from planner.measure.targets import target as find_target
 from planner.planning import (
     BEYOND_PLAN,
@@ -30,24 +32,38 @@ from planner.planning import (
     fit_to_measured,
     measure_problem,
 )
-from planner.plans.matching import check_state, state_shapes
-from planner.problem.graph import compute_nodes, kept_indices, module_path
-from planner.problem.regions import named_regions, region_specs, submodule_regions
-from planner.report.text import PlanFigures, describe_checkpoints, format_report
+from planner.plans.record import PlanRecord, load_record, record_of
+from planner.problem.graph import kept_indices
+from planner.problem.regions import Checkpoint, describe_checkpoints, named_regions, region_specs, submodule_regions
+from planner.report.text import format_report
+from planner.trace.structure import compute_nodes, module_path
 from planner.trace.tracing import Traced
 from solvers import InfeasibleBudget, Problem, Solution, Status, peak_bytes, solve
 
 logger = logging.getLogger(__name__)
 
-
 GIB = 2**30
-
-
 DEFAULT_BUDGET_GB = 80.0  # one 80 GB GPU, where no target says otherwise
 
 
-class Plan(PlanFigures):
-    """A checkpointing plan for one model and input shape.
+@dataclass(frozen=True)
+class Measurements:
+    """What a plan made here keeps for replanning: the traced graph with each node's profile in
+    `node.meta` (`traced`), the whole graph's figures (`summary`), what the plan is for
+    (`setup`), and the checkpoint that applies each allowed region, by node range (`wrapped`)."""
+
+    traced: Traced
+    summary: GraphProfile
+    setup: Setup
+    wrapped: dict[range, ModuleCheckpoint]
+
+
+class Plan:
+    """A checkpointing plan for one model and input shape: its record (`record`: the problem,
+    the solution and everything the report, the JSON file and applying need) and, for a plan
+    made here, the model, the sample and the measurements that `replan`, `verify` and `module`
+    use. A plan read back with `load_plan` has its record only: it prints, plots, saves and
+    applies to a model; `verify(sample, model=...)` checks it on one.
 
     Example:
         >>> p = plan(model, sample, budget_gb=2.0)
@@ -55,30 +71,110 @@ class Plan(PlanFigures):
         >>> m = p.module()
     """
 
-    def __init__(self, model: nn.Module, sample: Any, traced: Traced, problem: Problem,
-                 summary: GraphProfile, solution: Solution, budget_bytes: int, reserved_bytes: int,
-                 requested_solver: str, solver_options: dict[str, Any] | None, setup: Setup,
-                 wrapped: dict[range, ModuleCheckpoint]):
+    def __init__(self, record: PlanRecord, model: nn.Module | None = None, sample: Any = None,
+                 measurements: Measurements | None = None):
+        self.record = record
         self._model = model
-        self.setup = setup
         self._sample = sample
-        self.verification: Verification | None = None
-        self.requested_solver = requested_solver
-        self.solver_options = dict(solver_options or {})
-        self._traced = traced
+        self._measurements = measurements
         self._module: nn.Module | None = None
-        self.wrapped = wrapped  # the submodule each allowed region checkpoints, by node range
-        # the peak of the plan's own training step, where planning ran it on this device
-        self.own_step_peak_bytes: int | None = None
-        self.problem = problem
-        self.profile = summary
-        self.budget_bytes = budget_bytes
-        self.reserved_bytes = reserved_bytes
-        self.solution = solution
-        fx_nodes = {node.name: node for node in traced.gm.graph.nodes}
-        modules = [module_path(fx_nodes[node.name]) for node in problem.nodes]
-        self.checkpoints = describe_checkpoints(problem, solution.regions, modules,
-                                                region_specs(traced.gm, problem, solution, wrapped), solution.kept)
+
+    # -- the record's figures ----------------------------------------------------------------
+
+    @property
+    def problem(self) -> Problem:
+        """What the solver saw: the graph's nodes and their costs, the static memory."""
+        return self.record.problem
+
+    @problem.setter
+    def problem(self, problem: Problem) -> None:  # (to replan with other costs, in experiments)
+        self.record = replace(self.record, problem=problem)
+
+    @property
+    def solution(self) -> Solution:
+        return self.record.solution
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.record.budget_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.record.reserved_bytes
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """Simulated peak of one forward+backward with the plan (static memory included)."""
+        return self.record.predicted_peak_bytes
+
+    @property
+    def baseline_peak_bytes(self) -> int:
+        """Simulated peak of one forward+backward without any checkpointing."""
+        return self.record.baseline_peak_bytes
+
+    @property
+    def recompute_ms(self) -> float:
+        """What the plan adds to every training step: recomputation and checkpoint's own work."""
+        return self.record.recompute_ms
+
+    @property
+    def forward_ms(self) -> float:
+        return self.record.forward_ms
+
+    @property
+    def solver(self) -> str:
+        return self.record.solver
+
+    @property
+    def requested_solver(self) -> str:
+        return self.record.requested_solver
+
+    @property
+    def solver_options(self) -> dict[str, Any]:
+        return dict(self.record.solver_options)
+
+    @property
+    def checkpoints(self) -> tuple[Checkpoint, ...]:
+        """Each region as the report shows it: its nodes, what it recomputes, frees and keeps."""
+        return self.record.checkpoints
+
+    @property
+    def module_checkpoints(self) -> tuple[ModuleCheckpoint, ...]:
+        """The submodules whose forward runs under checkpoint, in order, each with the ATen
+        calls it keeps (`ModuleCheckpoint.saved_calls`) for the plan's kept nodes."""
+        return self.record.module_checkpoints
+
+    @property
+    def static_breakdown(self) -> dict[str, int]:
+        """Static memory per rank, term by term, in bytes (see `planner.measure.static`): parameters,
+        gradients, optimizer state, buffers, inputs, FSDP2's unsharded parameters
+        and gradients in flight, the reserve. They sum to `problem.static_bytes`."""
+        return dict(self.record.static_breakdown or {})
+
+    @property
+    def target(self) -> str | None:
+        """The name of the GPU the plan was made for (None: the model's own device)."""
+        return (self.record.planned_for or {}).get("target")
+
+    @property
+    def frontend(self) -> str:
+        """The tracer that produced the graph: "torch.fx.symbolic_trace" or "torch.export"."""
+        return self.record.frontend
+
+    @property
+    def leaves(self) -> tuple[str, ...]:
+        """Submodules kept whole because tracing them failed."""
+        return self.record.leaves
+
+    @property
+    def verification(self) -> Verification | None:
+        """The last `verify()`'s measurements (None: not verified)."""
+        return self.record.verification
+
+    @property
+    def own_step_peak_bytes(self) -> int | None:
+        """The measured peak of the plan's own training step, where planning ran it."""
+        return self.record.own_step_peak_bytes
 
     @property
     def verified(self) -> bool:
@@ -91,51 +187,47 @@ class Plan(PlanFigures):
             >>> plan(model, tokens, budget_gb=0.5).verified
             True
         """
-        if self.verification is not None:
-            return self.verification.within_budget
-        return self.own_step_peak_bytes is not None and self.own_step_peak_bytes <= self.budget_bytes
+        return self.record.verified
+
+    # -- what a plan made here holds -------------------------------------------------------------
+
+    def _measured(self, what: str) -> Measurements:
+        if self._measurements is None:
+            raise ValueError(f"{what} needs the measurements of a plan made here with planner.plan(); this plan "
+                             f"holds its record only{' (read from ' + self.record.source + ')' if self.record.source else ''}")
+        return self._measurements
 
     @property
-    def baseline_peak_bytes(self) -> int:
-        """Simulated peak of one forward+backward without any checkpointing."""
-        return peak_bytes(self.problem)
-
-    @property
-    def static_breakdown(self) -> dict[str, int]:
-        """Static memory per rank, term by term, in bytes (see `planner.measure.static`): parameters,
-        gradients, optimizer state, buffers, inputs, FSDP2's unsharded parameters
-        and gradients in flight, the reserve. They sum to `problem.static_bytes`."""
-        return dict(self.setup.static_breakdown or {})
-
-    @property
-    def target(self) -> str | None:
-        """The name of the GPU the plan was made for (None: the model's own device)."""
-        return self.setup.where.target.name if self.setup.where.target else None
-
-    @property
-    def model(self) -> nn.Module:
-        """The model this plan was made for (never modified by the planner)."""
+    def model(self) -> nn.Module | None:
+        """The model this plan was made for (never modified by the planner); None for a loaded plan."""
         return self._model
 
     @property
     def sample(self) -> Any:
-        """The sample the model was measured on."""
+        """The sample the model was measured on; None for a loaded plan."""
         return self._sample
 
     @property
     def traced(self) -> Traced:
-        """The traced graph, with the per-node measurements in `node.meta["planner.measure.profile"]`."""
-        return self._traced
+        """The traced graph, with the per-node measurements in `node.meta["planner.profile"]`."""
+        return self._measured("the traced graph").traced
 
     @property
-    def frontend(self) -> str:
-        """The tracer that produced the graph: "torch.fx.symbolic_trace" or "torch.export"."""
-        return self._traced.frontend
+    def profile(self) -> GraphProfile:
+        """The whole graph's measured figures (how it was measured, static sizes)."""
+        return self._measured("the graph's profile").summary
 
     @property
-    def leaves(self) -> tuple[str, ...]:
-        """Submodules kept whole because tracing them failed."""
-        return self._traced.leaves
+    def setup(self) -> Setup:
+        """What the plan is for besides its budget: device, ranks, optimizer, static terms."""
+        return self._measured("the plan's setup").setup
+
+    @property
+    def wrapped(self) -> dict[range, ModuleCheckpoint]:
+        """The checkpoint that applies each allowed region, by node range."""
+        return self._measured("the allowed regions").wrapped
+
+    # -- other plans from the same measurements ----------------------------------------------
 
     def replan(self, budget_gb: float | None = None, solver: str | None = None,
                reserved_gb: float | None = None, solver_options: dict[str, Any] | None = None) -> "Plan":
@@ -147,6 +239,7 @@ class Plan(PlanFigures):
             >>> tighter = p.replan(budget_gb=1.0)
             >>> proven = p.replan(solver="ilp", solver_options={"time_limit_s": 120})
         """
+        measurements = self._measured("replan")
         budget_bytes = int(check_gb("budget_gb", budget_gb) * GIB) if budget_gb is not None else self.budget_bytes
         reserved_bytes = (int(check_gb("reserved_gb", reserved_gb, allow_zero=True) * GIB)
                           if reserved_gb is not None else self.reserved_bytes)
@@ -154,8 +247,9 @@ class Plan(PlanFigures):
         method = solver or self.requested_solver
         if solver_options is None:
             solver_options = self.solver_options if method == self.requested_solver else {}
-        return _solved(self._model, self._sample, self._traced, problem, self.profile, budget_bytes, reserved_bytes,
-                       method, solver_options, self.setup.with_reserve(reserved_bytes), self.wrapped)
+        measurements = replace(measurements, setup=measurements.setup.with_reserve(reserved_bytes))
+        return _solved(self._model, self._sample, measurements, problem, budget_bytes, reserved_bytes, method,
+                       solver_options)
 
     def with_submodules(self, modules: Sequence[str], kept: Sequence[str] = ()) -> "Plan":
         """The same measurements with exactly `modules` checkpointed (qualified names), each
@@ -168,7 +262,7 @@ class Plan(PlanFigures):
             >>> every_block.recompute_ms, every_block.predicted_peak_bytes
             >>> selective = p.with_submodules(["blocks.0"], kept=["blocks_0_mlp_0", "blocks_0_mlp_2"])
         """
-        regions = submodule_regions(self.wrapped, modules)
+        regions = submodule_regions(self._measured("with_submodules").wrapped, modules)
         return self._given(regions, kept_indices(self.problem, regions, kept))
 
     def with_regions(self, regions: Sequence[tuple[str, str]], kept: Sequence[str] = ()) -> "Plan":
@@ -188,41 +282,40 @@ class Plan(PlanFigures):
         peak = peak_bytes(self.problem, regions, keep)
         solution = Solution(regions, peak, self.problem.recompute_ms(regions, keep), Status.FEASIBLE, "given", 0.0,
                             kept=keep)
-        return Plan(self._model, self._sample, self._traced, self.problem, self.profile, solution,
-                    max(self.budget_bytes, peak), self.reserved_bytes, self.requested_solver, self.solver_options,
-                    self.setup, self.wrapped)
+        return _plan_of(self._model, self._sample, self._measured("a plan by hand"), self.problem, solution,
+                        max(self.budget_bytes, peak), self.reserved_bytes, self.requested_solver, self.solver_options)
 
-    def verify(self, sample: Any = None, steps: int = 3) -> Verification:
+    # -- running it ------------------------------------------------------------------------------
+
+    def verify(self, sample: Any = None, steps: int = 3, model: nn.Module | None = None) -> Verification:
         """Run real forward+backward steps of the original and the planned module and measure
         both: peaks, step times, whether outputs and gradients match, and the errors of the
         predicted peaks and step overhead (`recompute_ms`), kept and shown in the report. The
-        original model is left as it was (gradients, buffers and RNG state are restored).
+        original model is left as it was (gradients, buffers and RNG state are restored). A
+        loaded plan needs the `model` (unplanned) and the `sample` to run.
 
         Example:
             >>> record = p.verify(steps=3)
             >>> record.within_budget, record.overhead_percent
+            >>> load_plan("plan.json").verify(tokens, model=model)
         """
-        if self.setup.where.target is not None and not self.setup.where.local:
-            raise ValueError(f"this plan is for {self.setup.where.name}, which is not this machine's device: "
-                             "save it and verify it there (load_plan(path).apply(model), then train)")
-        if any(t.device.type == "meta" for t in (*self._model.parameters(), *self._model.buffers())):
+        model = self._model if model is None else model
+        sample = self._sample if sample is None else sample
+        if model is None or sample is None:
+            raise ValueError("verify needs the model and a sample: a loaded plan has neither, pass them "
+                             "(verify(sample, model=model))")
+        planned_for = self.record.planned_for or {}
+        if self.target is not None and planned_for.get("device") and not _local_target(self.target):
+            raise ValueError(f"this plan is for {planned_for['device']}, which is not this machine's device: "
+                             "save it and verify it there (load_plan(path).verify(sample, model=model))")
+        if any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers())):
             raise ValueError("the model is on the meta device and cannot run: save the plan and apply it to "
                              "the real model (load_plan(path).apply(model)), then train")
-        self.verification = verify_modules(
-            self._model, self.module(), self._sample if sample is None else sample, steps,
-            self.predicted_peak_bytes, self.baseline_peak_bytes, self.budget_bytes, self.recompute_ms,
-        )
-        return self.verification
-
-    @property
-    def module_checkpoints(self) -> tuple[ModuleCheckpoint, ...]:
-        """The submodules whose forward runs under checkpoint, in order, each with the ATen
-        calls it keeps (`ModuleCheckpoint.saved_calls`) for the plan's kept nodes."""
-        loose = [c for c in self.checkpoints if c.wrapped is None]
-        if loose:  # the solvers choose only allowed regions: this is a bug, not a user error
-            raise RuntimeError(f"region {loose[0].nodes[0]}..{loose[0].nodes[-1]} is not a submodule call")
-        # (the runs inside one submodule call share one entry)
-        return tuple(dict.fromkeys(c.wrapped for c in self.checkpoints if c.wrapped is not None))
+        planned = self.module() if model is self._model else self.record.apply(shallow_clone(model))
+        verification = verify_modules(model, planned, sample, steps, self.predicted_peak_bytes,
+                                      self.baseline_peak_bytes, self.budget_bytes, self.recompute_ms)
+        self.record = replace(self.record, verification=verification)
+        return verification
 
     def apply(self, model: nn.Module) -> nn.Module:
         """Apply the plan in place, like `gradient_checkpointing_enable()`: each planned
@@ -235,10 +328,7 @@ class Plan(PlanFigures):
             >>> p.apply(model)
             >>> trainer = transformers.Trainer(model=model, ...)
         """
-        if model is not self._model:
-            check_state(model, state_shapes(self._model), type(self._model).__name__)
-        return apply_plan(model, self.module_checkpoints, sample_shapes(self._model, self._sample),
-                          type(self._model).__name__)
+        return self.record.apply(model)
 
     def module(self) -> nn.Module:
         """A planned copy of the model: the same class, parameters and buffers (shared, not
@@ -249,9 +339,22 @@ class Plan(PlanFigures):
             >>> planned.fc.weight is model.fc.weight
             True
         """
+        if self._model is None:
+            raise ValueError("a loaded plan has no model: apply it to one (load_plan(path).apply(model))")
         if self._module is None:
             self._module = self.apply(shallow_clone(self._model))
         return self._module
+
+    # -- output ------------------------------------------------------------------------------------
+
+    def report(self, verbose: bool = False) -> str:
+        """The report `print(p)` shows; with `verbose`, also the solver, the graph and the cost
+        model's figures.
+
+        Example:
+            >>> print(p.report(verbose=True))
+        """
+        return format_report(self.record, verbose)
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
         """Write a PNG of the predicted memory over one step, unplanned and planned, with the
@@ -262,44 +365,56 @@ class Plan(PlanFigures):
         """
         from planner.report.plot import plot_plan
 
-        return plot_plan(self, path)
+        return plot_plan(self.record, path)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Save the plan as JSON; `planner.load_plan(path).apply(model)` re-applies it to a
-        freshly built model of the same architecture without measuring again. See `planner.plans.record`.
+        freshly built model of the same architecture without measuring again.
 
         Example:
             >>> p.save("plan.json")
         """
-        from planner.plans.record import save_plan
-
-        return save_plan(self, path)
+        return self.record.save(path)
 
     def export(self, path: str | os.PathLike[str]) -> Path:
         """Save the planned copy of the model (`module()`) with `torch.save`; it loads with
         `torch.load(path, weights_only=False)` where `planner` and the model's classes import.
+        It is the model's class, with the plan applied (`planner.remove_plan` undoes it).
 
         Example:
             >>> p.export("planned.pt")
         """
-        from planner.plans.record import export_module
-
-        return export_module(self, path)
+        target = Path(path)
+        torch.save(self.module(), target)
+        return target
 
     def __repr__(self) -> str:
-        return (f"Plan(solver={self.solver!r}, regions={len(self.checkpoints)}, "
+        return (f"Plan(model={self.record.model_name!r}, solver={self.solver!r}, regions={len(self.solution.regions)}, "
                 f"predicted_peak_bytes={self.predicted_peak_bytes}, recompute_ms={self.recompute_ms:.3f})")
 
     def __str__(self) -> str:
-        return format_report(
-            model_name=type(self._model).__name__, problem=self.problem, solution=self.solution,
-            frontend=self.frontend, leaves=self.leaves, budget_bytes=self.budget_bytes,
-            reserved_bytes=self.reserved_bytes, baseline_peak_bytes=self.baseline_peak_bytes,
-            timing=self.profile.timing, checkpoints=self.checkpoints, verification=self.verification,
-            static_breakdown=self.static_breakdown, device=self.setup.where.name, world_size=self.setup.world_size,
-            measurement=self.profile.measurement, times_estimated=self.profile.times_estimated,
-            scratch_measured=self.profile.scratch_measured, own_step_peak_bytes=self.own_step_peak_bytes,
-        )
+        return self.report()
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read a plan saved with `Plan.save`: a `Plan` that holds its record. It prints and plots
+    without the model; `.apply(model)` applies it to a freshly built model of the same
+    architecture, and `.verify(sample, model=model)` runs it there.
+
+    Example:
+        >>> from planner import load_plan
+        >>> saved = load_plan("plan.json")
+        >>> print(saved)
+        >>> saved.apply(model)
+    """
+    return Plan(load_record(path))
+
+
+def _local_target(name: str) -> bool:
+    from planner.measure.targets import local_target
+
+    found = local_target()
+    return found is not None and found.name == name
 
 
 def plan(
@@ -368,25 +483,48 @@ def plan(
     measured = measure_problem(model, sample, where, reserved_bytes, optimizer, world_size, leaves,
                                frontend, repeats, measure, say, effort)
     say(f"solving for {len(compute_nodes(measured.traced.gm))} nodes with solver {solver!r}")
-    return _solved(model, sample, measured.traced, measured.problem, measured.summary, budget_bytes, reserved_bytes,
-                   solver, solver_options or {}, Setup(where, world_size, optimizer, measured.breakdown, measure),
-                   measured.wrapped)
+    measurements = Measurements(measured.traced, measured.summary,
+                                Setup(where, world_size, optimizer, measured.breakdown, measure), measured.wrapped)
+    return _solved(model, sample, measurements, measured.problem, budget_bytes, reserved_bytes, solver,
+                   solver_options or {})
 
 
-def _solved(model: nn.Module, sample: Any, traced: Traced, problem: Problem, summary: GraphProfile,
-            budget_bytes: int, reserved_bytes: int, method: str, solver_options: dict[str, Any], setup: Setup,
-            wrapped: dict[range, ModuleCheckpoint]) -> Plan:
+def _plan_of(model: nn.Module, sample: Any, measurements: Measurements, problem: Problem, solution: Solution,
+             budget_bytes: int, reserved_bytes: int, method: str, solver_options: dict[str, Any],
+             own_step_peak_bytes: int | None = None) -> Plan:
+    """The `Plan` of `solution`: its record (each region's checkpoint, what it was planned for)
+    with the model, the sample and the measurements it was made from."""
+    traced, summary, setup = measurements.traced, measurements.summary, measurements.setup
+    fx_nodes = {node.name: node for node in traced.gm.graph.nodes}
+    modules = [module_path(fx_nodes[node.name]) for node in problem.nodes]
+    specs = region_specs(traced.gm, problem, solution, measurements.wrapped)
+    checkpoints = describe_checkpoints(problem, solution.regions, modules, specs, solution.kept)
+    planned_for = {
+        "device": setup.where.name, "target": setup.where.target.name if setup.where.target else None,
+        "world_size": setup.world_size, "optimizer": setup.optimizer, "measurement": summary.measurement,
+        "times_estimated": summary.times_estimated, "scratch_measured": summary.scratch_measured,
+        "own_step_peak_bytes": own_step_peak_bytes,
+    }
+    record = record_of(model, sample, traced, summary, problem, solution, checkpoints, budget_bytes, reserved_bytes,
+                       method, solver_options, planned_for, dict(setup.static_breakdown or {}))
+    return Plan(record, model, sample, measurements)
+
+
+def _solved(model: nn.Module, sample: Any, measurements: Measurements, problem: Problem, budget_bytes: int,
+            reserved_bytes: int, method: str, solver_options: dict[str, Any]) -> Plan:
     """The plan `method` solves for; where its own step can run here, checked against that step
     and solved again with what it holds beyond the graph kept free (`planner.planning`).
     Where no plan fits, the smallest budget named is the one a plan's measured step fits in."""
+    setup, summary = measurements.setup, measurements.summary
+
     def keeping_free(extra: int, budget: int = budget_bytes) -> Plan:
         kept_free = replace(problem, static_bytes=problem.static_bytes + extra)
         terms = dict(setup.static_breakdown or {})
         if extra:
             terms[BEYOND_PLAN] = terms.get(BEYOND_PLAN, 0) + extra
         solution = solve(kept_free, budget, method=method, **solver_options)  # (the report gives its time)
-        return Plan(model, sample, traced, kept_free, summary, solution, budget, reserved_bytes, method,
-                    solver_options, replace(setup, static_breakdown=terms), wrapped)
+        return _plan_of(model, sample, replace(measurements, setup=replace(setup, static_breakdown=terms)), kept_free,
+                        solution, budget, reserved_bytes, method, solver_options)
 
     outside = held_outside_step(setup.static_breakdown or {})  # room in the budget that a bare step leaves unused
     own_step = lambda p: steady_peak(p.module(), sample, setup.where.device, model) + outside  # noqa: E731
@@ -405,7 +543,7 @@ def _solved(model: nn.Module, sample: Any, traced: Traced, problem: Problem, sum
     if not _own_step_runs_here(model, sample, planned, summary, setup):
         return planned
     fitted, measured = fit_to_measured(planned, keeping_free, own_step)
-    fitted.own_step_peak_bytes = measured
+    fitted.record = replace(fitted.record, planned_for={**(fitted.record.planned_for or {}), "own_step_peak_bytes": measured})
     return fitted
 
 
@@ -421,3 +559,6 @@ def _own_step_runs_here(model: nn.Module, sample: Any, planned: Plan, summary: G
         return False
     resident = summary.parameter_bytes + summary.buffer_bytes + summary.input_bytes
     return planned.predicted_peak_bytes - resident <= measurable_bytes(where.device)
+
+
+__all__ = ["GIB", "Measurements", "Plan", "load_plan", "plan"]

@@ -51,12 +51,12 @@ from planner.measure.static import static_breakdown
 from planner.measure.steps import keep_free_beyond_graph
 from planner.problem.graph import (
     build_problem,
-    module_calls,
     module_checkpoint,
     run_checkpoints,
     saved_calls,
 )
 from planner.problem.segments import sequential_segments
+from planner.trace.structure import module_calls
 from planner.trace.tracing import Traced, trace
 from solvers import Problem, format_bytes
 

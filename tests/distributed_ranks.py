@@ -130,9 +130,9 @@ def _built(name: str, run: str, plan_path: str, result: dict[str, Any]) -> Any:
     model, _ = build(name)
     if run == "planned":
         saved = planner.load_plan(plan_path)
-        assert saved.solution.regions and saved.wrapped, "the saved plan has no regions"
+        assert saved.solution.regions and saved.module_checkpoints, "the saved plan has no regions"
         assert saved.apply(model) is model
-        result["planned_modules"] = [spec.module for spec in saved.wrapped]
+        result["planned_modules"] = [spec.module for spec in saved.module_checkpoints]
     return model
 
 

@@ -11,8 +11,8 @@ from torch import nn
 
 from planner import plan
 from planner.costs import calls as call_costs
-from planner.measure import clock
 from planner.costs.step import small_calls
+from planner.measure import clock
 from planner.measure.memory import preserved_state
 
 

@@ -12,8 +12,8 @@ from conftest import small_mlp
 from torch import nn
 
 from planner import InfeasibleBudget, load_plan, plan
-from planner.cli import main as cli
 from planner.api import GIB
+from planner.cli import main as cli
 from planner.cli.main import main
 from planner.cli.models import load_model, parse_shapes, resize_sample
 
@@ -70,10 +70,16 @@ def tight_budget_gb() -> str:
 def test_plan_prints_the_report_and_progress(capsys):
     code, out, err = run(capsys, "plan", "mlp", "--budget-gb", "1", "--sample", "32x256", *FAST)
     assert code == 0
-    assert out.startswith("Checkpoint plan for Sequential (solver ")  # whichever "auto" picks
-    assert "budget            1.00 GiB" in out and "regions           0" in out
+    assert out.startswith("Checkpoint plan for Sequential: 0 regions, predicted peak ")
+    assert "for a budget of 1.00 GiB" in out and "regions           0" in out
+    assert "solver" not in out  # the cost model's internals: --verbose
     for step in ("model mlp: Sequential", "sample 32x256 float32", "tracing", "timing forward pass 1/2", "solving"):
         assert step in err
+
+
+def test_verbose_adds_the_solver_and_the_cost_model(capsys):
+    code, out, _ = run(capsys, "plan", "mlp", "--budget-gb", "1", "--sample", "32x256", "--quiet", "--verbose", *FAST)
+    assert code == 0 and "  solver            " in out and "  cost model        " in out and "per checkpoint call" in out
 
 
 def test_quiet_prints_only_the_report(capsys):
@@ -87,8 +93,8 @@ def test_a_factory_spec_with_json_plot_and_verify(capsys, tmp_path, tight_budget
                          "--json", str(plan_path), "--plot", str(plot_path), "--verify", "--verify-steps", "1", *FAST)
     assert code == 0, err
     saved = load_plan(plan_path)
-    assert saved.regions, "a budget under the unplanned peak must recompute something"
-    assert f"regions           {len(saved.regions)}" in out
+    assert saved.solution.regions, "a budget under the unplanned peak must recompute something"
+    assert f"regions           {len(saved.solution.regions)}" in out
     assert "Verification over 1 measured steps" in out
     assert [line.split() for line in out.splitlines() if "gradients match" in line] == [["gradients", "match", "yes"]]
     assert saved.verification is not None and saved.verification.gradients_match
@@ -104,7 +110,7 @@ def test_sample_resizes_the_factorys_tensors(capsys, tmp_path):
     code, _, err = run(capsys, "plan", "test_cli:pair_of_inputs", "--budget-gb", "1", "--sample", "2x3,2x3",
                        "--json", str(tmp_path / "plan.json"), *FAST)
     assert code == 0, err
-    arguments = load_plan(tmp_path / "plan.json").sample["arguments"]
+    arguments = load_plan(tmp_path / "plan.json").record.sample["arguments"]
     assert [(a["name"], a["tensor"]["shape"], a["tensor"]["dtype"]) for a in arguments] == [
         ("x", [2, 3], "float32"), ("y", [2, 3], "int64"),
     ]

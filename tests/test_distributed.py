@@ -70,7 +70,7 @@ def saved_keep_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_fsdp2_keep_plan_matches_unplanned(saved_keep_plan, tmp_path):
-    assert all(len(spec.saved_calls) > 4 for spec in planner.load_plan(saved_keep_plan).wrapped)
+    assert all(len(spec.saved_calls) > 4 for spec in planner.load_plan(saved_keep_plan).module_checkpoints)
     results = spawn("fsdp2_warned", "gpt", saved_keep_plan, tmp_path / "ranks")
     check(results)
     assert warned(results, "keeps less than planned") == [[]] * WORLD

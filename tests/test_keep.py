@@ -51,7 +51,7 @@ def test_what_is_keepable_and_where(measured):
               "scaled_dot_product_attention_1"}
     assert heavy <= keepable and all(nodes[name].keep_span is None for name in heavy)
     # other deterministic storage-making nodes, within the submodule calls whose calls match
-    from planner.problem.graph import compute_nodes, module_calls
+    from planner.trace.structure import compute_nodes, module_calls
 
     calls = {(call.nodes.start, call.nodes.stop) for call in module_calls(p.traced.gm)}
     index = {name: i for i, name in enumerate(nodes)}
@@ -293,7 +293,7 @@ def test_save_and_load_keep_the_kept_nodes_and_their_calls(measured, tmp_path):
     path = keeping.save(tmp_path / "plan.json")
     saved = load_plan(path)
     assert saved.solution.kept == keeping.solution.kept
-    assert saved.wrapped == keeping.module_checkpoints
+    assert saved.module_checkpoints == keeping.module_checkpoints
     assert saved.recompute_ms == pytest.approx(keeping.recompute_ms)
     assert [c.kept for c in saved.checkpoints] == [c.kept for c in keeping.checkpoints]
     assert "keeps blocks_0_attention_qkv" in str(saved)
@@ -314,6 +314,6 @@ def test_save_and_load_keep_the_kept_nodes_and_their_calls(measured, tmp_path):
     old = tmp_path / "old.json"
     old.write_text(json.dumps(document))
     loaded = load_plan(old)
-    assert loaded.solution.kept == () and all(spec.saved_calls == () for spec in loaded.wrapped)
+    assert loaded.solution.kept == () and all(spec.saved_calls == () for spec in loaded.module_checkpoints)
     assert loaded.recompute_ms == pytest.approx(p.with_submodules(BLOCK_NAMES).recompute_ms)
 

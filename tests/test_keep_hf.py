@@ -18,7 +18,7 @@ from planner import Plan, plan
 from planner.api import GIB
 from planner.core import training_loss
 from planner.measure.holds import KEEPABLE_OPS
-from planner.problem.graph import compute_nodes, module_calls, module_path
+from planner.trace.structure import compute_nodes, module_calls, module_path
 
 transformers = pytest.importorskip("transformers")
 

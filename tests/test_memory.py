@@ -9,9 +9,9 @@ from conftest import MODELS, small_gpt
 from torch import nn
 
 from planner import InfeasibleBudget, plan
-from planner.measure import steps as verify
 from planner.api import GIB
 from planner.core import training_loss
+from planner.measure import steps as verify
 from planner.measure.allocations import ProfiledPeakMemory
 from planner.measure.memory import LiveBytesTracker, PeakMemory
 from planner.plans.document import verification_from_record

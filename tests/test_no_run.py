@@ -19,7 +19,7 @@ from planner.measure.profile import META_KEY, claim_autograd_nodes, profile
 from planner.measure.sizes import BackwardWindows, profile_sizes
 from planner.measure.static import static_breakdown
 from planner.measure.targets import KernelCounter, target, targets
-from planner.problem.graph import compute_nodes
+from planner.trace.structure import compute_nodes
 from planner.trace.tracing import trace
 
 SIZE_FIELDS = ("output_bytes", "grad_bytes", "saved_bytes", "uses", "saves", "mutates", "param_grad_bytes",

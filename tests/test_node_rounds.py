@@ -93,7 +93,7 @@ def test_a_plans_node_times_come_from_its_step_rounds_not_a_fast_moment_before(m
     assert all(12.0 <= node.compute_ms < 20.0 for node in slow), [node.compute_ms for node in slow]
     # The report says how far the rounds' passes spread, and that they ran on the slow machine.
     # (3 rounds, and the warm-up each call of the rounds gets)
-    match = re.search(r"means of 4 passes between training steps, whose forwards took ([0-9.]+)-([0-9.]+) ms", str(p))
-    assert match is not None, str(p)
+    match = re.search(r"means of 4 passes between training steps, whose forwards took ([0-9.]+)-([0-9.]+) ms", p.report(verbose=True))
+    assert match is not None, p.report(verbose=True)
     low, high = float(match[1]), float(match[2])
     assert 12.0 * len(slow) <= low <= high

@@ -7,7 +7,8 @@ import torch
 from conftest import MODELS, small_cnn, small_gpt, small_mlp, train_step
 from torch import nn
 
-from planner import Plan, SavedPlan, load_plan, plan
+from planner import Plan, load_plan, plan
+from planner.plans.record import PlanRecord
 from planner.api import GIB
 from planner.apply.checkpoints import CheckpointedForward
 from planner.examples import TinyGPT
@@ -51,7 +52,7 @@ def test_round_trip_reapplies_to_a_fresh_model_with_the_same_gradients(name, pla
     path = p.save(tmp_path / "plan.json")
 
     saved = load_plan(path)
-    assert saved.regions == [list(c.nodes) for c in p.checkpoints]
+    assert saved.record.regions == [list(c.nodes) for c in p.checkpoints]
     assert saved.checkpoints == p.checkpoints  # nodes, modules, recompute and freed bytes
     assert saved.predicted_peak_bytes == p.predicted_peak_bytes
     assert saved.baseline_peak_bytes == p.baseline_peak_bytes
@@ -62,7 +63,7 @@ def test_round_trip_reapplies_to_a_fresh_model_with_the_same_gradients(name, pla
     keys = list(fresh.state_dict())
     module = saved.apply(fresh)
     assert module is fresh and list(module.state_dict()) == keys
-    assert saved.wrapped == tuple(c.wrapped for c in p.checkpoints)
+    assert saved.record.wrapped == tuple(c.wrapped for c in p.checkpoints)
     wrapped = [n for n, m in fresh.named_modules() if isinstance(m.__dict__.get("forward"), CheckpointedForward)]
     assert wrapped == [c.wrapped.module for c in p.checkpoints]
 
@@ -140,7 +141,7 @@ def test_another_architecture_is_refused_naming_the_first_difference(gpt_plan_fi
     with pytest.raises(ValueError, match=r"TinyGPT does not match the plan .*no 'blocks.7.norm1.weight'"):
         saved.apply(deeper)
     with pytest.raises(ValueError, match=r"compute node \d+ is 'norm' .* but 'blocks_7_norm1' "):
-        saved.check(deeper)  # the full check traces the model and compares the graphs
+        saved.record.check(deeper)  # the full check traces the model and compares the graphs
     wider = TinyGPT(vocab=128, width=64, heads=4, blocks=8, context=32)
     with pytest.raises(ValueError, match=r"'token_embedding.weight' has shape \(128, 64\) here and \(128, 32\)"):
         saved.apply(wider)
@@ -162,7 +163,7 @@ def test_a_plan_from_the_export_frontend_reapplies_with_the_same_gradients(tmp_p
     p = tight(model, x, frontend="export")
     assert p.checkpoints
     saved = load_plan(p.save(tmp_path / "plan.json"))
-    assert saved.frontend == "torch.export" and "via torch.export" in str(saved)
+    assert saved.frontend == "torch.export" and "via torch.export" in saved.report(verbose=True)
     fresh, _ = small_mlp()
     module = saved.apply(fresh)
     _, expected = train_step(model, x)
@@ -203,7 +204,7 @@ def test_fixed_arguments_are_saved_and_used_again(tmp_path):
     model, x = Scaled(), torch.randn(256, 64)
     sample = {"x": x, "scale": 0.5, "dims": (0, 1)}
     saved = load_plan(tight(model, sample, 0.9).save(tmp_path / "plan.json"))
-    fixed = {a["name"]: a["value"] for a in saved.sample["arguments"] if "value" in a}
+    fixed = {a["name"]: a["value"] for a in saved.record.sample["arguments"] if "value" in a}
     assert fixed == {"scale": 0.5, "dims": {"tuple": [0, 1]}, "flag": None}
     expected = {scale: model(x, scale=scale, dims=(0, 1)) for scale in (0.5, 1.0)}
     module = saved.apply(model)
@@ -219,8 +220,8 @@ def test_a_fixed_argument_json_cannot_hold_needs_a_sample_only_to_check(tmp_path
     flag = Flag()
     saved = load_plan(tight(model, {"x": x, "flag": flag}, 0.9).save(tmp_path / "plan.json"))
     with pytest.raises(ValueError, match=r"'flag' was fixed to .*Flag.*apply\(model, sample=\.\.\.\)"):
-        saved.check(model)
-    saved.check(model, sample={"x": x, "flag": flag})
+        saved.record.check(model)
+    saved.record.check(model, sample={"x": x, "flag": flag})
     expected = model(x, flag=flag)
     module = saved.apply(model)  # applying needs no sample: the model's own forward runs
     assert_same_values(module(x, flag=flag), expected)
@@ -249,11 +250,11 @@ def test_files_that_are_not_plans_give_clear_errors(tmp_path, gpt_plan_file):
     data = json.loads(open(gpt_plan_file).read())
     data["version"] = 99
     with pytest.raises(ValueError, match="version 99"):
-        SavedPlan.from_dict(data)
+        PlanRecord.from_dict(data)
     del data["regions"]
     data["version"] = 1
     with pytest.raises(ValueError, match="lacks 'regions'"):
-        SavedPlan.from_dict(data)
+        PlanRecord.from_dict(data)
 
 
 def test_a_loaded_plan_saves_the_same_document(tmp_path, gpt_plan_file):

@@ -136,8 +136,9 @@ def test_plan_str_is_a_readable_report():
     model, tokens = small_gpt()
     p = tight(unplanned(model, tokens))
     text = str(p)
-    assert "TinyGPT" in text and "sqrt" in text and "predicted" in text
-    assert "regions" in text and "recompute" in text
+    assert "TinyGPT" in text and "predicted" in text and "its own step      ran on cpu" in text
+    assert "regions" in text and "recompute" in text and "blocks.0" in text
+    assert "solver" not in text and "sqrt" in p.report(verbose=True)  # the cost model's internals: on request
 
 
 def test_solver_options_reach_the_solver_and_stay_with_the_plan():
@@ -153,7 +154,10 @@ def test_solver_options_reach_the_solver_and_stay_with_the_plan():
 
 def test_report_module_column_names_the_first_and_last_node_modules():
     # A region that starts and ends in one module but passes through its children is that module.
-    from planner.report.text import span
+    from planner.problem.regions import Checkpoint
+
+    def span(modules):
+        return Checkpoint((), 0.0, 0, node_modules=modules).name
 
     assert span(("blocks.0.attention", "blocks.0.attention.qkv", "blocks.0.attention")) == "blocks.0.attention"
     assert span(("blocks.0.norm1", "blocks.0.attention.qkv", "blocks.0.attention")) == (

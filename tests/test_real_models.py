@@ -54,7 +54,7 @@ def test_decoder_layers_are_split_into_many_recomputable_nodes(name):
     p = plan(model, sample, budget_gb=80, solver="sqrt", repeats=1)
     assert p.frontend == "torch.export"
     per_layer = {}
-    for node in p._traced.gm.graph.nodes:
+    for node in p.traced.gm.graph.nodes:
         stack = node.meta.get("nn_module_stack", {})
         layers = [path for path, _ in stack.values() if path.rsplit(".", 1)[-1].isdigit()]
         if node.op == "call_function" and layers:

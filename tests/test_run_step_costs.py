@@ -57,9 +57,9 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
     # short run (two nodes) alone in each call of a repeated submodule recomputed, in the model's
     # own training step as a plan applies them: every run records and replays in each timed step,
     # and the model's gradients, buffers and RNG are left as they were.
+    from planner.core import training_loss
     from planner.costs import step as step_costs
     from planner.costs import step as step_regions
-    from planner.core import training_loss
     from planner.problem.graph import run_checkpoints, saved_calls
 
     model, tokens = small_gpt()
@@ -122,9 +122,9 @@ def test_the_runs_the_step_is_read_off_each_replay(monkeypatch):
     # fit uses now each replay, and one of GPT-2's calls would otherwise have given one.
     from models_hf import gpt2
 
-    from planner.costs import step as step_regions
     from planner.apply.checkpoints import apply_plan, shallow_clone
     from planner.core import training_loss
+    from planner.costs import step as step_regions
     from planner.problem.graph import run_checkpoints
 
     torch.manual_seed(0)
@@ -154,8 +154,8 @@ def test_node_times_far_above_what_the_step_measured_are_reported():
     # on this small model the checkpoint calls' own cost puts the blocks' measured overhead at
     # 2-3 times their nodes' recompute (2.0-3.0 in seven runs), so with three the warning's
     # threshold (2.55) was a coin toss and CI missed it once.
-    from planner.costs import step as step_costs
     from planner.core import training_loss
+    from planner.costs import step as step_costs
     from planner.costs.step import node_times_high, scaled_node_times
     from planner.problem.graph import run_checkpoints
 

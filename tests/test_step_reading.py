@@ -110,9 +110,9 @@ def test_figures_stand_where_the_steps_rounds_cannot_tell_them_from_their_price(
     # +-1 s: every set's price lies inside its reading's interval, so every figure stays what
     # it was (before, each came out at its floor: the median difference, 0, priced nothing).
     # Rounds that agree (each +1 s, exactly) are read as measured.
+    from planner.core import training_loss
     from planner.costs import step as step_costs
     from planner.costs import step as step_regions
-    from planner.core import training_loss
     from planner.problem.graph import run_checkpoints, saved_calls
 
     model, tokens, p = planned_gpt
@@ -183,8 +183,8 @@ def test_a_blocks_policy_and_recording_figures_inside_their_noise_leave_their_pr
     # The rounds go on while the policy's cost per call is undecided, up to MAX_BLOCK_ROUNDS.
     # Rounds that agree are read as measured, after the first FINE_ROUNDS.
     from planner.costs import block as block_costs
-    from planner.measure import clock
     from planner.costs.overhead import selective_overhead_ms
+    from planner.measure import clock
     from planner.problem.graph import saved_calls
 
     model, tokens, p = planned_gpt

@@ -33,7 +33,7 @@ from planner.core import split_sample
 from planner.examples import EXAMPLES
 from planner.measure.device import MEASURE_MODES
 from planner.measure.targets import targets
-from planner.plans.record import load_plan
+from planner.api import load_plan
 from planner.trace.tracing import FRONTENDS, TraceError
 from solvers import SOLVERS, InfeasibleBudget, format_bytes
 
@@ -132,7 +132,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.verify:
         say(f"verifying: {args.verify_steps} training steps of the original and the planned module")
         p.verify(steps=args.verify_steps)
-    print(p)
+    print(p.report(verbose=args.verbose))
     return _write_outputs(p, args.json, args.plot, say)
 
 
@@ -158,7 +158,7 @@ def _show(args: argparse.Namespace) -> int:
         saved = load_plan(args.plan)
     except (OSError, ValueError) as error:
         raise UsageError(f"cannot read plan {args.plan!r}: {error}") from None
-    print(saved)
+    print(saved.report(verbose=args.verbose))
     return _write_outputs(saved, None, args.plot, _progress(args.quiet))
 
 
@@ -175,7 +175,7 @@ def _demo(args: argparse.Namespace) -> int:
         planned = unplanned.replan(budget_gb=budget_gb)
     except InfeasibleBudget as error:
         return _infeasible(error)
-    print(planned)
+    print(planned.report(verbose=args.verbose))
     module = planned.module()
     loss = module(sample).float().pow(2).mean()
     loss.backward()
@@ -281,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "gradients match")
     planning.add_argument("--verify-steps", type=_positive_int, default=3, help="steps for --verify (default 3)")
     planning.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
+    planning.add_argument("--verbose", action="store_true", help="also the solver, the graph and the cost model's figures in the report")
     planning.set_defaults(run=_plan)
 
     show = commands.add_parser("show", help="print the report of a saved plan",
@@ -288,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("plan", metavar="PLAN.json")
     show.add_argument("--plot", metavar="MEMORY.png", help="write the predicted memory plot (needs matplotlib)")
     show.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
+    show.add_argument("--verbose", action="store_true", help="also the solver, the graph and the cost model's figures in the report")
     show.set_defaults(run=_show)
 
     demo = commands.add_parser("demo", help="plan a built-in example model under a tight budget")
@@ -296,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="budget in GiB (default: half of the model's unplanned peak)")
     demo.add_argument("--solver", choices=solvers, default="auto")
     demo.add_argument("--quiet", action="store_true", help="no progress messages")
+    demo.add_argument("--verbose", action="store_true", help="also the solver, the graph and the cost model's figures in the report")
     demo.set_defaults(run=_demo)
     return parser
 

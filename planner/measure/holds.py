@@ -55,9 +55,9 @@ from planner.measure.memory import (
     draws_random_numbers,
     written_arguments,
 )
-from planner.measure.profile import COMPUTE_OPS, tensors_in
-from planner.problem.graph import ModuleCall, compute_nodes, module_calls
+from planner.measure.profile import tensors_in
 from planner.trace.fake import fake_like, fake_model_state
+from planner.trace.structure import COMPUTE_OPS, ModuleCall, compute_nodes, module_calls
 
 logger = logging.getLogger("planner.measure.holds")  # (what it logs is part of holds' report)
 

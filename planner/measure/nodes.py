@@ -38,7 +38,6 @@ from planner.measure.allocations import (
 from planner.measure.clock import ahead_for, elapsed_ms, launch_ms
 from planner.measure.memory import LiveBytesTracker
 from planner.measure.profile import (
-    COMPUTE_OPS,
     META_KEY,
     NODE_LABEL,
     claim_autograd_nodes,
@@ -51,6 +50,7 @@ from planner.measure.sizes import (
     kernels_of,
 )
 from planner.measure.targets import Target
+from planner.trace.structure import COMPUTE_OPS
 
 logger = logging.getLogger(__name__)
 

@@ -35,8 +35,7 @@ from planner.measure.allocations import (
 )
 from planner.measure.clock import ahead_for, queue_ahead
 from planner.measure.memory import LiveBytesTracker, storage_bytes, storage_key
-
-COMPUTE_OPS = ("call_function", "call_method", "call_module")
+from planner.trace.structure import COMPUTE_OPS
 
 
 class TimingInterpreter(fx.Interpreter):

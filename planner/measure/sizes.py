@@ -55,7 +55,6 @@ from planner.core import training_loss
 from planner.measure.allocations import AllocationEvent, window_temporaries
 from planner.measure.memory import LiveBytesTracker, storage_key
 from planner.measure.profile import (
-    COMPUTE_OPS,
     META_KEY,
     ProfileInterpreter,
     tensors_in,
@@ -68,6 +67,7 @@ from planner.measure.targets import (
     target_attention,
 )
 from planner.trace.fake import fake_like, fake_model_state, fake_state
+from planner.trace.structure import COMPUTE_OPS
 
 
 def _dense(tensor: torch.Tensor) -> bool:

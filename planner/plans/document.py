@@ -28,7 +28,7 @@ from torch import nn
 
 from planner.core import ModuleCheckpoint, NodeProfile, split_sample
 from planner.measure.steps import Verification
-from planner.problem.graph import compute_nodes, module_path
+from planner.trace.structure import compute_nodes, module_path
 from planner.trace.tracing import bind_arguments
 from solvers import NodeCost, Problem
 

@@ -4,7 +4,7 @@ Example:
     >>> planned = state_shapes(model)
     >>> check_state(fresh_model, planned, "GPT2LMHeadModel")  # ValueError naming the first difference
 
-Check a model against a saved plan (`planner.plans.record.SavedPlan`): a sample shaped like the
+Check a model against a saved plan (`planner.plans.record.PlanRecord`): a sample shaped like the
 planned one, and a trace that must match the saved graph node for node.
 
 Example:
@@ -32,7 +32,7 @@ from planner.plans.document import (
 from planner.trace.tracing import Traced, trace
 
 if TYPE_CHECKING:
-    from planner.plans.record import SavedPlan
+    from planner.plans.record import PlanRecord
 
 
 def state_shapes(model: nn.Module) -> dict[str, dict[str, Any]]:
@@ -115,7 +115,7 @@ def sample_like(sample_record: dict[str, Any], model: nn.Module) -> Any:
     return values
 
 
-def trace_matching(saved: "SavedPlan", model: nn.Module, sample: Any) -> Traced:
+def trace_matching(saved: "PlanRecord", model: nn.Module, sample: Any) -> Traced:
     """Trace `model` on `sample` with the saved plan's frontend and leaves, and raise ValueError
     unless its tensor arguments, compute nodes (names, ops, targets, in order) and state-dict
     shapes are the saved ones.

@@ -1,10 +1,13 @@
-"""Save a plan as JSON, load it back, and re-apply it to a freshly built model.
+"""The plan as a plain record: what `Plan.save` writes and `load_plan` reads, what the report and
+the plot show, and all that applying a plan needs (`PlanRecord`). A live plan (`planner.api.Plan`)
+holds one, with the model and the measurements that replanning needs; a loaded plan holds only it.
 
-A saved plan holds what is needed to check it against a model later and to apply it without
+A record holds what is needed to check a plan against a model later and to apply it without
 measuring again: the compute graph (node names, ops and targets), the per-node costs the solver
-saw and the profiler's records, the regions (the submodule each checkpoints, and its nodes), the solver,
-budget, reserve and predicted peaks, the shapes of the model's state dict, and the structure of
-the sample (which forward arguments were tensors, with shapes and dtypes; which were fixed, with
+saw and the profiler's records, the regions (the submodule each checkpoints, and its nodes), the
+solver, budget, reserve and predicted peaks, what it was planned for and how it was measured
+(whether its own step ran), the shapes of the model's state dict, and the structure of the
+sample (which forward arguments were tensors, with shapes and dtypes; which were fixed, with
 their values).
 
 Example:
@@ -19,16 +22,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
 import torch.fx as fx
 from torch import nn
 
 from planner.apply.checkpoints import apply_plan
-from planner.core import ModuleCheckpoint
+from planner.core import GraphProfile, ModuleCheckpoint
 from planner.measure.profile import META_KEY
 from planner.measure.steps import Verification
 from planner.plans.document import (
@@ -41,7 +43,6 @@ from planner.plans.document import (
     profile_full,
     region_record,
     regions_from_records,
-    report_setup,
     sample_structure,
     verification_from_record,
     whole_modules,
@@ -53,39 +54,37 @@ from planner.plans.matching import (
     state_shapes,
     trace_matching,
 )
-from planner.problem.graph import compute_nodes
-from planner.report.text import (
-    Checkpoint,
-    PlanFigures,
-    describe_checkpoints,
-    format_report,
-)
-from solvers import Problem, Solution, Status
-
-if TYPE_CHECKING:
-    from planner.api import Plan
-
+from planner.problem.regions import Checkpoint, describe_checkpoints
+from planner.trace.structure import compute_nodes
+from planner.trace.tracing import Traced
+from solvers import Problem, Solution, Status, peak_bytes
 
 FORMAT = "ckpt-planner plan"
-
-
 VERSION = 3
-
-
 # Version 1 lacks what the plan was for (target, FSDP, optimizer); versions 1 and 2 name regions
 # as node ranges of a replacement graph, which no longer applies: their reports still print.
 READABLE_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
-class SavedPlan(PlanFigures):
-    """A plan read from JSON: its report, its figures, and `apply(model)`.
+class PlanRecord:
+    """A plan as plain data: its problem and solution, what it was for, the region checkpoints
+    it applies, and what checking a model against it needs.
+
+    Fields: `model_class` (module and qualified name), `frontend` (the tracer), `problem`,
+    `solution`, `requested_solver`, `budget_bytes`, `reserved_bytes`, `baseline_peak_bytes`
+    (simulated, no plan), `timing` (how node times were read), `leaves` (submodules kept whole
+    after tracing failed), `graph` (compute nodes: name, op, target, module), `profiles` (the
+    profiler's record of each compute node), `trace_leaves`, `sample` and `state` (the sample's
+    structure and the state dict's shapes), `verification`, `source` (the file it was read from),
+    `planned_for` (device, target, world size, optimizer, how it was measured, the peak of its own
+    step where planning ran it), `static_breakdown` (static memory per rank, by term), `wrapped`
+    (per region, the checkpoint that applies it), `solver_options`, `version` (of its file).
 
     Example:
-        >>> saved = load_plan("plan.json")
-        >>> saved.predicted_peak_bytes <= saved.budget_bytes
+        >>> record = load_plan("plan.json").record
+        >>> record.predicted_peak_bytes <= record.budget_bytes
         True
-        >>> m = saved.apply(fresh_model)
     """
 
     model_class: str
@@ -108,9 +107,60 @@ class SavedPlan(PlanFigures):
     planned_for: dict[str, Any] | None = None  # device, target, world size, optimizer, how measured
     static_breakdown: dict[str, int] | None = None  # static memory per rank, by term
     wrapped: tuple[ModuleCheckpoint | None, ...] = ()  # per region: the submodule it checkpoints
+    solver_options: dict[str, Any] = field(default_factory=dict)
     version: int = VERSION  # of the file it was read from
 
-    # -- figures, as on Plan ------------------------------------------------------------------
+    # -- figures ---------------------------------------------------------------------------
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """Simulated peak of one forward+backward with the plan (static memory included)."""
+        return self.solution.peak_bytes
+
+    @property
+    def recompute_ms(self) -> float:
+        """What the plan adds to every training step: recomputation and checkpoint's own work."""
+        return self.solution.recompute_ms
+
+    @property
+    def forward_ms(self) -> float:
+        """Forward time of the whole graph (its nodes' times)."""
+        return sum(node.compute_ms for node in self.problem.nodes)
+
+    @property
+    def solver(self) -> str:
+        """The solver that produced the plan."""
+        return self.solution.solver
+
+    @property
+    def model_name(self) -> str:
+        return self.model_class.rsplit(".", 1)[-1]
+
+    @property
+    def own_step_peak_bytes(self) -> int | None:
+        """The measured peak of the plan's own training step, where planning ran it (None: not run)."""
+        return (self.planned_for or {}).get("own_step_peak_bytes")
+
+    @property
+    def verified(self) -> bool:
+        """Whether the plan's own training step ran on its device and peaked within its budget:
+        in planning, or in `verify()`."""
+        if self.verification is not None:
+            return self.verification.within_budget
+        peak = self.own_step_peak_bytes
+        return peak is not None and peak <= self.budget_bytes
+
+    @property
+    def module_checkpoints(self) -> tuple[ModuleCheckpoint, ...]:
+        """The submodules whose forward runs under checkpoint, in order, each with the ATen calls
+        it keeps (`ModuleCheckpoint.saved_calls`); the runs inside one submodule call share one."""
+        if any(spec is None for spec in self.wrapped):
+            raise ValueError(
+                f"this plan{' in ' + self.source if self.source else ''} has regions that are not submodule calls "
+                f"(format version {self.version}; before version 3 regions were node ranges of a replacement "
+                "graph), which no longer apply: make a new plan with planner.plan(model, sample, ...)"
+            )
+        return tuple(dict.fromkeys(spec for spec in self.wrapped if spec is not None))
 
     @property
     def regions(self) -> list[list[str]]:
@@ -125,52 +175,6 @@ class SavedPlan(PlanFigures):
         return describe_checkpoints(self.problem, self.solution.regions, modules, wrapped, self.solution.kept)
 
     # -- JSON -------------------------------------------------------------------------------
-
-    @classmethod
-    def from_plan(cls, plan: "Plan") -> "SavedPlan":
-        """Collect what a saved plan holds from a `Plan` (what `Plan.save` writes).
-
-        Example:
-            >>> SavedPlan.from_plan(p).to_dict()["regions"]
-        """
-        traced = plan.traced
-        gm = traced.gm
-        graph = tuple(graph_nodes(gm))
-        names = [node.name for node in plan.problem.nodes]
-        if names != [node["name"] for node in graph]:
-            raise ValueError("the plan's problem does not follow its traced graph; cannot save it")
-        profiles = tuple(dataclasses.asdict(node.meta[META_KEY]) for node in compute_nodes(gm))
-        whole = tuple(whole_modules(gm)) if traced.frontend == FX_FRONTEND else tuple(traced.leaves)
-        return cls(
-            model_class=f"{type(plan.model).__module__}.{type(plan.model).__qualname__}",
-            frontend=traced.frontend,
-            problem=plan.problem,
-            solution=plan.solution,
-            requested_solver=plan.requested_solver,
-            budget_bytes=plan.budget_bytes,
-            reserved_bytes=plan.reserved_bytes,
-            baseline_peak_bytes=plan.baseline_peak_bytes,
-            timing=plan.profile.timing,
-            leaves=tuple(traced.leaves),
-            graph=graph,
-            profiles=profiles,
-            trace_leaves=whole,
-            sample=sample_structure(plan.model, plan.sample, traced.tensor_names, traced.fixed_args),
-            state=state_shapes(plan.model),
-            verification=plan.verification,
-            wrapped=tuple(checkpoint.wrapped for checkpoint in plan.checkpoints),
-            planned_for={
-                "device": plan.setup.where.name,
-                "target": plan.target,
-                "world_size": plan.setup.world_size,
-                "optimizer": plan.setup.optimizer,
-                "measurement": plan.profile.measurement,
-                "times_estimated": plan.profile.times_estimated,
-                "scratch_measured": plan.profile.scratch_measured,
-                "own_step_peak_bytes": plan.own_step_peak_bytes,
-            },
-            static_breakdown=plan.static_breakdown,
-        )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (see the module docstring and `load_plan`).
@@ -203,6 +207,7 @@ class SavedPlan(PlanFigures):
             "static_breakdown": self.static_breakdown,
             "leaves": list(self.leaves),
             "trace_leaves": list(self.trace_leaves),
+            "solver_options": self.solver_options,
             "regions": [region_record(region, spec, kept) for region, spec in zip(self.regions, self.wrapped)],
             "sample": self.sample,
             "nodes": [
@@ -216,11 +221,11 @@ class SavedPlan(PlanFigures):
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str | None = None) -> "SavedPlan":
+    def from_dict(cls, data: dict[str, Any], source: str | None = None) -> "PlanRecord":
         """Read a document written by `to_dict`; ValueError names what is missing or wrong.
 
         Example:
-            >>> SavedPlan.from_dict(json.loads(text))
+            >>> PlanRecord.from_dict(json.loads(text))
         """
         where = f" in {source}" if source else ""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -264,6 +269,7 @@ class SavedPlan(PlanFigures):
                 planned_for=data.get("planned_for"),
                 static_breakdown=data.get("static_breakdown"),
                 wrapped=tuple(wrapped),
+                solver_options=dict(data.get("solver_options") or {}),
                 version=data["version"],
             )
         except KeyError as error:
@@ -304,100 +310,61 @@ class SavedPlan(PlanFigures):
 
     def apply(self, model: nn.Module) -> nn.Module:
         """Apply the plan in place to `model` (the planned model or a freshly built one of the
-        same architecture) without measuring again, as `Plan.apply` does: check its state-dict
-        shapes and planned submodules, then run each planned submodule under checkpoint.
-        Returns `model`; `planner.remove_plan(model)` undoes it.
+        same architecture) without measuring again: check its state-dict shapes and planned
+        submodules, then run each planned submodule under checkpoint. Returns `model`;
+        `planner.remove_plan(model)` undoes it.
 
         Example:
             >>> model = build_model()
             >>> model.load_state_dict(torch.load("weights.pt"))
             >>> load_plan("plan.json").apply(model)
         """
-        if any(spec is None for spec in self.wrapped):
-            raise ValueError(
-                f"this plan{' in ' + self.source if self.source else ''} has regions that are not submodule calls "
-                f"(format version {self.version}; before version 3 regions were node ranges of a replacement "
-                "graph), which no longer apply: make a new plan with planner.plan(model, sample, ...)"
-            )
+        specs = self.module_checkpoints
         check_state(model, self.state, self.model_class)
         planned_shapes = {a["name"]: tuple(a["tensor"]["shape"]) for a in self.sample["arguments"] if "tensor" in a}
-        # (the runs inside one submodule call share one entry)
-        specs = list(dict.fromkeys(spec for spec in self.wrapped if spec is not None))
-        return apply_plan(model, specs, planned_shapes,
-                          self.model_class.rsplit(".", 1)[-1])
-
-    # -- report ------------------------------------------------------------------------------
-
-    def plot(self, path: str | os.PathLike[str]) -> Path:
-        """Write the memory plot of the saved plan (see `planner.report.plot.plot_memory`).
-
-        Example:
-            >>> load_plan("plan.json").plot("memory.png")
-        """
-        from planner.report.plot import plot_memory
-
-        title = f"Predicted memory of one training step: {self.model_class.rsplit('.', 1)[-1]}"
-        return plot_memory(self.problem, self.solution.regions, self.budget_bytes, path, title,
-                           kept=self.solution.kept)
-
-    def __str__(self) -> str:
-        return format_report(
-            model_name=self.model_class.rsplit(".", 1)[-1], problem=self.problem, solution=self.solution,
-            frontend=self.frontend, leaves=self.leaves, budget_bytes=self.budget_bytes,
-            reserved_bytes=self.reserved_bytes, baseline_peak_bytes=self.baseline_peak_bytes,
-            timing=self.timing, checkpoints=self.checkpoints, verification=self.verification,
-            origin=f", loaded from {self.source}" if self.source else "", static_breakdown=self.static_breakdown,
-            **report_setup(self.planned_for),
-        )
-
-    def __repr__(self) -> str:
-        return (f"SavedPlan(model={self.model_class!r}, solver={self.solver!r}, regions={len(self.solution.regions)}, "
-                f"predicted_peak_bytes={self.predicted_peak_bytes})")
+        return apply_plan(model, specs, planned_shapes, self.model_name)
 
 
-def save_plan(plan: "Plan", path: str | os.PathLike[str]) -> Path:
-    """Save `plan` as JSON at `path` (what `Plan.save` calls).
+def record_of(model: nn.Module, sample: Any, traced: Traced, summary: GraphProfile, problem: Problem,
+              solution: Solution, checkpoints: tuple[Checkpoint, ...], budget_bytes: int, reserved_bytes: int,
+              requested_solver: str, solver_options: dict[str, Any], planned_for: dict[str, Any],
+              static_breakdown: dict[str, int] | None, verification: Verification | None = None) -> PlanRecord:
+    """The record of a plan made here: `model` and `sample` as measured, `traced` and its nodes'
+    profiles (`summary` for the graph), and what planning chose (`checkpoints`: the report's
+    view of each region).
 
     Example:
-        >>> save_plan(p, "plan.json")
-        PosixPath('plan.json')
+        >>> record_of(model, sample, traced, summary, problem, solution, checkpoints, ...).predicted_peak_bytes
     """
-    return SavedPlan.from_plan(plan).save(path)
+    gm = traced.gm
+    graph = tuple(graph_nodes(gm))
+    if [node.name for node in problem.nodes] != [node["name"] for node in graph]:
+        raise ValueError("the plan's problem does not follow its traced graph")
+    profiles = tuple(dataclasses.asdict(node.meta[META_KEY]) for node in compute_nodes(gm))
+    whole = tuple(whole_modules(gm)) if traced.frontend == FX_FRONTEND else tuple(traced.leaves)
+    return PlanRecord(
+        model_class=f"{type(model).__module__}.{type(model).__qualname__}", frontend=traced.frontend,
+        problem=problem, solution=solution, requested_solver=requested_solver, budget_bytes=budget_bytes,
+        reserved_bytes=reserved_bytes, baseline_peak_bytes=peak_bytes(problem), timing=summary.timing,
+        leaves=tuple(traced.leaves), graph=graph, profiles=profiles, trace_leaves=whole,
+        sample=sample_structure(model, sample, traced.tensor_names, traced.fixed_args), state=state_shapes(model),
+        verification=verification, planned_for=planned_for, static_breakdown=static_breakdown,
+        wrapped=tuple(checkpoint.wrapped for checkpoint in checkpoints), solver_options=dict(solver_options),
+    )
 
 
-def load_plan(path: str | os.PathLike[str]) -> SavedPlan:
-    """Read a plan saved with `Plan.save`. Its report prints without the model; `.apply(model)`
-    rebuilds the planned module for a fresh model of the same architecture.
+def load_record(path: str | os.PathLike[str]) -> PlanRecord:
+    """Read a plan record saved with `Plan.save` (`planner.load_plan` wraps it in a `Plan`).
 
     Example:
-        >>> from planner import load_plan
-        >>> saved = load_plan("plan.json")
-        >>> print(saved)
-        >>> m = saved.apply(model)
+        >>> load_record("plan.json").budget_bytes
     """
     source = Path(path)
     try:
         data = json.loads(source.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{source} is not JSON: {error}") from None
-    return SavedPlan.from_dict(data, source=str(source))
+    return PlanRecord.from_dict(data, source=str(source))
 
 
-def export_module(plan: "Plan", path: str | os.PathLike[str]) -> Path:
-    """Save the planned copy of the model (`Plan.module()`) with `torch.save` (what
-    `Plan.export` calls).
-
-    The file loads with `torch.load(path, weights_only=False)` wherever `planner` and the
-    model's own classes can be imported; it is the model's class, with the plan applied
-    (`planner.remove_plan` undoes it), and its `state_dict()` keys are the model's.
-
-    Example:
-        >>> export_module(p, "planned.pt")
-        >>> m = torch.load("planned.pt", weights_only=False)
-    """
-    target = Path(path)
-    torch.save(plan.module(), target)
-    return target
-
-
-__all__ = ['SavedPlan', 'export_module', 'load_plan', 'save_plan']
+__all__ = ["FORMAT", "PlanRecord", "READABLE_VERSIONS", "VERSION", "load_record", "record_of"]

@@ -1,25 +1,77 @@
-"""Which `ModuleCheckpoint` applies each region of a solution: its submodule call's, keeping
-the calls of the nodes the solution keeps there; the one that records every planned run inside
-a call; the one that cuts every planned slice of a Sequential's children.
+"""The regions of a solution as a plan applies and shows them: which `ModuleCheckpoint` applies
+each (`region_specs`: its submodule call's, keeping the calls of the nodes the solution keeps
+there; the one that records every planned run inside a call; the one that cuts every planned
+slice of a Sequential's children), what each recomputes, frees and costs (`Checkpoint`), and
+the regions of a plan written by hand (`submodule_regions`, `named_regions`).
 
 Example:
     >>> specs = region_specs(gm, problem, solution, wrapped)
     >>> specs[solution.regions[0]].module
     'blocks.0'
-
-The regions of a plan written by hand (`Plan.with_submodules`, `Plan.with_regions`): named
-submodules or first and last node names, checked against what the plan may recompute.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Collection, Sequence
 
 import torch.fx as fx
 
 from planner.core import ModuleCheckpoint
 from planner.problem.graph import run_checkpoints, saved_calls
-from solvers import Problem, Solution
+from solvers import Problem, Solution, held_after_forward
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One recomputed region as a plan shows it: its fx nodes, the submodule of each, what it
+    recomputes (ms) and frees at the end of forward (bytes), the submodule whose forward runs
+    under checkpoint (`wrapped`), and the nodes whose outputs it keeps (a selective policy)."""
+
+    nodes: tuple[str, ...]
+    recompute_ms: float
+    freed_bytes: int
+    node_modules: tuple[str, ...] = ()  # ("" for the model's own forward)
+    wrapped: ModuleCheckpoint | None = None
+    kept: tuple[str, ...] = ()
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The submodules the nodes belong to, each once, in order of first appearance."""
+        return tuple(dict.fromkeys(self.node_modules))
+
+    @property
+    def name(self) -> str:
+        """The submodule it checkpoints, or for a slice or a run its first and last nodes' submodules."""
+        if self.wrapped is not None and not self.wrapped.segments and not self.wrapped.runs:
+            return self.wrapped.module or "(model)"
+        if not self.node_modules:
+            return ""
+        first, last = (module or "(model)" for module in (self.node_modules[0], self.node_modules[-1]))
+        return first if first == last else f"{first} .. {last}"
+
+
+def describe_checkpoints(problem: Problem, regions: tuple[range, ...], modules: Sequence[str],
+                         wrapped: dict[range, ModuleCheckpoint] | None = None,
+                         kept: Collection[int] = ()) -> tuple[Checkpoint, ...]:
+    """Each region as a plan shows it (`Checkpoint`); `modules` holds one submodule path per node,
+    `wrapped` the checkpoint of each region, by range, and `kept` the nodes the plan keeps.
+
+    Example:
+        >>> describe_checkpoints(p.problem, p.solution.regions, [""] * len(p.problem))[0].nodes
+    """
+    unplanned = held_after_forward(problem)
+    checkpoints = []
+    for region in regions:
+        keeps = tuple(i for i in sorted(kept) if i in region)
+        checkpoints.append(Checkpoint(
+            nodes=tuple(problem.nodes[i].name for i in region),
+            node_modules=tuple(modules[i] for i in region),
+            recompute_ms=problem.recompute_ms((region,), keeps),
+            freed_bytes=unplanned - held_after_forward(problem, (region,), keeps),
+            wrapped=(wrapped or {}).get(region),
+            kept=tuple(problem.nodes[i].name for i in keeps),
+        ))
+    return tuple(checkpoints)
 
 
 def region_specs(gm: fx.GraphModule, problem: Problem, solution: Solution,
@@ -96,4 +148,4 @@ def named_regions(problem: Problem, regions: Sequence[tuple[str, str]]) -> tuple
     return tuple(sorted(found, key=lambda region: region.start))
 
 
-__all__ = ['merged_segments', 'named_regions', 'region_specs', 'submodule_regions']
+__all__ = ["Checkpoint", "describe_checkpoints", "merged_segments", "named_regions", "region_specs", "submodule_regions"]

@@ -16,7 +16,8 @@ import torch.fx as fx
 from torch import nn
 
 from planner.core import ModuleCheckpoint
-from planner.problem.graph import MAX_RUN_NODES, ModuleCall, module_checkpoint
+from planner.problem.graph import MAX_RUN_NODES, module_checkpoint
+from planner.trace.structure import ModuleCall
 
 
 def plain_sequential(module: nn.Module) -> bool:

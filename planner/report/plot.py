@@ -15,20 +15,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Collection
+from typing import Any, Collection
 
+from planner.plans.record import PlanRecord
 from solvers import Problem, Timeline, format_bytes, simulate
-
-if TYPE_CHECKING:
-    from planner.api import Plan
 
 
 FIGURE_SIZE_INCHES = (8.0, 4.0)
-
-
 DPI = 100
-
-
 MAX_NUMBERED_REGIONS = 12  # more region numbers than this would overlap
 
 
@@ -173,11 +167,12 @@ def plot_memory(
     return target
 
 
-def plot_plan(plan: "Plan", path: str | os.PathLike[str]) -> Path:
-    """`plot_memory` for a `Plan` (what `Plan.plot(path)` calls).
+def plot_plan(record: PlanRecord, path: str | os.PathLike[str]) -> Path:
+    """`plot_memory` for a plan's record (what `Plan.plot(path)` calls).
 
     Example:
-        >>> plot_plan(p, "memory.png")
+        >>> plot_plan(p.record, "memory.png")
     """
-    title = f"Predicted memory of one training step: {type(plan.model).__name__}"
-    return plot_memory(plan.problem, plan.solution.regions, plan.budget_bytes, path, title, kept=plan.solution.kept)
+    title = f"Predicted memory of one training step: {record.model_name}"
+    return plot_memory(record.problem, record.solution.regions, record.budget_bytes, path, title,
+                       kept=record.solution.kept)
