@@ -25,7 +25,7 @@ recomputes plus checkpoint's cost per call) and compared with every block's; the
 overhead at most 0.6 at every block's peak, 0.4 at 60%, 0.2 at 80%, and every prediction within
 10% (or 2 ms) of the measured overhead, saying why where one is missed. Each plan's notes give,
 at its budget and on the same measurements, the lower bound for every plan of whole graph nodes
-(`solvers.recompute_bound`), the cheapest plan with every subset of the keepable nodes of each
+(`solvers.bound.recompute`), the cheapest plan with every subset of the keepable nodes of each
 submodule call of up to 10 as a keep choice (`dp` on `decision_space.every_keep_subset`: what
 wrapping submodule calls reaches at all) and, with `--any-run`, the cheapest plan of whole
 regions on any run of graph nodes (`dp`; the planner can only apply submodule calls), as shares

@@ -250,7 +250,7 @@ def beyond_the_planner(result: ModelResult, config: Config, target: float) -> st
     bound = config.bound_ms / every
     if bound > target:
         return text + (f"no plan of whole graph nodes can meet the target on these node times: none costs under "
-                       f"{bound:.2f} (a lower bound, `solvers.recompute_lower_bound`: recomputation, each "
+                       f"{bound:.2f} (a lower bound, `solvers.bound.recompute.recompute_lower_bound`: recomputation, each "
                        "region's checkpoint call and, where it keeps nodes, its policy)")
     return text + f"no plan of whole graph nodes can cost under {bound:.2f} (a lower bound)"
 

@@ -27,7 +27,7 @@ from planner import InfeasibleBudget, load_plan, plan  # noqa: E402
 from planner.api import GIB
 from planner.cli.models import to_device
 from planner.measure.steps import verify_modules
-from solvers import format_bytes  # noqa: E402
+from solvers.solution import format_bytes
 
 
 def main() -> int:

@@ -72,7 +72,8 @@ def beyond_the_planner(problem, budget: int, with_any_run: bool, bound_time_limi
     cheapest plan of `every_keep_subset` (dp; None where none fits or dp could not prove it the
     cheapest). They say why a missed target is missed. The bound's program stops after
     `bound_time_limit_s` with the bound it has proven."""
-    from solvers import InfeasibleBudget, Status, recompute_lower_bound, solve
+    from solvers import InfeasibleBudget, Status, solve
+    from solvers.bound.recompute import recompute_lower_bound
 
     bound = recompute_lower_bound(problem, budget, time_limit_s=bound_time_limit_s)
     if not bound.exact:

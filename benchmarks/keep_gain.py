@@ -13,7 +13,7 @@ peak, over five spaces:
   with keep choices too it takes minutes per budget), runs across submodule calls included,
   which the planner applies only in a model's own forward of at most 200 nodes, and without the
   runs' recording cost;
-- the lower bound for every plan of whole graph nodes (`solvers.recompute_bound`): no plan,
+- the lower bound for every plan of whole graph nodes (`solvers.bound.recompute`): no plan,
   however its regions fall, costs less at that budget.
 
 Predicted figures only (the planner's measurements, solved by `dp`): where the clock is too
@@ -46,7 +46,7 @@ FRACTIONS = (0.4, 0.6, 0.8)
 
 
 def bound_cell(problem, budget: int, every_ms: float) -> str:
-    from solvers.recompute_bound import recompute_lower_bound
+    from solvers.bound.recompute import recompute_lower_bound
 
     bound = recompute_lower_bound(problem, budget)
     if not bound.fits:
@@ -110,7 +110,7 @@ def main() -> int:
         "planner on one set of measurements, solved by `dp` (status in brackets) with keep choices and runs "
         "inside submodule calls, with every keep subset of the calls of up to "
         f"{EVERY_KEEP_LIMIT} keepable nodes too (`decision_space.every_keep_subset`), with whole submodule calls only, and with whole regions on any run of nodes; the lower bound is "
-        "`solvers.recompute_bound.recompute_lower_bound` (an integer program relaxing every plan of whole graph nodes: recomputation and each region's checkpoint call); budgets are every block's predicted peak and fractions of the unplanned predicted "
+        "`solvers.bound.recompute.recompute_lower_bound` (an integer program relaxing every plan of whole graph nodes: recomputation and each region's checkpoint call); budgets are every block's predicted peak and fractions of the unplanned predicted "
         f"peak. {time.perf_counter() - started:.0f} s.")
     if not args.no_save:
         append_results("What each decision space buys (predicted)", "python benchmarks/keep_gain.py", body)

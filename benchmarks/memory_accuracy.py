@@ -22,7 +22,7 @@ from benchmarks.results import append_results  # noqa: E402
 from planner import InfeasibleBudget, plan
 from planner.api import GIB
 from planner.examples import cnn, gpt, mlp, skip_transformer
-from solvers import format_bytes
+from solvers.solution import format_bytes
 
 MODELS = {
     "transformer (built-in GPT, 8 blocks)": lambda: gpt(batch=8, length=128),

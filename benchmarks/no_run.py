@@ -43,7 +43,7 @@ from benchmarks.results import append_results  # noqa: E402
 from planner import InfeasibleBudget, load_plan, plan  # noqa: E402
 from planner.api import GIB
 from planner.measure.steps import step_ms, verify_modules
-from solvers import format_bytes  # noqa: E402
+from solvers.solution import format_bytes
 
 FRACTIONS = (0.4, 0.6, 0.8)
 NOISE_MS = 2.0  # step-time differences below this are within this machine's noise

@@ -31,8 +31,8 @@ from planner.api import GIB
 from planner.cli.models import to_device
 from planner.core import split_sample, training_loss
 from planner.measure.allocations import memory_profile
-from solvers import format_bytes  # noqa: E402
-from solvers.simulate import simulate  # noqa: E402
+from solvers.simulate import simulate
+from solvers.solution import format_bytes
 
 
 def _models() -> dict:

@@ -21,7 +21,7 @@ from benchmarks.results import append_results  # noqa: E402
 from planner import InfeasibleBudget, plan
 from planner.api import GIB
 from planner.examples import SkipTransformer
-from solvers import format_bytes
+from solvers.solution import format_bytes
 
 
 def _ids(batch: int = 8, length: int = 256) -> torch.Tensor:

@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from solvers import InfeasibleBudget, Problem, Solution, load_graph, peak_bytes, solve  # noqa: E402
+from solvers import InfeasibleBudget, Problem, Solution, peak_bytes, solve
+from solvers.graphs import load_graph
 
 GRAPHS = ROOT.parent / "shared" / "data" / "remat-graphs"
 FRACTIONS = (0.3, 0.5, 0.7, 0.9)

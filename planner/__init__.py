@@ -9,7 +9,9 @@ Example:
 from planner.api import Plan, load_plan, plan
 from planner.apply.checkpoints import remove_plan
 from planner.measure.steps import Verification
-from planner.measure.targets import targets  # planner.targets() lists the GPUs a plan can be for
+from planner.measure.targets import (
+    targets,  # planner.targets() lists the GPUs a plan can be for
+)
 from planner.trace.tracing import TraceError
 from solvers import InfeasibleBudget
 

@@ -21,7 +21,12 @@ from planner.apply.checkpoints import shallow_clone
 from planner.core import GraphProfile, ModuleCheckpoint, sample_tensors
 from planner.measure.device import check_measure, measurable_bytes, plan_device
 from planner.measure.static import check_optimizer, check_world_size
-from planner.measure.steps import Verification, held_outside_step, steady_peak, verify_modules
+from planner.measure.steps import (
+    Verification,
+    held_outside_step,
+    steady_peak,
+    verify_modules,
+)
 from planner.measure.targets import target as find_target
 from planner.planning import (
     BEYOND_PLAN,
@@ -34,7 +39,13 @@ from planner.planning import (
 )
 from planner.plans.record import PlanRecord, load_record, record_of
 from planner.problem.graph import kept_indices
-from planner.problem.regions import Checkpoint, describe_checkpoints, named_regions, region_specs, submodule_regions
+from planner.problem.regions import (
+    Checkpoint,
+    describe_checkpoints,
+    named_regions,
+    region_specs,
+    submodule_regions,
+)
 from planner.report.text import format_report
 from planner.trace.structure import compute_nodes, module_path
 from planner.trace.tracing import Traced

@@ -58,7 +58,8 @@ from planner.problem.graph import (
 from planner.problem.segments import sequential_segments
 from planner.trace.structure import module_calls
 from planner.trace.tracing import Traced, trace
-from solvers import Problem, format_bytes
+from solvers import Problem
+from solvers.solution import format_bytes
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ and is registered in `SOLVERS`; `solve()` picks one by name (or "auto").
 * `ilp`: an exact CP-SAT model of the simulator on any DAG (needs OR-Tools), under a time limit.
 * `brute_force`: every plan, for tests (n <= 12).
 
-`recompute_lower_bound` says how little any plan can cost at a budget, whatever its regions.
+`solvers.bound.recompute.recompute_lower_bound` says how little any plan can cost at a budget,
+whatever its regions; `solvers.graphs.load_graph` reads a graph made elsewhere (networkx
+node-link JSON) into a `Problem`.
 
 Example:
     >>> from solvers import NodeCost, Problem, solve
@@ -23,13 +25,11 @@ from typing import Callable
 
 from solvers.brute_force import MAX_NODES as BRUTE_FORCE_MAX_NODES
 from solvers.brute_force import minimum_peak_brute_force, solve_brute_force
-from solvers.dp import minimum_peak_dp, solve_dp
-from solvers.graphs import load_graph
-from solvers.ilp import solve_ilp
-from solvers.problem import InfeasibleBudget, NodeCost, Problem, format_bytes
-from solvers.solution import Solution, Status
-from solvers.recompute_bound import RecomputeBound, recompute_lower_bound
-from solvers.simulate import Timeline, held_after_forward, peak_bytes, simulate
+from solvers.dp.solve import minimum_peak_dp, solve_dp
+from solvers.ilp.solve import solve_ilp
+from solvers.problem import NodeCost, Problem
+from solvers.simulate import peak_bytes, simulate
+from solvers.solution import InfeasibleBudget, Solution, Status
 from solvers.sqrt import solve_sqrt
 
 logger = logging.getLogger(__name__)
@@ -129,25 +129,5 @@ def minimum_peak_bytes(problem: Problem) -> int:
     return minimum
 
 
-__all__ = [
-    "InfeasibleBudget",
-    "NodeCost",
-    "Problem",
-    "RecomputeBound",
-    "SOLVERS",
-    "Solution",
-    "Status",
-    "Timeline",
-    "format_bytes",
-    "held_after_forward",
-    "load_graph",
-    "minimum_peak_bytes",
-    "peak_bytes",
-    "recompute_lower_bound",
-    "simulate",
-    "solve",
-    "solve_brute_force",
-    "solve_dp",
-    "solve_ilp",
-    "solve_sqrt",
-]
+__all__ = ["InfeasibleBudget", "NodeCost", "Problem", "SOLVERS", "Solution", "Status", "minimum_peak_bytes",
+           "peak_bytes", "simulate", "solve"]

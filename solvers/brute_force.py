@@ -12,11 +12,12 @@ import time
 from itertools import chain, product
 from typing import Iterator
 
-from solvers.problem import InfeasibleBudget, Problem
-from solvers.solution import Solution, Status
+from solvers.problem import Problem
 from solvers.simulate import make_solution, peak_bytes
+from solvers.solution import InfeasibleBudget, Solution, Status
 
 logger = logging.getLogger(__name__)
+
 
 MAX_NODES = 12
 

@@ -25,6 +25,7 @@ from solvers.problem import NodeCost, Problem
 
 logger = logging.getLogger(__name__)
 
+
 if TYPE_CHECKING:
     import networkx as nx
 

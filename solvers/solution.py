@@ -1,8 +1,51 @@
-"""What a solver answers: a plan of regions and kept nodes, its cost, and how sure it is."""
+"""The error every solver raises when no plan fits, and how sizes are written in it.
+
+What a solver answers: a plan of regions and kept nodes, its cost, and how sure it is.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+
+
+def format_bytes(size: float) -> str:
+    """Human-readable bytes in binary units.
+
+    Example:
+        >>> format_bytes(3 * 2**29)
+        '1.50 GiB'
+    """
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(size) >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{int(size)} B"
+
+
+class InfeasibleBudget(ValueError):
+    """No plan fits the budget. Carries the smallest budget that does fit.
+
+    Example:
+        >>> raise InfeasibleBudget(budget_bytes=2**29, minimum_bytes=3 * 2**28, static_bytes=2**28)
+    """
+
+    def __init__(
+        self, budget_bytes: int, minimum_bytes: int, static_bytes: int, solver: str = "", proven: bool = True
+    ):
+        self.budget_bytes = budget_bytes
+        self.minimum_bytes = minimum_bytes
+        self.static_bytes = static_bytes
+        self.solver = solver
+        self.proven = proven  # False: minimum_bytes is the smallest peak found, not proven minimal
+        activations = minimum_bytes - static_bytes
+        dominant = "static memory dominates" if static_bytes >= activations else "activations dominate"
+        by = f" for solver {solver!r}" if solver else ""
+        # (a solver that does not prove its minimum gives the least peak it reached)
+        unproven = "" if proven else ", the least it reached: another solver may fit less"
+        super().__init__(
+            f"budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(minimum_bytes)}"
+            f"{by}{unproven} (parameters+gradients and other static memory {format_bytes(static_bytes)}, "
+            f"activations {'at least ' if proven else ''}{format_bytes(activations)}: {dominant})"
+        )
 
 
 class Status(str, Enum):
@@ -33,4 +76,4 @@ class Solution:
     kept: tuple[int, ...] = ()  # nodes whose outputs their regions keep (selective checkpoint)
 
 
-__all__ = ["Solution", "Status"]
+__all__ = ['Solution', 'Status']

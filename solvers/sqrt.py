@@ -1,21 +1,24 @@
 """Budget-aware sqrt(N) segmentation (Chen et al. 2016, "Training Deep Nets with Sublinear
 Memory Cost"): cut the graph into k segments of similar activation bytes and recompute every
 segment but the last, as `torch.utils.checkpoint.checkpoint_sequential` does. Try k = 1, 2, ...
-up to `max_segments(n)` and keep the fewest segments whose simulated peak fits the budget."""
+up to `max_segments(n)` and keep the fewest segments whose simulated peak fits the budget.
+"""
 from __future__ import annotations
 
 import math
 import time
 
-from solvers.problem import InfeasibleBudget, Problem
-from solvers.solution import Solution, Status
+from solvers.problem import Problem
 from solvers.simulate import held_after_forward, make_solution, peak_bytes
+from solvers.solution import InfeasibleBudget, Solution, Status
 
 # On a chain of n equal nodes, k segments hold about n/k + k nodes at the peak, least at
 # k = sqrt(n); at 4 sqrt(n) they hold twice that least. Counts beyond are not tried: on the
 # 1000-node literature graph, trying every count took 26 s where no plan fit (auto pays it
 # after dp), and the least peak came at 4 segments (at 3-8 on the other literature graphs).
 SEGMENTS_PER_SQRT_N = 4
+
+
 ALL_COUNTS_UP_TO = 64  # (small graphs: every count)
 
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solvers.gradients import gradient_spans
 from solvers.problem import Problem
+from solvers.simulate import gradient_spans
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from solvers import Status, load_graph, peak_bytes, solve
+from solvers import Status, peak_bytes, solve
+from solvers.graphs import load_graph
 from solvers.structure import Structure
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,12 +8,12 @@ from conftest import MODELS, small_cnn, small_gpt, small_mlp, train_step
 from torch import nn
 
 from planner import Plan, load_plan, plan
-from planner.plans.record import PlanRecord
 from planner.api import GIB
 from planner.apply.checkpoints import CheckpointedForward
 from planner.examples import TinyGPT
 from planner.plans.document import decode_value, encode_value
 from planner.plans.matching import FX_FRONTEND
+from planner.plans.record import PlanRecord
 from planner.trace.tracing import trace
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from solver_strategies import SETTINGS, Truth, budgets, module_problems, problems
 
 from solvers import NodeCost, Problem, minimum_peak_bytes, peak_bytes, solve
-from solvers.recompute_bound import recompute_lower_bound
+from solvers.bound.recompute import recompute_lower_bound
 
 
 def check_bound(problem: Problem, data: st.DataObject) -> None:

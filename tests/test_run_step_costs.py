@@ -16,7 +16,7 @@ from planner.core import counted_call
 from planner.costs.overhead import forward_calls
 from planner.examples import Block
 from solvers import NodeCost, Problem
-from solvers.problem_index import run_structure
+from solvers.problem import run_structure
 
 
 def _count_replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:

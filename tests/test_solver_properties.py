@@ -49,9 +49,9 @@ def test_ilp_model_admits_every_plan_that_fits(problem: Problem, data: st.DataOb
     # constraint of the model, the valid inequalities (triangle cuts) included.
     # (Regions that start at a memoryless node, and regions that save nothing, are left out of
     # the model on purpose: another plan beats them for sure.)
-    from solvers.ilp_model import build_model
-    from solvers.ilp_warm_start import cp_sat_solver as _solver
-    from solvers.ilp_warm_start import hint_plan
+    from solvers.ilp.model import build_model
+    from solvers.ilp.warm_start import cp_sat_solver as _solver
+    from solvers.ilp.warm_start import hint_plan
     from solvers.structure import Structure
 
     truth = Truth.of(problem)
@@ -131,9 +131,9 @@ def test_dp_search_reused_across_budgets_equals_a_fresh_one(problem: Problem, da
     # must give a later run what a fresh search would.
     from dataclasses import replace
 
-    from solvers.dp_search import dp_search
-    from solvers.dp_settings import dp_settings
-    from solvers.dp_tables import DpTables
+    from solvers.dp.search import dp_search
+    from solvers.dp.settings import dp_settings
+    from solvers.dp.tables import DpTables
 
     truth = Truth.of(problem)
     exact = dp_settings(problem, {})
@@ -186,7 +186,7 @@ def test_ilp_bound_from_dp_never_exceeds_any_plan(problem: Problem, data: st.Dat
     # ilp takes dp's cost as its objective's lower bound when dp proves it optimal: that bound
     # (in the model's scaled units, less its rounding slack) must be at most every fitting
     # plan's scaled cost, and ilp with that bound must still find the true optimum.
-    from solvers.ilp_model import bound_by_optimum, build_model, scaled_cost
+    from solvers.ilp.model import bound_by_optimum, build_model, scaled_cost
 
     truth = Truth.of(problem)
     for budget in budgets(truth, data):
@@ -208,7 +208,7 @@ def test_ilp_bound_from_dp_never_exceeds_any_plan(problem: Problem, data: st.Dat
 @settings(max_examples=60, **SETTINGS)
 @given(problem=problems(max_nodes=9), data=st.data())
 def test_ilp_greedy_warm_start_fits_and_never_beats_the_optimum(problem: Problem, data: st.DataObject) -> None:
-    from solvers.ilp_warm_start import greedy_single_nodes as _greedy_single_nodes
+    from solvers.ilp.warm_start import greedy_single_nodes as _greedy_single_nodes
 
     truth = Truth.of(problem)
     for budget in budgets(truth, data):
@@ -225,7 +225,7 @@ def test_ilp_greedy_warm_start_fits_and_never_beats_the_optimum(problem: Problem
 @settings(max_examples=40, **SETTINGS)
 @given(problem=problems(max_nodes=8), data=st.data())
 def test_ilp_one_node_warm_start_is_the_best_plan_of_one_node_regions(problem: Problem, data: st.DataObject) -> None:
-    from solvers.ilp_warm_start import single_node_optimum as _single_node_optimum
+    from solvers.ilp.warm_start import single_node_optimum as _single_node_optimum
 
     truth = Truth.of(problem)
     for budget in budgets(truth, data):
@@ -250,9 +250,9 @@ def test_ilp_lp_relaxation_bounds_and_guided_plan_fit(problem: Problem, data: st
     # beside the search) is at most the optimum.
     import time
 
-    from solvers.ilp_model import build_model, scaled_cost
-    from solvers.ilp_warm_start import lp_guided_plan as _lp_guided_plan
-    from solvers.lp_relaxation import LinearRelaxation
+    from solvers.ilp.lp_relaxation import LinearRelaxation
+    from solvers.ilp.model import build_model, scaled_cost
+    from solvers.ilp.warm_start import lp_guided_plan as _lp_guided_plan
 
     truth = Truth.of(problem)
     for budget in budgets(truth, data):

@@ -215,8 +215,8 @@ def test_solvers_never_import_torch_and_never_print():
 
 def test_lp_relaxation_is_silent_and_bounds_the_optimum(capfd):
     # HiGHS prints a banner on stdout unless told not to; the bound is at most the optimum.
-    from solvers.ilp_model import build_model
-    from solvers.lp_relaxation import LinearRelaxation
+    from solvers.ilp.lp_relaxation import LinearRelaxation
+    from solvers.ilp.model import build_model
 
     chain = [NodeCost(f"n{i}", 1.0 + i, output_bytes=8, uses=(i - 1,) if i else (), saves=(i,)) for i in range(6)]
     problem = Problem(tuple(chain))
@@ -234,9 +234,9 @@ def test_lp_relaxation_is_silent_and_bounds_the_optimum(capfd):
 def test_branching_node_parts_a_mix_of_plans_at_its_long_regions_costliest_node():
     # Half of region [0, 6) and half of [2, 6): the LP takes half of the long region from node
     # 0, and of the nodes it leaves half out (0 and 1) the costlier one is where to branch.
-    from solvers.ilp_model import build_model
-    from solvers.ilp_warm_start import branching_node as _branching_node
-    from solvers.ilp_warm_start import hint_plan
+    from solvers.ilp.model import build_model
+    from solvers.ilp.warm_start import branching_node as _branching_node
+    from solvers.ilp.warm_start import hint_plan
 
     chain = [NodeCost(f"n{i}", [5.0, 9.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0][i], output_bytes=8,
                       uses=(i - 1,) if i else (), saves=(i,)) for i in range(8)]
@@ -260,8 +260,8 @@ def test_branching_node_parts_a_mix_of_plans_at_its_long_regions_costliest_node(
 def test_rounded_lp_plan_leaves_out_regions_the_problem_does_not_allow():
     # LP values can round to a region the problem does not allow (here [1, 2) of a call [0, 3)
     # with no runs): the rounded plan leaves it out, so the search it hints does not fail on it.
-    from solvers.ilp_model import build_model
-    from solvers.ilp_warm_start import rounded_plan, search_restricted
+    from solvers.ilp.model import build_model
+    from solvers.ilp.warm_start import rounded_plan, search_restricted
 
     problem = replace(chain([10, 10, 10, 10], [5.0, 1.0, 1.0, 1.0]), allowed_regions=(range(0, 3), range(1, 3)))
     assert not problem.allows_region(1, 2)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from planner.api import GIB, plan
+from planner.api import GIB, load_plan, plan
 from planner.cli.models import (
     FactoryError,
     UsageError,
@@ -33,9 +33,9 @@ from planner.core import split_sample
 from planner.examples import EXAMPLES
 from planner.measure.device import MEASURE_MODES
 from planner.measure.targets import targets
-from planner.api import load_plan
 from planner.trace.tracing import FRONTENDS, TraceError
-from solvers import SOLVERS, InfeasibleBudget, format_bytes
+from solvers import SOLVERS, InfeasibleBudget
+from solvers.solution import format_bytes
 
 EXIT_OK = 0
 

@@ -86,7 +86,7 @@ from planner.measure.clock import (
 )
 from planner.measure.memory import preserved_state
 from solvers import Problem
-from solvers.problem_index import allowed_stops, run_structure
+from solvers.problem import allowed_stops, run_structure
 
 Row = tuple[float, float, float]  # (regions, units, measured beyond what is already priced), ms
 

@@ -33,7 +33,7 @@ from planner.measure.holds import EagerLifetimes, eager_holds, fake_eager_holds
 from planner.measure.nodes import estimate_nodes, measure_nodes
 from planner.measure.profile import META_KEY, graph_profile, profile
 from planner.measure.sizes import profile_sizes
-from solvers import format_bytes
+from solvers.solution import format_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,8 @@ from planner.core import (
 )
 from planner.measure.clock import elapsed_ms, paired_difference
 from planner.measure.memory import PeakMemory, preserved_state, storage_bytes
-from solvers import Problem, format_bytes, peak_bytes
+from solvers import Problem, peak_bytes
+from solvers.solution import format_bytes
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ import torch.fx as fx
 
 from planner.core import ModuleCheckpoint
 from planner.problem.graph import run_checkpoints, saved_calls
-from solvers import Problem, Solution, held_after_forward
+from solvers import Problem, Solution
+from solvers.simulate import held_after_forward
 
 
 @dataclass(frozen=True)

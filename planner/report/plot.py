@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Collection
 
 from planner.plans.record import PlanRecord
-from solvers import Problem, Timeline, format_bytes, simulate
-
+from solvers import Problem, simulate
+from solvers.simulate import Timeline
+from solvers.solution import format_bytes
 
 FIGURE_SIZE_INCHES = (8.0, 4.0)
 DPI = 100

@@ -10,7 +10,7 @@ Example:
 from __future__ import annotations
 
 from planner.plans.record import PlanRecord
-from solvers import format_bytes
+from solvers.solution import format_bytes
 
 
 def own_step(record: PlanRecord) -> str:

@@ -1,5 +1,5 @@
 """`dp`: the cheapest plan under a budget, and the smallest peak any plan reaches, by dynamic
-programming over region boundaries (`solvers.dp_search` holds the search and how it works).
+programming over region boundaries (`solvers.dp.search` holds the search and how it works).
 
 Example:
     >>> solve_dp(problem, budget_bytes=int(0.6 * peak_bytes(problem))).status
@@ -11,12 +11,12 @@ import logging
 import time
 from dataclasses import replace
 
-from solvers.dp_search import dp_search
-from solvers.dp_settings import dp_settings
-from solvers.dp_tables import DpTables
-from solvers.problem import InfeasibleBudget, Problem
-from solvers.solution import Solution, Status
+from solvers.dp.search import dp_search
+from solvers.dp.settings import dp_settings
+from solvers.dp.tables import DpTables
+from solvers.problem import Problem
 from solvers.simulate import make_solution, peak_bytes
+from solvers.solution import InfeasibleBudget, Solution, Status
 from solvers.structure import Structure
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def minimum_peak_dp(problem: Problem, above: int | None = None, **options: objec
 def minimum_peak_plan_dp(problem: Problem, above: int | None = None, tables: DpTables | None = None,
                          **options: object) -> tuple[int, bool, tuple[range, ...], tuple[int, ...]]:
     """`minimum_peak_dp` plus a plan that reaches that peak; `tables`: those of an earlier search
-    of the problem (`solvers.dp_tables`), to reuse. Example:
+    of the problem (`solvers.dp.tables`), to reuse. Example:
         >>> peak, exact, regions, kept = minimum_peak_plan_dp(problem)
         >>> peak_bytes(problem, regions, kept) == peak
         True

@@ -1,9 +1,9 @@
 """The LP relaxation of a CP-SAT model, solved with CLP through OR-Tools' pywraplp.
 
-CP-SAT solves this relaxation too, but keeps its solution to itself; `solvers.ilp` wants it to
+CP-SAT solves this relaxation too, but keeps its solution to itself; `solvers.ilp.solve` wants it to
 steer a warm start (which regions the LP would open) and as a bound, and wants the relaxations
 of the two halves of a branch (a variable fixed to 0, and to 1) for a stronger bound. Only the
-constraint kinds that `solvers.ilp` builds are translated: linear constraints, implications
+constraint kinds that `solvers.ilp.solve` builds are translated: linear constraints, implications
 (`bool_and` with one enforcement literal) and clauses (`bool_or`).
 
 Example:
@@ -152,7 +152,7 @@ def _translate(model: Any) -> tuple[Any, float]:
             lower = float(domain[0]) if domain[0] > -(2**62) else -infinity
             upper = float(domain[-1]) if domain[-1] < 2**62 else infinity
             indices, values = list(constraint.linear.vars), list(constraint.linear.coeffs)
-            if len(set(indices)) == len(indices):  # (always, from solvers.ilp: the fast way)
+            if len(set(indices)) == len(indices):  # (always, from solvers.ilp.solve: the fast way)
                 row = lp.constraint.add(lower_bound=lower, upper_bound=upper)
                 row.var_index.extend(indices)
                 row.coefficient.extend(map(float, values))

@@ -1,7 +1,7 @@
-"""Searches on the CP-SAT model of `solvers.ilp_model` that `solvers.ilp` starts from: the
+"""Searches on the CP-SAT model of `solvers.ilp.model` that `solvers.ilp.solve` starts from: the
 solver's settings, reading a plan out of a solution, and the warm starts (a greedy plan of
 one-node regions, the best plan of one-node regions, and the search over long regions that the
-LP relaxation steers), and hinting the model with a known plan (`hint_plan`). See `solvers.ilp`
+LP relaxation steers), and hinting the model with a known plan (`hint_plan`). See `solvers.ilp.solve`
 for when each runs.
 
 Example:
@@ -16,20 +16,30 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Collection
 
-from solvers.ilp_keep import keep_hints
-from solvers.ilp_model import IlpModel, build_model, load_cp_model
+from solvers.ilp.keep import keep_hints
+from solvers.ilp.model import IlpModel, build_model, load_cp_model
 from solvers.problem import Problem
 from solvers.simulate import peak_bytes
 from solvers.structure import Structure
 
 logger = logging.getLogger(__name__)
 
+
 Plan = tuple[tuple[range, ...], tuple[int, ...]]  # regions and the nodes they keep
 
+
 SINGLE_NODE_SHARE = 0.1  # of the time limit, at most, for the one-node-regions warm start
+
+
 LP_SHARE = 0.5  # ... for the LP relaxation that guides the long-region warm start
+
+
 GUIDED_SHARE = 0.3  # ... for the search it guides (twice that on one worker fewer, see below)
+
+
 SEARCH_MARGIN_S = 1.0  # the LP-guided search ends this early: CP-SAT overruns a little
+
+
 GUIDED_SHORT_REGION_NODES = 4  # regions longer than this start only where the LP opens them
 
 
@@ -168,7 +178,7 @@ def lp_guided_plan(
     Example:
         >>> plan, bound = lp_guided_plan(problem, budget, built, 60.0, 2, time.perf_counter() + 60.0)
     """
-    from solvers.lp_relaxation import LinearRelaxation
+    from solvers.ilp.lp_relaxation import LinearRelaxation
 
     started = time.perf_counter()
     relaxation = LinearRelaxation(built.model)

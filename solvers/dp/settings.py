@@ -59,6 +59,8 @@ class DpSettings:
 
 
 EXACT_FRONTIER_WIDTH = 16
+
+
 EXACT_MAX_NODES = 1000  # longer chains get a bounded search
 
 

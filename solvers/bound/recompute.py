@@ -53,7 +53,7 @@ every backward step up to j's too. Backward recomputes a region at its last node
 so a node the region keeps holds its output until then (at the backward of the nodes past the
 region), and from then on what the recomputation made is back: a recomputed node's saved
 tensors until its own backward, an output until the backward of the nodes of the region that
-saved it (`solvers.bound_backward`, within `REVIVAL_WINDOW` nodes; before, a bound could count
+saved it (`solvers.bound.backward`, within `REVIVAL_WINDOW` nodes; before, a bound could count
 a region's tensors as gone at the backward of its own nodes).
 Every real plan maps onto 0/1 values of these variables at no more than its cost, so the least
 cost of this integer program is the bound: SCIP's proven bound, once within `MIP_GAP` of its best
@@ -69,18 +69,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from solvers.bound_backward import BackwardHolds
-from solvers.bound_rows import Droppable, held_until, kept_inputs, memory_rows, split_buffers
+from solvers.bound.backward import BackwardHolds
+from solvers.bound.rows import (
+    Droppable,
+    held_until,
+    kept_inputs,
+    memory_rows,
+    split_buffers,
+)
 from solvers.problem import Problem
 from solvers.simulate import plan_buffers
 
 # SCIP and GLOP stop within feasibility tolerances of about 1e-7 to 1e-6 per row: shave this
 # share off before calling an objective a bound.
 BOUND_TOLERANCE = 1e-6
+
+
 # SCIP stops once its proven bound is within this share of its best plan: the bound it reports
 # is valid either way, and closing the last percent can take minutes on a model's graph.
 MIP_GAP = 0.02
-
 
 
 @dataclass(frozen=True)

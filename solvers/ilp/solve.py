@@ -1,4 +1,4 @@
-"""Exact plans for any DAG with OR-Tools CP-SAT over the model of `solvers.ilp_model`.
+"""Exact plans for any DAG with OR-Tools CP-SAT over the model of `solvers.ilp.model`.
 
 Bound from dp: when the warm start is dp's plan and dp proved it OPTIMAL (its search was exact:
 no frontier sets merged, every boundary and Pareto point kept, saves read by their savers), its
@@ -14,11 +14,11 @@ from this same model restricted to them (`single_node_optimum`, given at most a 
 time limit; its plans are plans of the full model, so this is a warm start, never a bound).
 Where the budget needs a long region (no plan of one-node regions fits) or would gain from one,
 neither those warm starts nor CP-SAT's neighbourhood searches place it well: the LP relaxation
-(solved apart with CLP, `solvers.lp_relaxation`; it runs wherever dp is not proven optimal)
+(solved apart with CLP, `solvers.ilp.lp_relaxation`; it runs wherever dp is not proven optimal)
 says where long regions may start, CP-SAT searches the model restricted to those
 (`lp_guided_plan`), and the LP's objective, raised by one branch (the smaller of the LP
 objectives with one node forced out of regions and forced in, solved from the LP's basis beside
-the search), joins CP-SAT's bound. The warm starts live in `solvers.ilp_warm_start`.
+the search), joins CP-SAT's bound. The warm starts live in `solvers.ilp.warm_start`.
 """
 from __future__ import annotations
 
@@ -28,17 +28,30 @@ import math
 import time
 from typing import Collection
 
-from solvers.problem import InfeasibleBudget, Problem
-from solvers.solution import Solution, Status
+from solvers.ilp.model import bound_by_optimum, build_model, load_cp_model, scaled_cost
+from solvers.ilp.warm_start import (
+    SINGLE_NODE_SHARE,
+    Plan,
+    cp_sat_solver,
+    greedy_single_nodes,
+    hint_plan,
+    lp_guided_plan,
+    plan_of_solution,
+    single_node_optimum,
+)
+from solvers.problem import Problem
 from solvers.simulate import make_solution, peak_bytes
-from solvers.ilp_model import bound_by_optimum, build_model, load_cp_model, scaled_cost
-from solvers.ilp_warm_start import (SINGLE_NODE_SHARE, Plan, cp_sat_solver, greedy_single_nodes, hint_plan, lp_guided_plan,
-                                    plan_of_solution, single_node_optimum)
+from solvers.solution import InfeasibleBudget, Solution, Status
 
 logger = logging.getLogger(__name__)
 
+
 DEFAULT_TIME_LIMIT_S = 60.0
+
+
 DEFAULT_WORKERS = 2
+
+
 FINAL_SEARCH_MIN_S = 5.0  # with less left after the LP-guided warm start, skip the full search
 
 
@@ -130,7 +143,7 @@ def solve_ilp(
         )
 
     if hint is True:
-        from solvers.dp import solve_dp  # the warm start
+        from solvers.dp.solve import solve_dp
 
         try:
             warm = solve_dp(problem, budget_bytes)
@@ -175,7 +188,7 @@ def solve_ilp(
     if (built is None or status == cp_model.INFEASIBLE) and dp_plan is not None:
         return _dp_plan_solution(problem, dp_plan, optimum is not None, budget_bytes, started)  # (it fits)
     if built is None or status == cp_model.INFEASIBLE:
-        from solvers.dp import minimum_peak_plan_dp  # the warm start
+        from solvers.dp.solve import minimum_peak_plan_dp
 
         dp_minimum, dp_exact, peak_regions, peak_kept = minimum_peak_plan_dp(problem)
         minimum, proven = minimum_peak_ilp(problem, time_limit_s, workers, hint=peak_regions, hint_kept=peak_kept)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from solvers.dp_settings import region_keeps
+from solvers.dp.settings import region_keeps
 from solvers.problem import Problem
 from solvers.region_scan import RegionScan
 from solvers.structure import Structure
@@ -137,4 +137,4 @@ class DpTables:
         return cached
 
 
-__all__ = ["DpTables"]
+__all__ = ['DpTables']

@@ -1,4 +1,4 @@
-"""The search behind `solvers.dp`: dynamic programming over region boundaries in the fixed
+"""The search behind `solvers.dp.solve`: dynamic programming over region boundaries in the fixed
 topological order.
 
 The DP walks the boundaries t = 0..n between nodes. Moving from t either leaves node t outside
@@ -45,7 +45,7 @@ what its nodes read (its tape keeps no argument of a call it is only passed), an
 holds a recomputed output only until its last reader (`RegionScan`'s `replayed`).
 
 What the search reads that depends on the problem alone (frontier sets, region scans) is
-`solvers.dp_tables`, which searches of the same problem may share.
+`solvers.dp.tables`, which searches of the same problem may share.
 """
 from __future__ import annotations
 
@@ -53,13 +53,13 @@ import bisect
 import logging
 import math
 
-from solvers.problem import Problem
-from solvers.problem_index import allowed_stops
-from solvers.dp_settings import DpSettings, region_boundaries
-from solvers.dp_tables import DpTables
-from solvers.pareto import Entry, Front, Stair, merge_fronts, weaken_states
+from solvers.dp.pareto import Entry, Front, Stair, merge_fronts, weaken_states
+from solvers.dp.settings import DpSettings, region_boundaries
+from solvers.dp.tables import DpTables
+from solvers.problem import Problem, allowed_stops
 
 SCAN_AHEAD = 16  # regions a scan computes past the one asked for
+
 
 logger = logging.getLogger(__name__)
 
@@ -316,4 +316,4 @@ def dp_search(problem: Problem, settings: DpSettings, tables: DpTables | None = 
                     settings.boundary_fraction, tables)
 
 
-__all__ = ["DpSearch", "dp_search"]
+__all__ = ['DpSearch', 'dp_search']

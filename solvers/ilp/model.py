@@ -1,4 +1,4 @@
-"""The CP-SAT model of the simulator's peak, with per-node decisions (used by `solvers.ilp`).
+"""The CP-SAT model of the simulator's peak, with per-node decisions (used by `solvers.ilp.solve`).
 
 Decisions, per node i: `member[i][a]` = 1 iff node i is in the region that starts at node a
 (for the starts a <= i that could hold i under the budget; at most one is 1, `in_region[i]` is
@@ -16,7 +16,7 @@ Where runs may be chosen, a consumer only passed j (a submodule call's argument 
 read) keeps it only in an allowed region: the sum of those regions' exact choices.
 Memory only grows with `alive`, so lower bounds are all the model needs.
 
-Kept nodes (selective checkpointing, `keep[j][s]`): see `solvers.ilp_keep`, which adds their
+Kept nodes (selective checkpointing, `keep[j][s]`): see `solvers.ilp.keep`, which adds their
 tensors where the plan holds them longer and splits the recomputation constraint of a region
 that may keep by steps.
 
@@ -39,13 +39,13 @@ Memory: linear constraints, no big-M:
 Cost: a node's time counts where it is recomputed and not kept: `recomputed[i]` is
 in_region[i] for a saving node, and for another node at least recomputed[i + 1] unless a
 region starts at i + 1; a region that keeps pays its policy, and a run inside a submodule call
-(`Problem.run_spans`: a region that is no allowed one) its recording (`solvers.ilp_parts`).
+(`Problem.run_spans`: a region that is no allowed one) its recording (`solvers.ilp.parts`).
 
 Valid inequalities: on graphs whose nodes save their own outputs (the literature's), two nodes
 of a producer-consumer triangle can both have their outputs freed only if they share a region
 (`add_triangle_cuts`); the LP relaxation misses this, and the cuts tighten it.
 
-RL and W come from `solvers.region_scan.scan_regions` (`solvers.ilp_parts.region_tables`).
+RL and W come from `solvers.region_scan.scan_regions` (`solvers.ilp.parts.region_tables`).
 Starts that cannot hold node i (its backward would not fit with only the region's inputs
 held), regions that cannot end at i for the same reason, and starts at memoryless nodes
 (`Structure.useful_start`) are left out. Byte sizes are divided by their gcd, compute times
@@ -53,14 +53,27 @@ scaled by a power of two to integers (so multiples of 1/2^k ms stay exact).
 """
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from functools import reduce
 from typing import Any, Collection
 
-from solvers.ilp_keep import add_keep_variables, held_saved, keep_ends, kept_of, recompute_loads
-from solvers.ilp_parts import (add_triangle_cuts, objective_scale, recompute_terms, region_tables, rng_states,
-                               run_terms, selective_terms)
+from solvers.ilp.keep import (
+    add_keep_variables,
+    held_saved,
+    keep_ends,
+    kept_of,
+    recompute_loads,
+)
+from solvers.ilp.parts import (
+    add_triangle_cuts,
+    objective_scale,
+    recompute_terms,
+    region_tables,
+    rng_states,
+    run_terms,
+    selective_terms,
+)
 from solvers.problem import Problem
 from solvers.structure import Structure
 
@@ -90,7 +103,7 @@ class IlpModel:
     region_cost: int = 0  # scaled fixed cost per region, added for every region start
     problem: Problem | None = None
     stop_costs: list[int] = dataclasses.field(default_factory=list)  # scaled NodeCost.stop_cost_ms per node
-    keep: dict[int, dict[int, Any]] = dataclasses.field(default_factory=dict)  # keep[j][s]: see solvers.ilp_keep
+    keep: dict[int, dict[int, Any]] = dataclasses.field(default_factory=dict)  # keep[j][s]: see solvers.ilp.keep
     keep_region_cost: int = 0  # scaled Problem.keep_region_ms: per region that keeps
     call_costs: list[int] = dataclasses.field(default_factory=list)  # scaled keep_call_ms per node's ATen calls
     pack_costs: list[int] = dataclasses.field(default_factory=list)  # scaled saved_tensor_ms per node in a region
@@ -238,7 +251,7 @@ def build_model(
     saved_outside = [0]
     for t in range(n):
         saved_outside.append(saved_outside[-1] + scaled(nodes[t].saved_bytes) * (1 - in_region[t]))
-    kept_saved, window_saved = held_saved(keep, problem, scaled)  # (see solvers.ilp_keep)
+    kept_saved, window_saved = held_saved(keep, problem, scaled)  # (see solvers.ilp.keep)
 
     # Forward steps: outputs still read, outputs held into backward past their last read (a kept
     # node's too: its alive row says so, except where its region's last saving node is n - 1 and

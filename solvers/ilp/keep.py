@@ -1,4 +1,4 @@
-"""Keep-inside-region choices (selective checkpointing) in the CP-SAT model of `solvers.ilp_model`.
+"""Keep-inside-region choices (selective checkpointing) in the CP-SAT model of `solvers.ilp.model`.
 
 A region may keep some of its keep candidates (`Problem.keep_candidates`, the simulator's
 `kept`): a kept node's output and saved tensors stay alive from its forward until the region's

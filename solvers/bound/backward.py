@@ -1,4 +1,4 @@
-"""What the recompute bound's program (`solvers.recompute_bound`) holds at backward steps
+"""What the recompute bound's program (`solvers.bound.recompute`) holds at backward steps
 beyond the unplanned step's own buffers: a region's input until the region's backward is done,
 a kept output until backward recomputes its region, and what that recomputation brings back
 (each recomputed node's saved tensors until its backward, an output until the backward of the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from solvers.bound_rows import Droppable
+from solvers.bound.rows import Droppable
 
 # How far after a node the bound looks for the backward of a later node of its region (which
 # brings its tensors back, or still finds a kept output held): a shorter look only weakens the

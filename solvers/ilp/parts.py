@@ -1,4 +1,4 @@
-"""Parts of the CP-SAT model of `solvers.ilp_model`: the tables of the regions it may choose,
+"""Parts of the CP-SAT model of `solvers.ilp.model`: the tables of the regions it may choose,
 the cost terms of its objective (recomputation, selective policies, runs' recording), the RNG
 states regions keep, and the triangle cuts.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from solvers.ilp_keep import kept_of
+from solvers.ilp.keep import kept_of
 from solvers.problem import Problem
 from solvers.region_scan import scan_regions
 from solvers.structure import Structure
@@ -24,7 +24,7 @@ def region_tables(
     max_region_nodes: int | None = None,
     long_starts: frozenset[int] = frozenset(),
 ) -> tuple[list[dict[int, int]], list[dict[int, int]]]:
-    """RL(a, i) and W(a, e) (see `solvers.ilp_model`) for the regions that can be part of a
+    """RL(a, i) and W(a, e) (see `solvers.ilp.model`) for the regions that can be part of a
     plan under `limit` live bytes (and of at most `max_region_nodes` nodes, except regions
     that start in `long_starts`); W where the region [a, e] holds a saving node and fits its
     recomputation (which runs at its last saving node) keeping nothing. Node i can be in a
@@ -111,7 +111,7 @@ def recompute_terms(model: Any, problem: Problem, member: list[dict[int, Any]], 
     (`Problem.region_recompute_ms`). Recomputation reaches a saving node whenever it is in a
     region, and another node where its region goes on to a saving node; a reached saving node
     costs its `stop_costs` and, where its region goes on past it, the rest of its time; a kept
-    node (`keep`, see solvers.ilp_keep) costs nothing. The variables are bounded below only:
+    node (`keep`, see solvers.ilp.keep) costs nothing. The variables are bounded below only:
     the objective pushes them down."""
     n = len(problem.nodes)
     reached: list[Any] = [0] * (n + 1)

@@ -1,4 +1,4 @@
-"""The unplanned step's memory, step by step, as the recompute bound (`solvers.recompute_bound`)
+"""The unplanned step's memory, step by step, as the recompute bound (`solvers.bound.recompute`)
 reads it: what no plan can drop, what a plan drops by recomputing a node, which outputs a
 recomputation may keep past their last forward use, and the steps that could go over a budget.
 
