@@ -49,7 +49,7 @@ from planner.problem.regions import (
 from planner.report.text import format_report
 from planner.trace.structure import compute_nodes, module_path
 from planner.trace.tracing import Traced
-from solvers import InfeasibleBudget, Problem, Solution, Status, peak_bytes, solve
+from solvers import InfeasibleBudget, Problem, Solution, Status, minimum_peak_bytes, peak_bytes, solve
 
 logger = logging.getLogger(__name__)
 
@@ -528,12 +528,13 @@ def _solved(model: nn.Module, sample: Any, measurements: Measurements, problem: 
     Where no plan fits, the smallest budget named is the one a plan's measured step fits in."""
     setup, summary = measurements.setup, measurements.summary
 
-    def keeping_free(extra: int, budget: int = budget_bytes) -> Plan:
+    def keeping_free(extra: int, budget: int = budget_bytes, solve_at: int | None = None) -> Plan:
         kept_free = replace(problem, static_bytes=problem.static_bytes + extra)
         terms = dict(setup.static_breakdown or {})
         if extra:
             terms[BEYOND_PLAN] = terms.get(BEYOND_PLAN, 0) + extra
-        solution = solve(kept_free, budget, method=method, **solver_options)  # (the report gives its time)
+        # (the report gives the solve's time)
+        solution = solve(kept_free, budget if solve_at is None else solve_at, method=method, **solver_options)
         return _plan_of(model, sample, replace(measurements, setup=replace(setup, static_breakdown=terms)), kept_free,
                         solution, budget, reserved_bytes, method, solver_options)
 
@@ -553,7 +554,8 @@ def _solved(model: nn.Module, sample: Any, measurements: Measurements, problem: 
                                error.proven) from None
     if not _own_step_runs_here(model, sample, planned, summary, setup):
         return planned
-    fitted, measured = fit_to_measured(planned, keeping_free, own_step)
+    fitted, measured = fit_to_measured(planned, keeping_free, own_step,
+                                       lambda: keeping_free(0, solve_at=minimum_peak_bytes(problem)))
     fitted.record = replace(fitted.record, planned_for={**(fitted.record.planned_for or {}), "own_step_peak_bytes": measured})
     return fitted
 

@@ -58,7 +58,7 @@ from planner.problem.graph import (
 from planner.problem.segments import sequential_segments
 from planner.trace.structure import module_calls
 from planner.trace.tracing import Traced, trace
-from solvers import Problem
+from solvers import InfeasibleBudget, Problem
 from solvers.solution import format_bytes
 
 
@@ -122,21 +122,25 @@ class _Sized(Protocol):
     @property
     def predicted_peak_bytes(self) -> int: ...
 
+    @property
+    def problem(self) -> Problem: ...
+
 
 PlanT = TypeVar("PlanT", bound=_Sized)
 
 
-def fit_to_measured(plan: PlanT, solve_keeping_free: Callable[[int], PlanT],
-                    measured_peak: Callable[[PlanT], int]) -> tuple[PlanT, int]:
+def fit_to_measured(plan: PlanT, solve_keeping_free: Callable[[int], PlanT], measured_peak: Callable[[PlanT], int],
+                    frugal: Callable[[], PlanT]) -> tuple[PlanT, int]:
     """`plan` where its own step (`measured_peak(plan)`) stays within its budget; else the plan
     `solve_keeping_free(extra)` solves with `extra` bytes more kept free, `extra` the measured
     excess over the predicted peak (summed over tries), checked again, up to `REFITS` times.
-    Returns the plan and its step's measured peak. Warns with the figures where it solves
-    again, and where the last plan is still above its budget. `solve_keeping_free` raises
-    `InfeasibleBudget` where no plan fits with that much kept free.
+    Where none of those fits (or no plan does with that much kept free), the plan that holds
+    least, `frugal()`, where its step fits; else `InfeasibleBudget`, naming that step's peak:
+    the smallest budget a plan was measured to fit. Returns the plan and its step's measured
+    peak; warns with the figures where it solves again.
 
     Example:
-        >>> fitted, measured = fit_to_measured(planned, solve_keeping_free, lambda p: 120 << 20)
+        >>> fitted, measured = fit_to_measured(planned, solve_keeping_free, lambda p: 120 << 20, frugal)
     """
     extra = 0
     for _ in range(REFITS):
@@ -149,12 +153,22 @@ def fit_to_measured(plan: PlanT, solve_keeping_free: Callable[[int], PlanT],
                       f"{format_bytes(plan.budget_bytes)} and {format_bytes(excess)} above its predicted "
                       f"{format_bytes(plan.predicted_peak_bytes)}: memory the traced graph does not show; solving "
                       f"again with {format_bytes(extra)} kept free (static term {BEYOND_PLAN!r})", stacklevel=3)
-        plan = solve_keeping_free(extra)
+        try:
+            plan = solve_keeping_free(extra)
+        except InfeasibleBudget:
+            break
+    else:
+        measured = measured_peak(plan)
+        if measured <= plan.budget_bytes:
+            return plan, measured
+    budget = plan.budget_bytes
+    plan = frugal()
     measured = measured_peak(plan)
-    if measured > plan.budget_bytes:
-        warnings.warn(f"after {REFITS} tries the plan's own training step still peaks at {format_bytes(measured)}, "
-                      f"above its budget of {format_bytes(plan.budget_bytes)}: lower budget_gb by the difference, "
-                      "or check the plan with p.verify()", stacklevel=3)
+    if measured > budget:
+        raise InfeasibleBudget(budget, measured, plan.problem.static_bytes, proven=False)
+    warnings.warn(f"no plan solved with what the steps measured beyond their predictions kept free fits the budget of "
+                  f"{format_bytes(budget)}; the plan that holds least does ({format_bytes(measured)} measured), at a "
+                  "higher recompute cost", stacklevel=3)
     return plan, measured
 
 

@@ -169,6 +169,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
             returned.update(record.uses)  # returns views or a record of tensors made earlier
         returned.add(node.name)
     shared = _shared_gradients(gm, nodes)
+    parameter_grads = _parameter_gradients(nodes, index)
     released = _released_with_outputs(nodes, index)
     # A kept output must not be written in place later: the cached copy would be stale.
     written = {index[name] for node in nodes for name in node.meta[META_KEY].mutates}
@@ -188,7 +189,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 grad_bytes=record.grad_bytes,
                 saved_bytes=record.saved_bytes if runs else 0,
                 transient_bytes=record.transient_bytes,
-                param_grad_bytes=record.param_grad_bytes - sum(size for _, size in shared.get(i, ())),
+                param_grad_bytes=parameter_grads[i] - sum(size for _, size in shared.get(i, ())),
                 backward_transient_bytes=record.backward_transient_bytes,
                 uses=tuple(index[name] for name in record.uses),
                 saves=tuple(index[name] for name in record.saves) if runs else (),
@@ -240,6 +241,22 @@ def _replayable(call_span: tuple[int, int] | None, index: int, spans: tuple[rang
     calls before its blocks matches from its first block only)."""
     return all(call_span is not None and call_span[0] <= span.start and span.stop <= call_span[1]
                for span in spans if index in span)
+
+
+def _parameter_gradients(nodes: list[fx.Node], index: dict[str, int]) -> list[int]:
+    """Each node's parameters' gradient bytes (`NodeCost.param_grad_bytes`). A node that only
+    views a parameter (`self.weight.T`: no storage, no gradient of its own) reads it, but the
+    gradient is made by the backward of the view's last reader, which runs first (the view's
+    own backward hands it on uncopied): it is counted there."""
+    sizes = [node.meta[META_KEY].param_grad_bytes for node in nodes]
+    for i, node in enumerate(nodes):
+        record = node.meta[META_KEY]
+        if sizes[i] and not (record.output_bytes or record.grad_bytes or record.uses or record.saves):
+            readers = [index[user.name] for user in node.users if user.name in index]
+            if readers:
+                sizes[max(readers)] += sizes[i]
+                sizes[i] = 0
+    return sizes
 
 
 def _touching_written_inputs(nodes: list[fx.Node]) -> set[int]:

@@ -230,10 +230,7 @@ def _trace_export(
             with fake_model_state(model, mode, fake_device), _eager_attention_masks(bound):
                 exported = torch.export.export(model, (), fake_bound, strict=False)
     except Exception as error:
-        raise TraceError(
-            f"torch.export cannot trace {type(model).__name__}: {type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}"
-        ) from error
+        raise TraceError(f"torch.export cannot trace {type(model).__name__}: {_export_error(error)}") from error
     unlifted = exported.module()
     graph = fx.Graph()
     outputs = graph.graph_copy(unlifted.graph, {})
@@ -248,9 +245,12 @@ def _trace_export(
                 raise TraceError(f"the exported graph reads fixed argument {node.target!r}")
             graph.erase_node(node)
         elif node.op in ("get_attr", "call_module") and not _has_path(model, node.target):
-            extra = getattr(unlifted, node.target)  # a subgraph or a lifted constant
+            # A subgraph or a lifted constant; one made inside a submodule's forward is named by
+            # its path (`encoder.lifted_tensor_0`), which the model does not have: named flat.
+            extra = _attribute(unlifted, str(node.target))
             if isinstance(extra, FakeTensor):  # traced on fake tensors: keep its shape only
                 extra = torch.empty_strided(extra.shape, extra.stride(), dtype=extra.dtype, device="meta")
+            node.target = str(node.target).replace(".", "_")
             extras[node.target] = extra
     graph.lint()
     gm = graph_module(model, graph, extras, f"Exported{type(model).__name__}")
@@ -279,6 +279,25 @@ def _eager_attention_masks(bound: dict[str, Any]) -> Iterator[None]:
     finally:
         for name, value in originals.items():
             setattr(masking, name, value)
+
+
+def _export_error(error: Exception) -> str:
+    """torch.export's error in a line: its kind and first line, and the model's code that raised
+    it where torch.export names it (a branch on a tensor's value, say)."""
+    lines = str(error).splitlines()
+    text = f"{type(error).__name__}: {next((line for line in lines if line.strip()), '')}"
+    marker = "The following call raised this error:"
+    if marker in lines:
+        at = lines[lines.index(marker) + 1:lines.index(marker) + 3]
+        text += f" (raised at {' '.join(line.strip() for line in at)})"
+    return text
+
+
+def _attribute(module: nn.Module, target: str) -> Any:
+    """The attribute a graph node's dotted `target` names in `module`."""
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
 
 
 def _has_path(module: nn.Module, target: str) -> bool:
