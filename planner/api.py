@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -421,6 +422,45 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     return Plan(load_record(path))
 
 
+def _ranks() -> Any:
+    """torch.distributed where a process group of two ranks or more is initialised, else None."""
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
+
+
+def _other_rank() -> bool:
+    dist = _ranks()
+    return dist is not None and dist.get_rank() != 0
+
+
+def _share_with_ranks(payload: PlanRecord | Exception) -> None:
+    """On rank 0 of a process group: send the plan's record, or the error planning raised, to
+    every other rank (`_plan_of_rank_zero` receives it)."""
+    dist = _ranks()
+    if dist is None:
+        return
+    if isinstance(payload, Exception):
+        try:
+            pickle.dumps(payload)
+        except Exception:  # (an error that does not survive pickling still says what it was)
+            payload = RuntimeError(f"planning on rank 0 failed: {type(payload).__name__}: {payload}")
+    dist.broadcast_object_list([payload], src=0)
+
+
+def _plan_of_rank_zero(model: nn.Module, sample: Any) -> Plan:
+    """On another rank: rank 0's plan for `model` (its record, with this rank's model and
+    sample), or the error its planning raised. Ranks that recompute different submodules could
+    issue their collectives in different orders; and planning once takes the time once."""
+    dist = _ranks()
+    received: list[Any] = [None]
+    dist.broadcast_object_list(received, src=0)
+    if isinstance(received[0], Exception):
+        raise received[0]
+    logger.info("rank %d uses the plan rank 0 made", dist.get_rank())
+    return Plan(received[0], model, sample)
+
+
 def _local_target(name: str) -> bool:
     from planner.measure.targets import local_target
 
@@ -463,7 +503,9 @@ def plan(
     default) runs the whole step wherever this device has the memory for it (not the budget's
     question: `planner.measure.device.measurable_bytes`). Wherever the plan's own step can run here,
     it is run and the plan solved again if it peaks above the budget (`planner.planning`);
-    `p.verified` says whether it ran within the budget. `effort="thorough"` also reads what
+    `p.verified` says whether it ran within the budget. Where a process group is initialised
+    (FSDP2, DDP), rank 0 plans and every other rank gets its plan (`Plan` with its record), so
+    that all ranks recompute the same submodules. `effort="thorough"` also reads what
     checkpoint calls and runs cost off the model's own training steps (a minute or more on a
     CPU; "normal" reads them on one block). The model is left as it was. `solver_options` go to
     the solver (for example `{"time_limit_s": 120}` for "ilp").
@@ -475,6 +517,23 @@ def plan(
         >>> p = plan(model, tokens, budget_gb=0.2, solver="sqrt")
         >>> m = p.module()  # train m instead of model
     """
+    if _other_rank():
+        return _plan_of_rank_zero(model, sample)
+    try:
+        planned = _plan_here(model, sample, budget_gb, solver, reserved_gb, leaves, frontend, repeats, progress,
+                             solver_options, target, world_size, optimizer, measure, effort)
+    except Exception as error:
+        _share_with_ranks(error)
+        raise
+    _share_with_ranks(planned.record)
+    return planned
+
+
+def _plan_here(model: nn.Module, sample: Any, budget_gb: float | None, solver: str, reserved_gb: float,
+               leaves: tuple[str, ...], frontend: str, repeats: int, progress: Callable[[str], None] | None,
+               solver_options: dict[str, Any] | None, target: str | None, world_size: int,
+               optimizer: str | float | None, measure: str, effort: str) -> Plan:
+    """`plan()` in this process, its arguments as given."""
     gpu = find_target(target) if target is not None else None
     world_size = check_world_size(world_size)
     optimizer = check_optimizer(optimizer)

@@ -1,9 +1,9 @@
 """The records a profile writes: one `NodeProfile` per compute node (in
-`node.meta["planner.measure.profile"]`, see `planner.measure.profile`) and one `GraphProfile` for the whole
+`node.meta["planner.profile"]`, see `planner.measure.profile`) and one `GraphProfile` for the whole
 graph. `planner.problem.graph.build_problem` turns them into the solvers' `NodeCost`s.
 
 Example:
-    >>> record = gm.graph.find_nodes(op="call_module", target="fc1")[0].meta["planner.measure.profile"]
+    >>> record = gm.graph.find_nodes(op="call_module", target="fc1")[0].meta["planner.profile"]
     >>> record.saved_bytes, record.transient_bytes
 """
 from __future__ import annotations

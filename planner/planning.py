@@ -51,6 +51,7 @@ from planner.measure.static import static_breakdown
 from planner.measure.steps import keep_free_beyond_graph
 from planner.problem.graph import (
     build_problem,
+    on_time_grid,
     module_checkpoint,
     run_checkpoints,
     saved_calls,
@@ -262,7 +263,7 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
     if whole_step and world_size == 1:  # (FSDP2's per-rank terms are not what one unsharded step holds)
         say("measuring the model's own step against the traced graph")
         problem, breakdown = keep_free_beyond_graph(model, sample, problem, breakdown, where.device, where.name)
-    return MeasuredProblem(traced, summary, problem, breakdown, {**wrapped, **segments})
+    return MeasuredProblem(traced, summary, on_time_grid(problem), breakdown, {**wrapped, **segments})
 
 
 __all__ = ['BEYOND_PLAN', 'REFITS', 'Setup', 'check_gb', 'check_trainable', 'fit_to_measured']

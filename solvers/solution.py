@@ -41,11 +41,15 @@ class InfeasibleBudget(ValueError):
         by = f" for solver {solver!r}" if solver else ""
         # (a solver that does not prove its minimum gives the least peak it reached)
         unproven = "" if proven else ", the least it reached: another solver may fit less"
+        self._arguments = (budget_bytes, minimum_bytes, static_bytes, solver, proven)
         super().__init__(
             f"budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(minimum_bytes)}"
             f"{by}{unproven} (parameters+gradients and other static memory {format_bytes(static_bytes)}, "
             f"activations {'at least ' if proven else ''}{format_bytes(activations)}: {dominant})"
         )
+
+    def __reduce__(self) -> tuple[type, tuple[int, int, int, str, bool]]:  # (pickled to other ranks intact)
+        return type(self), self._arguments
 
 
 class Status(str, Enum):

@@ -4,6 +4,8 @@ or DDP, spawning 2 CPU ranks over gloo on 127.0.0.1 within a time limit, and the
 they send back. Spawned ranks import this module, not the tests."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import socket
 import time
 import traceback
@@ -125,18 +127,31 @@ def _train(name: str, wrapped: nn.Module, inner: nn.Module, rank: int, full_grad
     return record
 
 
-def _built(name: str, run: str, plan_path: str, result: dict[str, Any]) -> Any:
-    """The model for one run; the saved plan applied to it in the planned run."""
+def _built(name: str, run: str, plan_path: str | planner.Plan, result: dict[str, Any]) -> Any:
+    """The model for one run; the plan (a saved one's path, or a Plan) applied to it in the planned run."""
     model, _ = build(name)
     if run == "planned":
-        saved = planner.load_plan(plan_path)
+        saved = planner.load_plan(plan_path) if isinstance(plan_path, str) else plan_path
         assert saved.solution.regions and saved.module_checkpoints, "the saved plan has no regions"
         assert saved.apply(model) is model
         result["planned_modules"] = [spec.module for spec in saved.module_checkpoints]
     return model
 
 
-def _fsdp2(name: str, rank: int, plan_path: str) -> dict[str, Any]:
+def _fsdp2_planning(name: str, rank: int, budget_path: str) -> dict[str, Any]:
+    """Every rank calls `planner.plan()` in the process group (the default call, at the budget in
+    `budget_path`): rank 0 plans, the others get its plan; then `_fsdp2` trains with it."""
+    model, sample = build(name)
+    budget_gb = json.loads(Path(budget_path).read_text())["budget_gb"]
+    started = time.perf_counter()
+    p = planner.plan(model, sample, budget_gb=budget_gb)
+    result = _fsdp2(name, rank, p)
+    result.update(plan=[dataclasses.asdict(spec) for spec in p.module_checkpoints], measured_here=p.model is model
+                  and p._measurements is not None, planning_s=time.perf_counter() - started)
+    return result
+
+
+def _fsdp2(name: str, rank: int, plan_path: str | planner.Plan) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -182,7 +197,7 @@ def _fsdp2_warned(name: str, rank: int, plan_path: str) -> dict[str, Any]:
     return result
 
 
-JOBS = {"fsdp2": _fsdp2, "ddp": _ddp, "fsdp2_warned": _fsdp2_warned}
+JOBS = {"fsdp2": _fsdp2, "ddp": _ddp, "fsdp2_warned": _fsdp2_warned, "fsdp2_planning": _fsdp2_planning}
 
 
 def _rank_main(rank: int, port: int, job: str, name: str, plan_path: str, out_dir: str) -> None:

@@ -9,6 +9,7 @@ submodules ran in backward (recomputation); the parent compares planned against 
 The harness is tests/distributed_ranks.py; plans of runs and slices: test_distributed_runs.py."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,17 @@ def test_fsdp2_keep_plan_matches_unplanned(saved_keep_plan, tmp_path):
     results = spawn("fsdp2_warned", "gpt", saved_keep_plan, tmp_path / "ranks")
     check(results)
     assert warned(results, "keeps less than planned") == [[]] * WORLD
+
+
+def test_every_rank_calling_plan_gets_rank_zeros_plan_and_trains_like_unplanned(tmp_path):
+    # The user's call on every rank of an FSDP2 job, at 60% of the model's unplanned peak: rank 0
+    # measures and plans, rank 1 receives the same plan (timings differ between processes; ranks
+    # that recompute different submodules could issue their collectives in different orders).
+    model, sample = build("gpt")
+    p = plan_on_one_thread(model, sample)
+    budget = tmp_path / "budget.json"
+    budget.write_text(json.dumps({"budget_gb": 0.6 * p.baseline_peak_bytes / GIB}))
+    results = spawn("fsdp2_planning", "gpt", budget, tmp_path / "ranks")
+    assert results[0]["plan"] and results[0]["plan"] == results[1]["plan"]
+    assert results[0]["measured_here"] and not results[1]["measured_here"]  # rank 1 measured nothing
+    check(results)

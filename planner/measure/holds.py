@@ -59,7 +59,7 @@ from planner.measure.profile import tensors_in
 from planner.trace.fake import fake_like, fake_model_state
 from planner.trace.structure import COMPUTE_OPS, ModuleCall, compute_nodes, module_calls
 
-logger = logging.getLogger("planner.measure.holds")  # (what it logs is part of holds' report)
+logger = logging.getLogger(__name__)
 
 
 # The compute-intensive ATen ops whose outputs a region may keep (a selective-checkpoint policy

@@ -39,6 +39,7 @@ from planner.measure.clock import ahead_for, elapsed_ms, launch_ms
 from planner.measure.memory import LiveBytesTracker
 from planner.measure.profile import (
     META_KEY,
+    SIGNATURE_KEY,
     NODE_LABEL,
     claim_autograd_nodes,
     tensors_in,
@@ -53,37 +54,6 @@ from planner.measure.targets import Target
 from planner.trace.structure import COMPUTE_OPS
 
 logger = logging.getLogger(__name__)
-
-
-def _spec(value: Any) -> Any:
-    """What about a value decides what a node costs: shapes, strides and dtypes of tensors,
-    everything else as it is."""
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), tuple(value.stride()), str(value.dtype), value.requires_grad,
-                isinstance(value, nn.Parameter))
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_spec(item) for item in value))
-    if isinstance(value, dict):
-        return ("dict", tuple((key, _spec(item)) for key, item in value.items()))
-    return repr(value)
-
-
-def signature(gm: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> tuple[Any, ...]:
-    """Two nodes with the same signature do the same work: the same function or method (for a
-    module: its class, settings and the shapes of its parameters and buffers) on arguments of
-    the same shapes, strides and dtypes.
-
-    Example:
-        >>> signature(gm, node_of_layer_0, *args0) == signature(gm, node_of_layer_1, *args1)
-        True
-    """
-    if node.op == "call_module":
-        module = gm.get_submodule(str(node.target))
-        what: Any = (type(module).__qualname__, module.extra_repr(), module.training,
-                     tuple(_spec(t) for t in (*module.parameters(), *module.buffers())))
-    else:
-        what = (node.op, str(node.target))
-    return (what, _spec(args), _spec(kwargs))
 
 
 def _materialise(fake: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -222,7 +192,7 @@ def measure_nodes(
     nodes = [node for node in gm.graph.nodes if node.op in COMPUTE_OPS]
     for index, node in enumerate(nodes):
         args, kwargs = _fetch(fake, node)
-        key = (signature(gm, node, args, kwargs), tuple(sorted(node.meta.get(GRADIENT_STRIDES_KEY, {}).items())))
+        key = (node.meta[SIGNATURE_KEY], tuple(sorted(node.meta.get(GRADIENT_STRIDES_KEY, {}).items())))
         if key not in measured:
             if progress and len(measured) % 25 == 0:
                 progress(f"running node {index + 1}/{len(nodes)} alone ({len(measured)} distinct so far)")

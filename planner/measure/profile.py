@@ -9,7 +9,7 @@ Example:
 Measure every compute node of a traced graph: time, output bytes, saved-for-backward bytes.
 
 `ProfileInterpreter` runs the graph node by node with autograd on, as training would, and
-writes one `NodeProfile` per node into `node.meta["planner.measure.profile"]`. Saved tensors are seen
+writes one `NodeProfile` per node into `node.meta["planner.profile"]`. Saved tensors are seen
 through `torch.autograd.graph.saved_tensors_hooks` and deduplicated by storage; every storage
 is attributed to the node that created it, so views and in-place results point to their owner.
 Memory that kernels allocate and free for themselves (scratch) is invisible to tensors; the
@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from planner.core import GraphProfile, NodeProfile, training_loss
@@ -36,6 +37,38 @@ from planner.measure.allocations import (
 from planner.measure.clock import ahead_for, queue_ahead
 from planner.measure.memory import LiveBytesTracker, storage_bytes, storage_key
 from planner.trace.structure import COMPUTE_OPS
+
+
+def _spec(value: Any) -> Any:
+    """What about a value decides what a node costs: shapes, strides and dtypes of tensors,
+    everything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), tuple(value.stride()), str(value.dtype), value.requires_grad,
+                isinstance(value, nn.Parameter))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_spec(item) for item in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((key, _spec(item)) for key, item in value.items()))
+    return repr(value)
+
+
+def signature(gm: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> tuple[Any, ...]:
+    """Two nodes with the same signature do the same work: the same function or method (for a
+    module: its class, settings and the shapes of its parameters and buffers) on arguments of
+    the same shapes, strides and dtypes.
+
+    Example:
+        >>> signature(gm, node_of_layer_0, *args0) == signature(gm, node_of_layer_1, *args1)
+        True
+    """
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        what: Any = (type(module).__qualname__, module.extra_repr(), module.training,
+                     tuple(_spec(t) for t in (*module.parameters(), *module.buffers())))
+    else:
+        what = (node.op, str(node.target))
+    return (what, _spec(args), _spec(kwargs))
+
 
 
 class TimingInterpreter(fx.Interpreter):
@@ -112,7 +145,8 @@ class TimingInterpreter(fx.Interpreter):
 logger = logging.getLogger(__name__)
 
 
-META_KEY = "planner.measure.profile"
+META_KEY = "planner.profile"
+SIGNATURE_KEY = "planner.signature"  # node.meta: what decides its cost (`signature`): equal for identical nodes
 
 
 NODE_LABEL = "planner.node:"  # record_function label of each node's forward, for the profiler
@@ -184,7 +218,7 @@ class ProfileInterpreter(fx.Interpreter):
 
     Example:
         >>> ProfileInterpreter(gm, static_keys).run(*inputs)
-        >>> gm.graph.nodes[1].meta["planner.measure.profile"].saved_bytes
+        >>> gm.graph.nodes[1].meta["planner.profile"].saved_bytes
     """
 
     def __init__(self, gm: fx.GraphModule, static_keys: set[int], tracker: LiveBytesTracker | None = None):
@@ -209,6 +243,7 @@ class ProfileInterpreter(fx.Interpreter):
         if n.op not in COMPUTE_OPS:
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
+        n.meta[SIGNATURE_KEY] = signature(self.module, n, args, kwargs)
         inputs = tensors_in((args, kwargs))
         versions = [t._version for t in inputs]
         producers = [t.grad_fn for t in inputs]  # before an in-place op replaces them
@@ -391,12 +426,21 @@ def profile(
             timer.run(*inputs)
             timer.collect()
 
+    # Identical nodes (the same op on the same shapes: every layer's) do the same work: each is
+    # priced at the median of all their runs, so that noise does not make one layer look dearer
+    # to recompute than its twin (and plans flip between them from one planning to the next).
+    groups: dict[Any, list[fx.Node]] = {}
     for node in gm.graph.nodes:
         if node.op in COMPUTE_OPS:
+            groups.setdefault(node.meta[SIGNATURE_KEY], []).append(node)
+    for group in groups.values():
+        forward_ms = statistics.median(t for node in group for t in times[node.name])
+        stops = [t for node in group for t in stop_times.get(node.name, ())]
+        for node in group:
             record = node.meta[META_KEY]
-            record.forward_ms = statistics.median(times[node.name])
+            record.forward_ms = forward_ms
             if node.name in stop_times:
-                record.stop_ms = min(record.forward_ms, statistics.median(stop_times[node.name]))
+                record.stop_ms = min(forward_ms, statistics.median(stops))
     return graph_profile(gm, inputs, device, "CUDA events" if device.type == "cuda" else "time.perf_counter",
                          loss_bytes=loss_bytes, gradients=tuple(backward.gradients))
 

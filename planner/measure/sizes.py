@@ -36,7 +36,7 @@ for the kernel the target runs (`planner.measure.targets.target_attention`).
 
 Example:
     >>> sizes = profile_sizes(gm, inputs, torch.device("cpu"))
-    >>> gm.graph.nodes[3].meta["planner.measure.profile"].output_bytes
+    >>> gm.graph.nodes[3].meta["planner.profile"].output_bytes
 """
 from __future__ import annotations
 

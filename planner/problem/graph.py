@@ -224,6 +224,31 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                    run_spans=spans, max_run_nodes=MAX_RUN_NODES, segment_regions=segments)
 
 
+# Time figures are put on a dyadic grid (multiples of this many ms, about 15 ns): sums and
+# products of them are then exact in floating point, so plans of equal cost (the same regions in
+# twin layers) tie exactly, and the solvers break the tie the same way every time.
+TIME_QUANTUM_MS = 2.0**-16
+
+
+def on_time_grid(problem: Problem) -> Problem:
+    """`problem` with every time figure (node times and the cost model's) on `TIME_QUANTUM_MS`'s grid.
+
+    Example:
+        >>> on_time_grid(problem).nodes[0].compute_ms * 2**16 % 1
+        0.0
+    """
+    def grid(ms: float) -> float:
+        return round(ms / TIME_QUANTUM_MS) * TIME_QUANTUM_MS
+
+    nodes = tuple(replace(node, compute_ms=grid(node.compute_ms),
+                          stop_ms=None if node.stop_ms is None else grid(node.stop_ms)) for node in problem.nodes)
+    return replace(problem, nodes=nodes, region_overhead_ms=grid(problem.region_overhead_ms),
+                   saved_tensor_ms=grid(problem.saved_tensor_ms), keep_region_ms=grid(problem.keep_region_ms),
+                   keep_call_ms=grid(problem.keep_call_ms), kept_node_ms=grid(problem.kept_node_ms),
+                   run_call_ms=grid(problem.run_call_ms), recorded_call_ms=grid(problem.recorded_call_ms),
+                   run_region_ms=grid(problem.run_region_ms))
+
+
 def run_spans(nodes: list[fx.Node], allowed_regions: tuple[range, ...] | None) -> tuple[range, ...]:
     """The allowed regions (submodule calls) inside which any run of nodes may be a region
     (`Problem.run_spans`): those of 2 nodes or more within some node's
