@@ -99,3 +99,24 @@ def test_saved_plan_reapplies_to_a_fresh_hugging_face_model(tmp_path):
     torch.testing.assert_close(output.loss, expected_output.loss)
     for key in expected:
         torch.testing.assert_close(grads[key], expected[key], msg=key)
+
+
+def test_a_transformer_encoder_in_a_sequential_is_planned_layer_by_layer():
+    # fx keeps torch.nn modules whole; nn.TransformerEncoder and its layers have children, so
+    # they are followed (fx cannot: its fast-path checks branch on tensors; torch.export can),
+    # and the plan checkpoints layers, reaching below what checkpointing every layer holds.
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.1, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)).train()
+    x = torch.randn(4, 32, 64)
+    unplanned = plan(model, x, budget_gb=80, repeats=1)
+    assert unplanned.frontend == "torch.export" and len(unplanned.problem) > 40
+    every_layer = unplanned.with_submodules([f"0.layers.{i}" for i in range(4)])
+    assert minimum_peak_bytes(unplanned.problem) < every_layer.predicted_peak_bytes
+    p = plan(model, x, budget_gb=every_layer.predicted_peak_bytes / GIB)
+    assert p.verified and p.checkpoints
+    expected_output, expected = _step(model, x)
+    output, grads = _step(p.module(), x)
+    torch.testing.assert_close(output, expected_output)
+    for key in expected:
+        torch.testing.assert_close(grads[key], expected[key], msg=key)

@@ -144,7 +144,11 @@ class _LeafTracer(fx.Tracer):
         return _InPlaceProxy(node, self)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return module_qualified_name in self.leaves or super().is_leaf_module(m, module_qualified_name)
+        # fx keeps every torch.nn module whole; one with children (nn.TransformerEncoder and its
+        # layers) is followed instead, so that its parts can be planned.
+        if module_qualified_name in self.leaves:
+            return True
+        return super().is_leaf_module(m, module_qualified_name) and next(m.children(), None) is None
 
     def create_arg(self, a: Any) -> Any:
         # A dataclass instance (a returned record of tensors) becomes a call of its class.
@@ -176,7 +180,9 @@ def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = (), frontend:
     - "export": `torch.export.export(strict=False)`, an ATen-level graph (linear, attention,
       layer norm, dropout, ...) that follows models fx cannot, such as Hugging Face models
       with decorated forwards and mask code with data-dependent control flow.
-    "auto" tries fx and falls back to export when fx cannot trace the model's own forward.
+    "auto" tries fx, and export where fx cannot trace the model's own forward or could only by
+    keeping some submodules whole (their insides, an encoder's layers, could not be planned);
+    where export fails too, fx's graph with those leaves stands.
     With `fake_device`, export runs on fake copies of the model's state and sample on that
     device (for a model on `meta`: its graph is then the one the real model gives there).
 
@@ -199,6 +205,12 @@ def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = (), frontend:
     else:
         try:
             traced = _trace_fx(model, tensor_names, fixed_args, leaves)
+            if traced.leaves and frontend == "auto" and not leaves:
+                try:
+                    traced = _trace_export(model, bound, tensor_names, fixed_args, fake_device)
+                except TraceError as export_error:
+                    logger.info("keeping %s whole: torch.export cannot trace %s either (%s)",
+                                ", ".join(traced.leaves), type(model).__name__, export_error)
         except TraceError as fx_error:
             if frontend == "fx":
                 raise
