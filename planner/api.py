@@ -484,6 +484,7 @@ def plan(
     optimizer: str | float | None = None,
     measure: str = "auto",
     effort: str = "normal",
+    selective: bool = False,
 ) -> Plan:
     """Choose which parts of `model` to recompute so one training step fits `budget_gb`.
 
@@ -507,8 +508,11 @@ def plan(
     (FSDP2, DDP), rank 0 plans and every other rank gets its plan (`Plan` with its record), so
     that all ranks recompute the same submodules. `effort="thorough"` also reads what
     checkpoint calls and runs cost off the model's own training steps (a minute or more on a
-    CPU; "normal" reads them on one block). The model is left as it was. `solver_options` go to
-    the solver (for example `{"time_limit_s": 120}` for "ilp").
+    CPU; "normal" reads them on one block). `selective=True` lets a region keep some of its
+    nodes' outputs under a selective-checkpoint policy (Megatron-style: keep the matmuls,
+    recompute the rest); off by default, as on the benchmark models it bought nothing on a CPU
+    (docs/cost-model.md). The model is left as it was. `solver_options` go to the solver (for
+    example `{"time_limit_s": 120}` for "ilp").
 
     Example:
         >>> from planner import plan
@@ -521,7 +525,7 @@ def plan(
         return _plan_of_rank_zero(model, sample)
     try:
         planned = _plan_here(model, sample, budget_gb, solver, reserved_gb, leaves, frontend, repeats, progress,
-                             solver_options, target, world_size, optimizer, measure, effort)
+                             solver_options, target, world_size, optimizer, measure, effort, selective)
     except Exception as error:
         _share_with_ranks(error)
         raise
@@ -532,7 +536,7 @@ def plan(
 def _plan_here(model: nn.Module, sample: Any, budget_gb: float | None, solver: str, reserved_gb: float,
                leaves: tuple[str, ...], frontend: str, repeats: int, progress: Callable[[str], None] | None,
                solver_options: dict[str, Any] | None, target: str | None, world_size: int,
-               optimizer: str | float | None, measure: str, effort: str) -> Plan:
+               optimizer: str | float | None, measure: str, effort: str, selective: bool) -> Plan:
     """`plan()` in this process, its arguments as given."""
     gpu = find_target(target) if target is not None else None
     world_size = check_world_size(world_size)
@@ -551,7 +555,7 @@ def _plan_here(model: nn.Module, sample: Any, budget_gb: float | None, solver: s
     where = plan_device([*model.parameters(), *model.buffers(), *tensors], gpu)
     say = progress or (lambda message: logger.info(message))
     measured = measure_problem(model, sample, where, reserved_bytes, optimizer, world_size, leaves,
-                               frontend, repeats, measure, say, effort)
+                               frontend, repeats, measure, say, effort, bool(selective))
     say(f"solving for {len(compute_nodes(measured.traced.gm))} nodes with solver {solver!r}")
     measurements = Measurements(measured.traced, measured.summary,
                                 Setup(where, world_size, optimizer, measured.breakdown, measure), measured.wrapped)

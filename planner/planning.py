@@ -1,26 +1,20 @@
-"""What a plan is for besides its budget (`Setup`), and the checks of what the user gives: sizes
-in GiB, a model to train, a sample's tensors.
+"""The measuring half of `plan()` (`measure_problem`): trace the model, measure it, and build
+the `solvers.Problem` the solvers see, priced with what checkpoint calls, selective policies and
+runs cost on the plan's device; what the plan is for besides its budget (`Setup`) and the checks
+of what the user gives (sizes in GiB, a model to train, `effort`); and the loop that checks a
+plan against its own training step (`fit_to_measured`).
 
-Plans checked against the model's own planned step, where it runs on the plan's device.
-
-`planner.measure.steps` keeps free what the model's unplanned step holds beyond the traced graph.
-A planned step can hold more than that: its peak moves (into a recomputation, or to another
-point of backward), and what the model's own code allocates there the graph does not show. On
-an H100, with the unplanned step's 320 MiB kept free, GPT-2's and Llama's plans at every
-block's peak still measured 96-160 MiB above their predictions, and over budget
-(benchmarks/RESULTS.md, 2026-11-27 08:27-08:29). So where the whole step runs here, `plan()`
-and `replan()` measure the plan's own step (`fit_to_measured`): where it peaks above the
-budget, its excess over the predicted peak is kept free as a static term, `BEYOND_PLAN`, and
-the plan is solved again, up to `REFITS` times. A plan the check finds under budget is left as
-it was: on the CPU, where predictions match measured peaks to the byte, that is every plan.
+A planned step can hold more than the traced graph shows: its peak moves (into a recomputation,
+or to another point of backward), and what the model's own code allocates there the graph does
+not show. So wherever the plan's own step can run here, `plan()` and `replan()` run it: where it
+peaks above the budget, its excess over the prediction is kept free as a static term,
+`BEYOND_PLAN`, and the plan is solved again, up to `REFITS` times; where none of those fits, the
+plan that holds least is tried. `planner.api` solves and wraps the answer in a `Plan`.
 
 Example:
-    >>> fitted = fit_to_measured(planned, lambda extra: solve_keeping_free(extra),
-    ...                          lambda p: measured_peak(p.module(), sample, device))
-
-The measuring half of `plan()`: trace the model, measure it, and build the `solvers.Problem`
-the solvers see, priced with what checkpoint calls, selective policies and runs cost on the
-plan's device. `planner.api` solves it and wraps the answer in a `Plan`.
+    >>> measured = measure_problem(model, tokens, plan_device([*model.parameters(), tokens], None),
+    ...                            0, None, 1, (), "auto", 1, "auto", print)
+    >>> fitted, peak = fit_to_measured(planned, solve_keeping_free, own_step, frugal)
 """
 from __future__ import annotations
 
@@ -203,7 +197,8 @@ def check_effort(effort: Any) -> str:
 
 def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_bytes: int,
                     optimizer: str | float | None, world_size: int, leaves: tuple[str, ...], frontend: str,
-                    repeats: int, measure: str, say: Callable[[str], None], effort: str = "normal") -> MeasuredProblem:
+                    repeats: int, measure: str, say: Callable[[str], None], effort: str = "normal",
+                    selective: bool = False) -> MeasuredProblem:
     """Trace and measure `model` on `sample` where `where` says, leaving the model as it was.
     The arguments are `plan()`'s, already checked. With `effort="thorough"`, where the whole
     step runs here, what checkpoint calls and runs cost is also read off the model's own
@@ -263,6 +258,8 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
     if whole_step and world_size == 1:  # (FSDP2's per-rank terms are not what one unsharded step holds)
         say("measuring the model's own step against the traced graph")
         problem, breakdown = keep_free_beyond_graph(model, sample, problem, breakdown, where.device, where.name)
+    if not selective:
+        problem = replace(problem, nodes=tuple(replace(node, keepable=False) for node in problem.nodes))
     return MeasuredProblem(traced, summary, on_time_grid(problem), breakdown, {**wrapped, **segments})
 
 

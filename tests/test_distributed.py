@@ -55,7 +55,7 @@ def saved_keep_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     but the block's layer norms and activation (a selective policy: its linears, attention,
     residual adds), as a hand-written plan; saved, so each rank applies the saved calls to keep."""
     model, sample = build("gpt")
-    p = plan_on_one_thread(model, sample)  # (as each rank runs)
+    p = plan_on_one_thread(model, sample, selective=True)  # (as each rank runs)
     blocks = [f"blocks.{i}" for i in range(len(model.blocks))]
     plain = p.with_submodules(blocks)
     recomputed = ("norm", "act", "gelu")

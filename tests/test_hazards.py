@@ -85,7 +85,7 @@ class AttentionBlock(nn.Module):
 def test_attention_without_dropout_draws_nothing_and_may_be_kept():
     model = nn.Sequential(AttentionBlock(32, 0.0), AttentionBlock(32, 0.2))
     x = torch.randn(2, 64, 32)
-    p = plan(model, x, budget_gb=80, repeats=1)
+    p = plan(model, x, budget_gb=80, repeats=1, selective=True)
     attention = [n for n in p.problem.nodes if n.name.startswith("scaled_dot_product_attention")]
     assert [(n.random, n.keepable) for n in attention] == [(False, True), (True, False)]
     kept = p.with_submodules(["0", "1"], kept=["scaled_dot_product_attention"])

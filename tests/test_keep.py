@@ -36,7 +36,7 @@ from planner.measure.holds import KEEPABLE_OPS, eager_holds
 @pytest.fixture(scope="module")
 def measured() -> tuple[nn.Module, torch.Tensor, Plan]:
     model, tokens = build()
-    return model, tokens, plan(model, tokens, budget_gb=80, repeats=1)
+    return model, tokens, plan(model, tokens, budget_gb=80, repeats=1, selective=True)
 
 # -- which nodes are keepable --------------------------------------------------------------------
 
@@ -75,15 +75,15 @@ def test_what_is_keepable_and_where(measured):
 def test_an_output_written_in_place_later_is_not_keepable():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(inplace=True), nn.Linear(16, 16))
-    p = plan(model, torch.randn(8, 16), budget_gb=80, repeats=1)
+    p = plan(model, torch.randn(8, 16), budget_gb=80, repeats=1, selective=True)
     keepable = {node.name: node.keepable for node in p.problem.nodes}
     assert keepable == {"_0": False, "_1": False, "_2": True}
 
 
 def test_without_running_the_calls_are_recorded_on_fake_tensors_as_on_real_ones():
     model, tokens = build()
-    ran = plan(model, tokens, budget_gb=80, repeats=1)
-    predicted = plan(model, tokens, budget_gb=80, repeats=1, measure="no-run")
+    ran = plan(model, tokens, budget_gb=80, repeats=1, selective=True)
+    predicted = plan(model, tokens, budget_gb=80, repeats=1, selective=True, measure="no-run")
     assert [node.keepable for node in predicted.problem.nodes] == [node.keepable for node in ran.problem.nodes]
     assert any(node.keepable for node in predicted.problem.nodes)
     assert predicted.problem.run_spans == ran.problem.run_spans
@@ -99,7 +99,7 @@ def test_nothing_is_keepable_where_the_calls_are_not_recorded(caplog, monkeypatc
     monkeypatch.setattr(planner.measure.paths, "fake_eager_holds", fails)
     model, tokens = build()
     with caplog.at_level(logging.INFO, logger="planner"):
-        p = plan(model, tokens, budget_gb=80, repeats=1, measure="no-run")
+        p = plan(model, tokens, budget_gb=80, repeats=1, selective=True, measure="no-run")
     assert not any(node.keepable for node in p.problem.nodes)
     assert "no region may keep a node's output" in caplog.text
     assert "data-dependent control flow" in caplog.text
@@ -192,7 +192,7 @@ def test_convolutions_kept_beside_batchnorm_statistics():
 
     model, images = small_cnn()
     reference, _ = small_cnn()
-    p = plan(model, images, budget_gb=80, repeats=1)
+    p = plan(model, images, budget_gb=80, repeats=1, selective=True)
     stages = [f"stages.{i}" for i in range(len(model.stages))]
     convolutions = [node.name for node in p.problem.nodes if node.keepable and node.name.startswith("stages_")]
     assert len(convolutions) == 2 * len(stages)
@@ -258,7 +258,7 @@ def test_torch_compile_of_a_selective_plan_trains_like_eager():
     model, tokens = build(dropout=0.0)
     tokens = tokens[:4, :32]
     # Without dropout each block's recomputation stops before fc2 makes its output: not kept.
-    p = selective(plan(model, tokens, budget_gb=80, repeats=1), [n for n in KEPT_LINEARS if not n.endswith("fc2")])
+    p = selective(plan(model, tokens, budget_gb=80, repeats=1, selective=True), [n for n in KEPT_LINEARS if not n.endswith("fc2")])
     expected_output, expected = train_step(model, tokens)
     compiled = torch.compile(p.module())  # (inductor, the default: the other tests' COMPILE_BACKEND stops short of it)
     output, grads = train_step(compiled, tokens)

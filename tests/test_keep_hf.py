@@ -37,7 +37,7 @@ def measured(request: pytest.FixtureRequest) -> tuple[nn.Module, dict[str, Any],
     torch.manual_seed(0)
     model, sample = build()
     model.train()
-    p = plan(model, sample, budget_gb=80, repeats=1)
+    p = plan(model, sample, budget_gb=80, repeats=1, selective=True)
     blocks = [call.path for call in module_calls(p.traced.gm)
               if call.path.startswith(prefix) and call.path[len(prefix):].isdigit()]
     assert p.frontend == "torch.export" and len(blocks) == 2
@@ -182,7 +182,7 @@ def test_a_run_across_blocks_may_start_while_a_run_of_the_block_records():
     torch.manual_seed(0)
     model, sample = gpt2()
     model.train()
-    p = plan(model, sample, budget_gb=80, repeats=1)
+    p = plan(model, sample, budget_gb=80, repeats=1, selective=True)
     calls = {call.path: call.nodes for call in module_calls(p.traced.gm)}
     names = [node.name for node in p.problem.nodes]
     block, attention = calls["transformer.h.0"], calls["transformer.h.0.attn"]

@@ -216,7 +216,7 @@ def test_a_run_does_not_make_again_what_a_node_freed_in_forward_saved():
     # nothing reads afterwards; autograd saves the result for a node freed in forward with it.
     # The run's replay made every dropped tensor, that one too, and held it until the run's
     # tape was freed after backward: 5.0% above the predicted peak.
-    from fuzz_models import random_model
+    from benchmarks.fuzz_models import random_model
 
     model, sample = random_model(478)
     p = plan(model, sample, budget_gb=80, repeats=1)
@@ -259,7 +259,7 @@ def test_a_run_whose_recording_would_start_inside_a_keeping_region_frees_what_wa
     # the predicted peak).
     torch.manual_seed(0)
     model, x = _PairThenGlue(), torch.randn(256, 64)
-    p = plan(model, x, budget_gb=80, repeats=1)
+    p = plan(model, x, budget_gb=80, repeats=1, selective=True)
     keeping = p.with_regions([("block_fc1", "block_fc2"), ("tanh", "mul_1")], kept=["block_fc1"])
     assert keeping.solution.kept and [len(spec.runs) for spec in keeping.module_checkpoints] == [0, 1]
     window = keeping.module_checkpoints[1].run_windows[0]

@@ -63,7 +63,7 @@ def test_what_calls_and_runs_cost_is_measured_in_the_models_step(monkeypatch):
     from planner.problem.graph import run_checkpoints, saved_calls
 
     model, tokens = small_gpt()
-    p = plan(model, tokens, budget_gb=80, repeats=1)
+    p = plan(model, tokens, budget_gb=80, repeats=1, selective=True)
     problem, wrapped = p.problem, p.wrapped
     calls = step_regions.small_calls(problem, wrapped)
     assert len(calls) >= 2 and len({wrapped[call].module_class for call in calls}) == 1

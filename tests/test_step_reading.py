@@ -102,7 +102,7 @@ def _fake_rounds(differences: list[float]):
 @pytest.fixture(scope="module")
 def planned_gpt():
     model, tokens = small_gpt()
-    return model, tokens, plan(model, tokens, budget_gb=80, repeats=1)
+    return model, tokens, plan(model, tokens, budget_gb=80, repeats=1, selective=True)
 
 
 def test_figures_stand_where_the_steps_rounds_cannot_tell_them_from_their_price(monkeypatch, planned_gpt):

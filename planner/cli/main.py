@@ -38,16 +38,9 @@ from solvers import SOLVERS, InfeasibleBudget
 from solvers.solution import format_bytes
 
 EXIT_OK = 0
-
-
 EXIT_FAILED = 1
-
-
 EXIT_USAGE = 2
-
-
 EXIT_INFEASIBLE = 3
-
 
 MODEL_HELP = (
     "a built-in example ({examples}); package.module:factory, a callable that takes no "
@@ -55,8 +48,6 @@ MODEL_HELP = (
     "directory is importable); or hf:TYPE, a Hugging Face architecture (hf:llama, hf:gpt2, "
     "hf:bert, ...) built from its config on the meta device, nothing downloaded or allocated"
 )
-
-
 SAMPLE_HELP = (
     "resize the model's sample: one shape per tensor of the factory's sample, in order, dims "
     "joined by x, shapes by commas (e.g. 8x128: 8 sequences of 128 tokens for gpt). The new "
@@ -120,7 +111,8 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         p = plan(model, sample, budget_gb=args.budget_gb, solver=args.solver, reserved_gb=args.reserved_gb,
                  frontend=args.frontend, repeats=args.repeats, progress=say, target=args.target,
-                 world_size=args.world_size, optimizer=_optimizer(args.optimizer), measure=args.measure)
+                 world_size=args.world_size, optimizer=_optimizer(args.optimizer), measure=args.measure,
+                 effort=args.effort, selective=args.selective)
     except InfeasibleBudget as error:
         return _infeasible(error)
     except (TraceError, RuntimeError, TypeError, ValueError) as error:
@@ -254,7 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="count optimizer state: sgd, sgd-momentum, adam, adamw, or bytes per parameter")
     planning.add_argument("--measure", choices=MEASURE_MODES, default="auto",
                           help="run: measure the whole step at once; no-run: sizes on fake tensors, then one "
-                          "node at a time; auto (default): the whole step only where it fits the budget")
+                          "node at a time; auto (default): the whole step wherever this device has the memory for it")
+    planning.add_argument("--effort", choices=("normal", "thorough"), default="normal",
+                          help="thorough: also read what regions cost off the model's own training steps (slower)")
+    planning.add_argument("--selective", action="store_true",
+                          help="let regions keep some nodes' outputs under a selective-checkpoint policy")
     planning.add_argument("--config", metavar="K=V,...", help="hf: models: config overrides, e.g. "
                           "hidden_size=4096,num_hidden_layers=32")
     planning.add_argument("--seq", type=_positive_int, default=None, metavar="N",
@@ -323,3 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     except FactoryError as error:
         _error(str(error))
         return EXIT_FAILED
+
+
+__all__ = ["EXIT_FAILED", "EXIT_INFEASIBLE", "EXIT_OK", "EXIT_USAGE", "MODEL_HELP", "SAMPLE_HELP", "Say",
+           "build_parser", "main"]

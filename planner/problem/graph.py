@@ -1,4 +1,12 @@
-"""Turn a profiled fx graph into a torch-free `solvers.Problem`.
+"""Turn a profiled fx graph into a torch-free `solvers.Problem` (`build_problem`): each compute
+node's `NodeCost`, the allowed regions (submodule calls, `module_checkpoint`; runs inside them,
+`run_spans`), what a region keeps and records (`saved_calls`, `run_checkpoints`), and the time
+figures on a dyadic grid (`on_time_grid`), so that plans of equal cost tie exactly.
+
+Example:
+    >>> problem = build_problem(gm, static_bytes, tuple(wrapped), overhead_ms)
+    >>> len(problem) == len(compute_nodes(gm))
+    True
 """
 from __future__ import annotations
 
@@ -132,7 +140,8 @@ def kept_indices(problem: Problem, regions: tuple[range, ...], kept: Sequence[st
             why = ("is not a node its region may keep (one that makes a storage, writes nothing in place, draws "
                    "no random numbers, whose calls were recorded in the model's forward as in the graph, and "
                    "that recomputation reaches)")
-        named = ", ".join(problem.nodes[i].name for i in sorted(candidates)[:12]) or "none"
+        named = ", ".join(problem.nodes[i].name for i in sorted(candidates)[:12]) or (
+            "none" if any(node.keepable for node in problem.nodes) else "none (plan with selective=True to keep nodes)")
         more = f" and {len(candidates) - 12} more" if len(candidates) > 12 else ""
         raise ValueError(f"cannot keep {name!r}: it {why}; the regions may keep {named}{more}")
     return tuple(sorted({index[name] for name in kept}))
