@@ -1,10 +1,15 @@
-"""The records a profile writes: one `NodeProfile` per compute node (in
-`node.meta["planner.profile"]`, see `planner.measure.profile`) and one `GraphProfile` for the whole
-graph. `planner.problem.graph.build_problem` turns them into the solvers' `NodeCost`s.
+"""The records every stage shares, at the bottom of the data flow: one `NodeProfile` per compute
+node (in `node.meta["planner.profile"]`, written by `planner.measure.profile` and
+`planner.measure.sizes`) and one `GraphProfile` for the graph, which
+`planner.problem.graph.build_problem` turns into the solvers' `NodeCost`s; a region's
+`ModuleCheckpoint` (what `planner.apply` applies); how a sample is read (`split_sample`,
+`sample_tensors`); the training loss and step that measuring and verifying both run
+(`training_loss`, `training_step`); and which ATen calls a run counts (`counted_call`).
 
 Example:
     >>> record = gm.graph.find_nodes(op="call_module", target="fc1")[0].meta["planner.profile"]
     >>> record.saved_bytes, record.transient_bytes
+    >>> training_step(model, {"input_ids": ids, "labels": ids})
 """
 from __future__ import annotations
 

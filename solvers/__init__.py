@@ -129,5 +129,5 @@ def minimum_peak_bytes(problem: Problem) -> int:
     return minimum
 
 
-__all__ = ["InfeasibleBudget", "NodeCost", "Problem", "SOLVERS", "Solution", "Status", "minimum_peak_bytes",
-           "peak_bytes", "simulate", "solve"]
+__all__ = ["AUTO_ILP_MAX_NODES", "AUTO_ILP_TIME_LIMIT_S", "InfeasibleBudget", "NodeCost", "Problem", "SOLVERS",
+           "Solution", "Solver", "Status", "minimum_peak_bytes", "peak_bytes", "simulate", "solve"]

@@ -18,7 +18,6 @@ from solvers.solution import InfeasibleBudget, Solution, Status
 
 logger = logging.getLogger(__name__)
 
-
 MAX_NODES = 12
 
 
@@ -107,3 +106,6 @@ def solve_brute_force(problem: Problem, budget_bytes: int, **options: object) ->
         raise InfeasibleBudget(budget_bytes, minimum or problem.static_bytes, problem.static_bytes, "brute_force")
     logger.debug("brute_force: best recompute %.6g ms, peak %d bytes", best[0], best[1])
     return make_solution(problem, best[4], budget_bytes, Status.OPTIMAL, "brute_force", started, best[5])
+
+
+__all__ = ["MAX_NODES", "all_plans", "all_plans_with_keeps", "minimum_peak_brute_force", "solve_brute_force"]

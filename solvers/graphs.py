@@ -145,3 +145,6 @@ def _layered(data: dict[str, Any], path: Path) -> Problem:
         names={node: str(node) for node in nodes},
         static_bytes=sum(int(node.get("param_cost", 0)) for node in nodes.values()),
     )
+
+
+__all__ = ["load_graph"]

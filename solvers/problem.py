@@ -1,8 +1,16 @@
-"""What the solvers are asked: the graph's nodes and their costs, as plain data (no torch here);
-their answer is `solvers.solution`.
+"""What the solvers are asked: the graph's nodes and their costs (`NodeCost`) and the memory no
+plan changes (`Problem`), as plain data (no torch here); their answer is `solvers.solution`.
 
-Indexes over a `Problem` that its methods look up many times (the solvers call them in their
-inner loops): computed once per problem and cached on it.
+`Problem`'s methods price a region (`region_cost_ms`: its recomputation, checkpoint's own cost,
+a selective policy's and a run's recording), say which regions a plan may hold
+(`allows_region`, `run_span_of`) and what a region may keep (`keep_choices`). The indexes they
+look up many times, in the solvers' inner loops (`allowed_stops`, `forbidden_starts`,
+`run_structure`, `spans_by_size`, ...), are computed once per problem and cached on it.
+
+Example:
+    >>> problem = Problem(nodes=(NodeCost("a", 1.0, output_bytes=8, saves=(0,)), NodeCost("b", 2.0, uses=(0,))))
+    >>> problem.region_recompute_ms(range(0, 2))  # b saves nothing: recomputation stops after a
+    1.0
 """
 from __future__ import annotations
 
@@ -21,11 +29,7 @@ from solvers.solution import InfeasibleBudget, format_bytes
 # a run of consecutive ones (recomputing a run inside the block: its norm and the next linear's
 # input, an activation).
 MAX_KEEP_CANDIDATES = 8
-
-
 KEEP_COSTLIEST = 5
-
-
 MAX_RUN_CANDIDATES = 40
 
 
@@ -70,7 +74,8 @@ class NodeCost:
     is_output: bool = False  # returned by the graph: alive until backward starts
     random: bool = False  # draws random numbers: a region holding it keeps a copy of the RNG state
     # bytes of the buffers it writes in place (BatchNorm's running statistics): a region holding
-    # it copies them while it recomputes, to put them back after (`planner.apply.restored_buffers`)
+    # it copies them while it recomputes, to put them back after
+    # (`planner.apply.checkpoints.restored_buffers`)
     buffer_bytes: int = 0
     # Its last saved tensor is packed before it makes its output (an input or an intermediate,
     # saved before its last kernel runs: a linear, a GELU, dropout's product): recomputation that
@@ -158,7 +163,7 @@ class Problem:
     # what holding them costs the step (measured on a block against the model's prediction)
     kept_node_ms: float = 0.0
     # Submodule calls (allowed regions) inside which any run of nodes may also be a region,
-    # recomputed alone (`planner.run_checkpoint`): a dispatch mode over the call's forward
+    # recomputed alone (`planner.apply.runs`): a dispatch mode over the call's forward
     # records the run and costs `run_call_ms` per ATen call of the call, and `recorded_call_ms`
     # per call of the run (recording it, dropping what it saved), and `run_region_ms` per run
     # beyond those (hooks starting and stopping its recording, its replay's set-up and the
@@ -520,4 +525,6 @@ def allowed_set(problem: Problem) -> frozenset[range]:
     return cached
 
 
-__all__ = ['InfeasibleBudget', 'MAX_KEEP_CANDIDATES', 'NodeCost', 'Problem', 'format_bytes']
+__all__ = ["InfeasibleBudget", "KEEP_COSTLIEST", "MAX_KEEP_CANDIDATES", "MAX_RUN_CANDIDATES", "NodeCost", "Problem",
+           "allowed_set", "allowed_stops", "forbidden_starts", "format_bytes", "run_structure", "segment_set",
+           "spans_by_size", "unrecomputable"]

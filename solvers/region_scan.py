@@ -1,5 +1,5 @@
 """The bytes a region holds itself while it recomputes and while its backward runs: what the
-exact solvers add to what the nodes before the region keep (see solvers/structure.py).
+exact solvers add to what the nodes before the region keep (see `solvers.structure`).
 
 `scan_regions` walks regions starting at one node, one more node at a time; `RegionScan` reads
 it lazily for the dp solver. A region may keep nodes (`kept`: a selective-checkpoint policy),
@@ -107,7 +107,7 @@ def scan_regions(structure: Structure, problem: Problem, start: int, kept: Colle
         return (*structure.uses_before[e], *structure.holds_before[e])
 
     saver = structure.saves_for_backward
-    # (a run's replay references nothing past its stop: see `simulate.plan_buffers`)
+    # (a run's replay references nothing past its stop: see `solvers.simulate.plan_buffers`)
     referenced_until = [0] * structure.n if replayed else structure.referenced_until
     last_saver = -1
     pending: list[int] = []  # nodes after the last saver: recomputed only if a later one comes
@@ -222,3 +222,6 @@ class RegionScan:
         self._settled, self._pending_peak, self._pending_max = settled, pending_peak, pending_max
         self.last_saver, self._recompute = last_saver, recompute
         return complete
+
+
+__all__ = ["RegionScan", "scan_regions"]

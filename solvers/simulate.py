@@ -1,12 +1,4 @@
-"""The gradients in flight during backward, which no plan changes: where each gradient storage
-is made and freed, derived from the graph (or as measured, `Problem.measured_gradients`).
-`solvers.simulate` and `solvers.structure` read them.
-
-Example:
-    >>> gradient_spans(Problem(nodes=(NodeCost("a", 1.0, grad_bytes=8),)))
-    [(0, 0, 8)]
-
-The one memory simulator: peak bytes of one forward+backward under a plan.
+"""The one memory simulator: peak bytes of one forward+backward under a plan.
 
 Time is a list of steps: forward of nodes 0..n-1, then backward of n-1..0, where a region's
 recomputation runs just before the backward of its last node that saves a tensor, and only up
@@ -19,6 +11,24 @@ A node a region keeps (`kept`: a selective-checkpoint policy caches the ATen cal
 its output and saved tensors) holds them from its forward on: its output until the region's
 recomputation has no more use for it, its saved tensors until its backward. Recomputation
 skips it (no time, nothing allocated).
+
+- `simulate`, `peak_bytes`: live memory per step (`Timeline`) and its peak;
+- `plan_buffers`: every buffer of the step under a plan and the node that owns it (`Buffers`,
+  which `solvers.bound.recompute` reads);
+- `gradient_spans`: the gradients in flight during backward, which no plan changes: where each
+  gradient storage is made and freed, derived from the graph (or as measured,
+  `Problem.measured_gradients`); `solvers.structure` reads them too;
+- `make_solution`: a solver's regions re-checked with the simulator, as a `Solution`.
+
+Example:
+    >>> problem = Problem(nodes=(NodeCost("a", 1.0, output_bytes=8, grad_bytes=8),
+    ...                          NodeCost("b", 1.0, output_bytes=8, uses=(0,), saves=(0,))))
+    >>> simulate(problem).labels
+    ('forward a', 'forward b', 'backward b', 'backward a')
+    >>> peak_bytes(problem)
+    16
+    >>> gradient_spans(Problem(nodes=(NodeCost("a", 1.0, grad_bytes=8),)))
+    [(0, 0, 8)]
 """
 from __future__ import annotations
 
@@ -42,7 +52,8 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
     is freed after v's own backward. Where that reader is v's only one and hands its result's
     gradient on unchanged (`grad_aliases`: an add, a cat, an in-place add), the two share one
     storage, held until the later of them is done (with other readers autograd sums into a new
-    tensor, always where the shared storage is larger: a cat's). A shared parameter's gradient lives from its last user's backward to its first's.
+    tensor, always where the shared storage is larger: a cat's). A shared parameter's gradient
+    lives from its last user's backward to its first's.
 
     Example:
         >>> gradient_spans(Problem(nodes=(NodeCost("a", 1.0, grad_bytes=8),)))
@@ -358,3 +369,7 @@ def make_solution(
         solve_seconds=time.perf_counter() - started,
         kept=kept,
     )
+
+
+__all__ = ["Buffers", "Timeline", "gradient_spans", "held_after_forward", "make_solution", "peak_bytes", "plan_buffers",
+           "simulate", "validate_regions"]

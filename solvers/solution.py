@@ -1,6 +1,12 @@
-"""The error every solver raises when no plan fits, and how sizes are written in it.
+"""What a solver answers: a plan of regions and kept nodes (`Solution`), its cost, and how sure
+it is (`Status`); and the error every solver raises when no plan fits (`InfeasibleBudget`), with
+how sizes are written in it (`format_bytes`).
 
-What a solver answers: a plan of regions and kept nodes, its cost, and how sure it is.
+Example:
+    >>> Solution(regions=(range(0, 3),), peak_bytes=1024, recompute_ms=2.5,
+    ...          status=Status.OPTIMAL, solver="dp", solve_seconds=0.01, kept=(1,))
+    >>> format_bytes(3 * 2**29)
+    '1.50 GiB'
 """
 from __future__ import annotations
 
@@ -80,4 +86,4 @@ class Solution:
     kept: tuple[int, ...] = ()  # nodes whose outputs their regions keep (selective checkpoint)
 
 
-__all__ = ['Solution', 'Status']
+__all__ = ["InfeasibleBudget", "Solution", "Status", "format_bytes"]

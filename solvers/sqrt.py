@@ -13,12 +13,10 @@ from solvers.simulate import held_after_forward, make_solution, peak_bytes
 from solvers.solution import InfeasibleBudget, Solution, Status
 
 # On a chain of n equal nodes, k segments hold about n/k + k nodes at the peak, least at
-# k = sqrt(n); at 4 sqrt(n) they hold twice that least. Counts beyond are not tried: on the
-# 1000-node literature graph, trying every count took 26 s where no plan fit (auto pays it
-# after dp), and the least peak came at 4 segments (at 3-8 on the other literature graphs).
+# k = sqrt(n); at 4 sqrt(n) they hold twice that least. Counts beyond are not tried: on large
+# graphs, trying every count takes long where no plan fits (auto pays it after dp), and the
+# least peak comes at a few segments.
 SEGMENTS_PER_SQRT_N = 4
-
-
 ALL_COUNTS_UP_TO = 64  # (small graphs: every count)
 
 
@@ -127,3 +125,6 @@ def solve_sqrt(problem: Problem, budget_bytes: int, **options: object) -> Soluti
         best_peak = peak if best_peak is None else min(best_peak, peak)
     raise InfeasibleBudget(budget_bytes, best_peak or problem.static_bytes, problem.static_bytes, "sqrt",
                           proven=False)
+
+
+__all__ = ["ALL_COUNTS_UP_TO", "SEGMENTS_PER_SQRT_N", "allowed_segments", "max_segments", "segments", "solve_sqrt"]

@@ -1,6 +1,6 @@
 """Plan-independent quantities derived from a Problem, shared by the exact solvers.
 
-The simulator (solvers/simulate.py) walks a step timeline. For the exact solvers it helps to
+The simulator (`solvers.simulate`) walks a step timeline. For the exact solvers it helps to
 read that timeline by *position* instead. With a plan fixed, let `rho[j]` be the smallest index
 that keeps node j's first-pass output alive into backward: a saver of j that is not in a region,
 or the start of a region that is not j's own and contains a consumer of j. Then:
@@ -12,12 +12,13 @@ or the start of a region that is not j's own and contains a consumer of j. Then:
   `<= i` outside regions, the gradients in flight (`gradient_spans`, independent of the plan)
   and node i's parameter gradients; if i lies in a region [a, b) that has recomputed by then
   (its last saving node s is >= i) it also holds the region's recomputed saved tensors of
-  [a, i] and the recomputed outputs that a node in [j, i] saves (`scan_regions` below);
+  [a, i] and the recomputed outputs that a node in [j, i] saves
+  (`solvers.region_scan.scan_regions`);
 * the recomputation of a region [a, b) runs between the backward of s + 1 and that of s, so it
   holds what the backward of s holds from earlier nodes, the gradients in flight there, and
-  the region's own recomputed tensors (`scan_regions` below).
+  the region's own recomputed tensors (`solvers.region_scan.scan_regions`).
 
-`solvers/region_scan.py` computes a region's own bytes from these facts.
+`solvers.region_scan` computes a region's own bytes from these facts.
 
 Example:
     >>> structure = Structure.of(problem)
@@ -240,3 +241,6 @@ def _build(problem: Problem) -> Structure:
         startable=tuple(startable),
         useful_start=tuple(useful_start),
     )
+
+
+__all__ = ["Structure"]

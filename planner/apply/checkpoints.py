@@ -351,4 +351,5 @@ def remove_plan(model: nn.Module) -> nn.Module:
     return model
 
 
-__all__ = ['ModuleCheckpoint', 'apply_plan', 'check_modules', 'remove_plan', 'sample_shapes', 'shallow_clone']
+__all__ = ["AppliedPlan", "CheckpointedForward", "PLAN_ATTRIBUTE", "applied_plan", "apply_plan", "check_modules",
+           "remove_plan", "restored_buffers", "sample_shapes", "shallow_clone"]

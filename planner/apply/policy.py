@@ -53,4 +53,4 @@ def keep_contexts(saved_calls: tuple[tuple[str, int], ...], policy: KeepPolicy |
     return create_selective_checkpoint_contexts(policy if policy is not None else KeepPolicy(saved_calls))
 
 
-__all__ = ['KeepPolicy', 'keep_contexts']
+__all__ = ["KeepPolicy", "keep_contexts"]

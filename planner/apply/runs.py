@@ -1,52 +1,43 @@
-"""Parameters FSDP2 frees between forward and backward, gathered back for a run's replay.
-
-`fully_shard` frees a unit's gathered parameters after its forward and gathers them again just
-before its backward. A run recorded across units (in the model's own forward, from one sharded
-stage's last BatchNorm into the next stage's convolution) replays in the later unit's backward,
-while the earlier unit's parameters are freed: the replay gathers them itself and frees them
-after, as FSDP2's pre-forward hook does for a checkpointed module's recomputation.
-
-Example:
-    >>> owners = UnitParameters(sharded_units(model))
-    >>> with gathered([owners.owner(weight)]):
-    ...     replay()
-
-Recompute a run of ATen calls inside one submodule call, and nothing else of it.
+"""Recompute a run of ATen calls inside one submodule call, and nothing else of it.
 
 `checkpoint` on a submodule drops every tensor its forward saves for backward and replays the
 forward up to its last saving call; a selective policy can keep calls' outputs, but then also
 caches outputs that nothing saves (a linear's output feeding dropout). A region that is a run
 of nodes inside a block (its norm and the next linear's input, an activation) is applied here
-instead: a dispatch mode over the submodule's forward counts its ATen calls
-(`planner.apply.runs`); over the run's calls a `RunTape` records each call (op, arguments) and, once autograd has saved the call's tensors,
-re-registers those that the run itself made with pack/unpack hooks that drop them
-(`SavedTensor.register_hooks`). The first unpack in backward replays the recorded calls under
-`no_grad`, from the run's inputs (kept, as checkpoint keeps a region's inputs) and the RNG
-state saved before its first random call, and hands each dropped tensor back once. A dropped
-tensor whose autograd node is gone by then (an in-place call whose result nothing reads: its
-node is freed in forward and never runs) is not made again, as checkpoint's weak holders skip
-it: kept, it would stay alive until the run's tape is freed, after backward.
+instead, and memory is that of a region on exactly those nodes:
 
-Tensors the run saves that it did not make (its inputs, parameters) and tensors that later
-calls save stay as they are, so memory is that of a region on exactly those nodes.
-
-Example:
-    >>> tape.record(func, args, kwargs, result)  # in forward, for each of the run's calls
-    >>> tape.drop_saved(outputs)                  # once autograd saved the call's tensors
-
-Record a submodule's planned runs in its forward: which ATen calls are the runs', where
-recording starts and stops, and one dispatch mode that serves every recording at once.
-
-A run's calls are counted from a window's first submodule hook (`RunRecording`), by a
-`RunRecorder` that hands the run's calls to a `planner.apply.runs.RunTape`. Windows of
-different submodules' recordings may overlap without nesting (a run across two blocks starts
-inside the first block's forward, where a run of that block may be recording, and ends after
-it): one shared dispatch mode passes each call to every recorder that is on, in the order they
-started, so each starts and stops at its own hooks.
+- `RunTape`: one run's calls in one forward. It records each call (op, arguments) and, once
+  autograd has saved the call's tensors, re-registers those that the run itself made with
+  pack/unpack hooks that drop them (`SavedTensor.register_hooks`). The first unpack in backward
+  replays the recorded calls under `no_grad`, from the run's inputs (kept, as checkpoint keeps
+  a region's inputs) and the RNG state saved before its first random call, and hands each
+  dropped tensor back once. A dropped tensor whose autograd node is gone by then (an in-place
+  call whose result nothing reads: its node is freed in forward and never runs) is not made
+  again, as checkpoint's weak holders skip it: kept, it would stay alive until the run's tape
+  is freed, after backward. Tensors the run saves that it did not make (its inputs,
+  parameters) and tensors that later calls save stay as they are;
+- `RunRecorder`: counts a submodule's ATen calls from a window's first submodule hook and hands
+  the run's calls to a `RunTape`. Windows of different submodules' recordings may overlap
+  without nesting (a run across two blocks starts inside the first block's forward, where a
+  run of that block may be recording, and ends after it): one shared dispatch mode passes each
+  call to every recorder that is on, in the order they started, so each starts and stops at
+  its own hooks;
+- `RunRecording`: a submodule's planned runs in each of its forwards: which ATen calls are the
+  runs', and where recording starts and stops;
+- `sharded_units`, `UnitParameters`, `gathered`, `freed`: parameters FSDP2 frees between
+  forward and backward, gathered back for a run's replay. `fully_shard` frees a unit's
+  gathered parameters after its forward and gathers them again just before its backward. A run
+  recorded across units (from one sharded stage's last BatchNorm into the next stage's
+  convolution) replays in the later unit's backward, while the earlier unit's parameters are
+  freed: the replay gathers them itself and frees them after, as FSDP2's pre-forward hook does
+  for a checkpointed module's recomputation;
+- `calls_outside`: what a selective policy keeps to recompute only the runs (how torch.compile
+  applies them).
 
 Example:
     >>> recording = RunRecording(block, calls, ((52, 58),), (("norm2", 51, "mlp.1", 58),))
-    >>> out = recording.run(block_forward, x, mask)
+    >>> out = recording.run(block_forward, x, mask)  # records the runs; backward replays them
+    >>> recording.remove()
 """
 from __future__ import annotations
 
@@ -113,11 +104,7 @@ def gathered(units: Iterable[nn.Module]) -> Iterator[None]:
 
 
 _Ref = tuple[int, int]  # (call within the run, output of that call)
-
-
 _SAVED_PREFIX = "_raw_saved_"
-
-
 _saved_names: dict[type, tuple[str, ...]] = {}  # autograd node class -> its saved-tensor attributes
 
 
@@ -345,8 +332,6 @@ def _no_autocast() -> Iterator[None]:
 
 
 _SCOPE_ENTER = "profiler._record_function_enter_new.default"  # torch.profiler.record_function
-
-
 _SCOPE_EXIT = "profiler._record_function_exit._RecordFunction"
 
 
@@ -389,12 +374,13 @@ class _SharedDispatch(TorchDispatchMode):
 
 
 class RunRecorder:
-    """What records the runs of one window of a submodule call: counts its ATen calls (`counted_call`, as
-    `planner.problem.graph.run_checkpoints` does; not those inside a profiler scope that the plan does
-    not open, such as FSDP2's hooks on submodules called inside it) and records each run in
-    `runs` ((start, stop) call indices, counted from `start`) as a `RunTape`, checking each call's name against
-    `calls`, the planned ones. A call that differs stops recording (`mismatch` says where);
-    what was recorded up to it still replays.
+    """What records the runs of one window of a submodule call: counts its ATen calls
+    (`planner.core.counted_call`, as `planner.problem.graph.run_checkpoints` does; not those
+    inside a profiler scope that the plan does not open, such as FSDP2's hooks on submodules
+    called inside it) and records each run in `runs` ((start, stop) call indices, counted from
+    `start`) as a `RunTape`, checking each call's name against `calls`, the planned ones. A
+    call that differs stops recording (`mismatch` says where); what was recorded up to it still
+    replays.
 
     Example:
         >>> with RunRecorder(calls=("aten.native_layer_norm.default", "aten.t.default"), runs=((0, 1),)):
@@ -561,4 +547,5 @@ def calls_outside(calls: Sequence[str], runs: Sequence[tuple[int, int]]) -> tupl
     return tuple(found)
 
 
-__all__ = ['RunRecorder', 'RunRecording', 'RunTape', 'UnitParameters', 'calls_outside', 'counted_call', 'freed', 'gathered', 'sharded_units']
+__all__ = ["RunRecorder", "RunRecording", "RunTape", "UnitParameters", "calls_outside", "freed", "gathered",
+           "sharded_units"]

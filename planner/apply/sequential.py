@@ -56,4 +56,4 @@ def buffers_of_children(module: nn.Sequential, names: Sequence[str], start: int,
     return tuple(name for name in names if name.split(".", 1)[0] in children)
 
 
-__all__ = ['Segment', 'buffers_of_children', 'run_segments']
+__all__ = ["SliceCheckpoint", "buffers_of_children", "run_segments"]

@@ -1,27 +1,27 @@
-"""Hugging Face architectures built from a config on the `meta` device: plan a 70B model on a
-laptop without downloading or allocating anything.
+"""The command line's models and samples: `MODEL` (a built-in example or
+`package.module:factory`, `load_model`; `hf:TYPE`, `load_hf_model`), `--sample` resizing
+(`parse_shapes`, `resize_sample`) and `--device` (`to_device`), with one-line errors
+(`UsageError`, `FactoryError`).
+
+Hugging Face architectures are built from a config on the `meta` device (`build`): plan a 70B
+model on a laptop without downloading or allocating anything.
 
     ckpt-plan plan hf:llama --config hidden_size=4096,num_hidden_layers=32 --seq 4096 --target h100
 
 `hf:<model_type>` names any architecture `transformers.AutoConfig.for_model` knows (llama,
-gpt2, bert, mistral, qwen2, vit, ...); `config` overrides the defaults of its config. The model
-gets its task head (causal LM, else masked LM, else image classification, else the bare
-model), `use_cache=False`, and the dtype given (else the config's, else float32). The sample
-is `input_ids` and `labels` of shape (batch, seq), or `pixel_values` and `labels` for vision
-models, on `meta` too.
-
-Example:
-    >>> model, sample = build("llama", {"num_hidden_layers": 2}, batch=1, seq=128)
-    >>> next(model.parameters()).device
-    device(type='meta')
-
-The command line's models and samples: `MODEL` (a built-in example, `hf:TYPE`, or
-`package.module:factory`), `--sample` resizing and `--device`, with one-line errors.
+gpt2, bert, mistral, qwen2, vit, ...); `config` overrides the defaults of its config
+(`parse_config`). The model gets its task head (causal LM, else masked LM, else image
+classification, else the bare model), `use_cache=False`, and the dtype given (else the
+config's, else float32). The sample is `input_ids` and `labels` of shape (batch, seq), or
+`pixel_values` and `labels` for vision models, on `meta` too.
 
 Example:
     >>> model, sample = load_model("mlp")
     >>> resize_sample(sample, parse_shapes("8x256")).shape
     torch.Size([8, 256])
+    >>> model, sample = build("llama", {"num_hidden_layers": 2}, batch=1, seq=128)
+    >>> next(model.parameters()).device
+    device(type='meta')
 """
 from __future__ import annotations
 
@@ -170,16 +170,14 @@ def _import_module(module_name: str, spec: str) -> Any:
 
 
 def load_hf_model(spec: str, args: argparse.Namespace) -> tuple[nn.Module, Any]:
-    """Build `hf:TYPE` from `--config`, `--batch`, `--seq` and `--dtype` (see `planner.cli.models`).
+    """Build `hf:TYPE` from `--config`, `--batch`, `--seq` and `--dtype` (see `build`).
 
     Example:
         >>> load_hf_model("hf:gpt2", build_parser().parse_args(["plan", "hf:gpt2", "--target", "h100"]))
     """
-    from planner.cli import models as hf
-
     try:
-        overrides = hf.parse_config(args.config)
-        return hf.build(spec.removeprefix(hf.PREFIX), overrides, batch=args.batch, seq=args.seq or 512, dtype=args.dtype)
+        overrides = parse_config(args.config)
+        return build(spec.removeprefix(PREFIX), overrides, batch=args.batch, seq=args.seq or 512, dtype=args.dtype)
     except ImportError as error:
         raise UsageError(f"MODEL {spec!r}: {error}") from None
     except (ValueError, TypeError) as error:
@@ -323,3 +321,7 @@ def to_device(model: nn.Module, sample: Any, name: str) -> tuple[nn.Module, Any]
 def first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__
+
+
+__all__ = ["FactoryError", "PREFIX", "UsageError", "build", "first_line", "load_hf_model", "load_model", "parse_config",
+           "parse_shapes", "resize_sample", "to_device"]

@@ -7,3 +7,5 @@ nodes they recompute, measured where the plan runs.
 - `calls`, `step`, `block_price`, `node_rounds`: readings off the model's own training steps
   (`effort="thorough"`).
 """
+
+__all__: list[str] = []

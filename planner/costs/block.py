@@ -1,23 +1,23 @@
-"""One submodule call taken out of the model to be timed alone: its arguments captured from a
-forward, fresh copies of them for each timed call, and a backward through what it returned
-(`planner.costs.block`, `planner.costs.calls`).
+"""What checkpoint, a selective policy and run recording cost inside one of the model's own
+blocks, measured where the model runs (`planner.costs.overhead` measures them on tiny modules).
+
+A real block's ops cost a selective policy more per ATen call than a tiny module's do (more
+arguments to inspect, colder caches), and checkpoint more per saved tensor, so these costs are
+read on one of the model's own blocks, taken out of the model to be timed alone:
+
+- `captured_call`, `fresh_inputs`, `backward_from`: a submodule call's arguments captured from
+  a forward, fresh copies of them for each timed call, and a backward through what it returned
+  (`planner.costs.calls` times its calls with them too);
+- `selective_costs_on` (and `selective_costs_in_model`, on a submodule of the model): a block's
+  steps and forwards timed in alternating rounds (plain, checkpointed, under a policy, under a
+  `RunRecorder` counting or recording and replaying every call), read as a `SelectiveCost`;
+- `selective_overhead_for_plan`: picks the block and turns its figures into the problem's cost
+  terms (`MeasuredCosts`).
 
 Example:
     >>> args, kwargs = captured_call(model, "blocks.0", lambda: model(x))
     >>> block = model.get_submodule("blocks.0")
     >>> backward_from(block, block(*fresh_inputs(args), **kwargs))
-
-What checkpoint, a selective policy and run recording cost inside one of the model's own
-blocks, measured where the model runs (`planner.costs.overhead` measures them on tiny modules).
-
-A block's real ops cost more than a tiny module's: a selective policy about twice as much per
-ATen call on this CPU, checkpoint about twice as much per saved tensor. `selective_costs_on`
-times a block's steps and forwards in alternating rounds (plain, checkpointed, under a policy,
-under a `RunRecorder` counting or recording and replaying every call);
-`selective_overhead_for_plan` picks the block and turns the results into the problem's cost
-terms (`MeasuredCosts`).
-
-Example:
     >>> costs = selective_overhead_for_plan(model, problem, wrapped, torch.device("cpu"), True,
     ...                                     lambda: model(x), lambda region, kept: saved_calls(gm, region, kept))
     >>> problem = dataclasses.replace(problem, **dataclasses.asdict(costs))
@@ -116,15 +116,11 @@ def clear_grads(module: nn.Module) -> None:
 
 logger = logging.getLogger(__name__)
 
-
 _FORWARDS = 4  # forwards per timed step where a dispatch mode's cost is read off forwards alone
-
-
 # Rounds of a block's steps at most, while its policy's cost per ATen call cannot be told from
-# the tiny modules' (`selective_overhead_for_plan`): in 60 rounds BERT's and GPT-2's layers read
-# 28 and 39 us against 15-16 us, which 15 rounds often leave undecided (ViT's layer read +0.05 ms,
-# 95% +0.01 to +0.07, against 0.01 priced, which stood: its 80% plan, keeping 28 nodes, was then
-# predicted at 32 ms against +69 measured; benchmarks/RESULTS.md, 2026-12-02 16:04).
+# the tiny modules' (`selective_overhead_for_plan`): a real block's cost per call can be about
+# twice the tiny modules', a difference `FINE_ROUNDS` rounds often leave undecided, and the tiny
+# price standing for it prices plans that keep many nodes far below what they measure.
 MAX_BLOCK_ROUNDS = 3 * FINE_ROUNDS
 
 
@@ -209,25 +205,25 @@ def selective_costs_on(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
                        ) -> SelectiveCost:
     """What a selective policy adds inside one of the model's own submodules (called with `args`,
     `kwargs` as captured from a forward). Per call: the step-time difference between plain and
-    selective checkpoint of it (the plans' policy keeping nothing), less `per_region_ms`, over
-    the calls the policy sees (its forward's and its recomputation's), pooled round by round
-    with the difference between forwards alone with and without the policy's forward mode, over
-    their calls (a ViT layer read 23-74 us per call from either alone in 15 rounds). Real ops
-    cost the policy more than the tiny modules' (more arguments to inspect, colder caches). Per
-    kept node, with `kept`: what keeping `kept.nodes` (caching `kept.calls`) costs beyond the
-    policy's calls, less the recomputation it skips (`kept.skipped_ms`, predicted from node times): caching and handing
-    back outputs, and holding them through the step. Recording runs: per call counted, forwards
-    alone with and without a `RunRecorder`; per call recorded, a step recording every call (its
-    backward replays them) against one only counting, less a forward's time (what node times
-    predict the replay at). Checkpoint's own cost per call: a checkpointed step against an
-    unchecked one, less a forward. Recomputation and replay stop at the last call that makes a
-    saved tensor (a block ending in a linear and a residual add skips both), so "a forward" is
-    the forward's measured time times `replayed_share`, the share of its node time that
-    recomputation runs (`recomputed_share`). Differences are medians over rounds of paired
-    times, each with its interval (`SelectiveCost.intervals`, at `clock.READING_LEVEL`), over
-    `FINE_ROUNDS` rounds, and `FINE_ROUNDS` more at a time, up to `max_rounds`, while
-    `undecided(cost)` says a figure the caller needs cannot yet be told from its price. The
-    caller restores the module's state (buffers, RNG).
+    selective checkpoint of it (the plans' policy keeping nothing), less `per_region_ms`, over the
+    calls the policy sees (its forward's and its recomputation's), pooled round by round with the
+    difference between forwards alone with and without the policy's forward mode, over their calls
+    (either alone is noisy in few rounds; pooled, they halve each other's noise). Real ops cost the
+    policy more than the tiny modules' (more arguments to inspect, colder caches). Per kept node,
+    with `kept`: what keeping `kept.nodes` (caching `kept.calls`) costs beyond the policy's calls,
+    less the recomputation it skips (`kept.skipped_ms`, predicted from node times): caching and
+    handing back outputs, and holding them through the step. Recording runs: per call counted,
+    forwards alone with and without a `RunRecorder`; per call recorded, a step recording every call
+    (its backward replays them) against one only counting, less a forward's time (what node times
+    predict the replay at). Checkpoint's own cost per call: a checkpointed step against an unchecked
+    one, less a forward. Recomputation and replay stop at the last call that makes a saved tensor (a
+    block ending in a linear and a residual add skips both), so "a forward" is the forward's
+    measured time times `replayed_share`, the share of its node time that recomputation runs
+    (`recomputed_share`). Differences are medians over rounds of paired times, each with its
+    interval (`SelectiveCost.intervals`, at `clock.READING_LEVEL`), over `FINE_ROUNDS` rounds, and
+    `FINE_ROUNDS` more at a time, up to `max_rounds`, while `undecided(cost)` says a figure the
+    caller needs cannot yet be told from its price. The caller restores the module's state (buffers,
+    RNG).
 
     Example:
         >>> selective_costs_on(model.blocks[0], (h,), {}, 0.07, torch.device("cpu")).per_call_ms
@@ -353,20 +349,20 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
                                 max_rounds: int = MAX_BLOCK_ROUNDS) -> MeasuredCosts:
     """A selective policy's cost per region, per ATen call and per kept node
     (`Problem.keep_region_ms`, `keep_call_ms`, `kept_node_ms`): from tiny modules and, where the
-    model runs here, on its own submodule with the most keepable nodes, a block (its real ops
-    cost the policy more), keeping all of them (`calls_of(region, kept)`: the calls to cache).
-    (0, 0, 0) where nothing is keepable. What recording runs costs per ATen call of the submodule
-    and per call recorded (`Problem.run_call_ms`, `recorded_call_ms`), measured on that block.
-    And checkpoint's cost per saved tensor (`Problem.saved_tensor_ms`): the tiny modules' unless
-    checkpoint of that block costs more than the tiny modules' figures predict for it (on this
-    CPU, about twice as much). Each figure read off the block stands only where its rounds tell
-    it from its price, else that price does (`SelectiveCost.figure`): the tiny modules' figures;
-    per kept node, nothing; per call counted or recorded, the policy's cost per call (the
-    block's, where read), which also stands in for both where no block is measured. The block
-    is timed in more rounds, up to `MAX_BLOCK_ROUNDS`, while its policy's cost per call cannot
-    be told from the tiny modules' figure, on which the other prices hang. (Where the
-    model's whole step runs here, `planner.costs.step` reads the cost per call and per saved
-    tensor off that step instead, and what a run costs beyond them, `Problem.run_region_ms`.)
+    model runs here, on its own submodule with the most keepable nodes, a block (its real ops cost
+    the policy more), keeping all of them (`calls_of(region, kept)`: the calls to cache). (0, 0, 0)
+    where nothing is keepable. What recording runs costs per ATen call of the submodule and per call
+    recorded (`Problem.run_call_ms`, `recorded_call_ms`), measured on that block. And checkpoint's
+    cost per saved tensor (`Problem.saved_tensor_ms`): the tiny modules' unless checkpoint of that
+    block costs more than the tiny modules' figures predict for it (a real block's can cost about
+    twice as much). Each figure read off the block stands only where its rounds tell it from its
+    price, else that price does (`SelectiveCost.figure`): the tiny modules' figures; per kept node,
+    nothing; per call counted or recorded, the policy's cost per call (the block's, where read),
+    which also stands in for both where no block is measured. The block is timed in more rounds, up
+    to `MAX_BLOCK_ROUNDS`, while its policy's cost per call cannot be told from the tiny modules'
+    figure, on which the other prices hang. (Where the model's whole step runs here,
+    `planner.costs.step` reads the cost per call and per saved tensor off that step instead, and
+    what a run costs beyond them, `Problem.run_region_ms`.)
 
     Example:
         >>> selective_overhead_for_plan(model, problem, wrapped, torch.device("cpu"), True, lambda: model(x),
@@ -400,8 +396,7 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
             # far price it at (per kept node: nothing); then that price stands. Counting and
             # recording runs are priced by the policy's cost per call in this block, not the tiny
             # modules': all three are a dispatch mode's Python work per ATen call, and in a block
-            # each read 2-3x the tiny modules' (BERT's and GPT-2's layers in 60 rounds: policy
-            # 28-39 us, counting 41-43 us, against 15-16 us), though 15 rounds rarely tell
+            # each costs two to three times the tiny modules', though few rounds rarely tell
             # counting's or recording's reading from the tiny price alone.
             name = wrapped[region].module
             per_call = cost.figure("per_call_ms", per_call, f"a selective policy per ATen call in {name}")
@@ -424,4 +419,6 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     return MeasuredCosts(per_region, per_call, per_kept, per_counted, per_recorded, per_saved_tensor)
 
 
-__all__ = ['KeptCalls', 'MAX_BLOCK_ROUNDS', 'MeasuredCosts', 'SelectiveCost', 'backward_from', 'captured_call', 'clear_grads', 'fresh_inputs', 'recomputed_share', 'selective_costs_in_model', 'selective_costs_on', 'selective_overhead_for_plan']
+__all__ = ["KeptCalls", "MAX_BLOCK_ROUNDS", "MeasuredCosts", "SelectiveCost", "backward_from", "captured_call",
+           "clear_grads", "fresh_inputs", "recomputed_share", "selective_costs_in_model", "selective_costs_on",
+           "selective_overhead_for_plan"]

@@ -1,15 +1,27 @@
-"""Each block's own forward, backward and recomputation time inside a training step, read off
-hooks (`planner.costs.block_price` reads checkpoint's cost per block with them).
+"""Checkpoint's own cost per block, read within one training step: the blocks' figure that
+`planner.costs.step` splits into a cost per call and per saved tensor.
 
-A step's time difference between two configurations carries the noise of the whole step; a
-block's own segments carry only theirs, and two blocks of one step share the machine's load.
-Forward: from the block's forward pre-hook to its forward hook. Backward: from the gradient of
-its output (a tensor hook) to the gradient of its input, which for blocks in sequence is
-complete once the block's own backward nodes have run (and, for a checkpointed block, its
-recomputation). Recomputation: a clock around a checkpointed block's own forward inside
-checkpoint (`apply.CheckpointedForward.original`), whose second call in a step is the
-recomputation; it runs the forward without `__call__`, so it fires no forward hook. On CUDA
-each mark is an event on the stream, so the times are the GPU's, not the host's launches.
+Across steps (a plan against the unplanned model), the machine's load drifts between the two
+steps, and their difference carries the noise of the whole step: its interval can be many
+times wider than what checkpoint itself costs a block. Within one step the load barely drifts,
+and a block's own segments carry only their noise. So half of the model's blocks are
+checkpointed (even blocks, then odd ones, as two configurations in each round) and each block's
+forward, backward and recomputation are timed inside the step: per step, the checkpointed
+blocks' mean forward+backward less their recomputation, less the plain blocks' mean
+forward+backward; the two halves averaged per round, so a block's position cancels.
+
+- `BlockSegments`: hooks that time each block's segments. Forward: from the block's forward
+  pre-hook to its forward hook. Backward: from the gradient of its output (a tensor hook) to
+  the gradient of its input, which for blocks in sequence is complete once the block's own
+  backward nodes have run (and, for a checkpointed block, its recomputation). Recomputation: a
+  clock around a checkpointed block's own forward inside checkpoint
+  (`planner.apply.checkpoints.CheckpointedForward.original`), whose second call in a step is
+  the recomputation; it runs the forward without `__call__`, so it fires no forward hook. On
+  CUDA each mark is an event on the stream, so the times are the GPU's, not the host's
+  launches;
+- `round_cost`: one round's reading off the two halves' segments;
+- `within_step_block_ms`: the rounds, until the reading can be told from its price, as a
+  `BlockReading`.
 
 Example:
     >>> segments = BlockSegments(model, ["h.0", "h.1"], torch.device("cpu"))
@@ -17,23 +29,6 @@ Example:
     >>> segments.take()
     {'h.0': (28.7, 30.5, None), 'h.1': (28.4, 58.6, 27.9)}
     >>> segments.remove()
-
-Checkpoint's own cost per block, read within one training step (the blocks' figure that
-`planner.costs.step` splits into a cost per call and per saved tensor).
-
-Across steps, a plan against the unplanned model, the machine's load drifts between the two
-steps: in planning's 9 paired rounds BERT's six checkpointed blocks read +205 ms beyond the
-unplanned step with a 99.5% interval 121 ms wide, about a millisecond a block of which is
-checkpoint's own cost. Within one step it barely drifts. So half of the model's blocks are
-checkpointed (even blocks, then odd ones, as two configurations in each round) and each block's
-forward, backward and recomputation are timed inside the step (`block_segments.BlockSegments`):
-per step, the checkpointed blocks' mean forward+backward less their recomputation, less the
-plain blocks' mean forward+backward; the two halves averaged per round, so a block's position
-cancels. At 40 rounds its 95% interval was 0.7-1.0 ms wide per block on four transformers,
-against 3.0-3.4 ms across steps from the same rounds, and read 0.6-1.3 ms a block more than
-the figures priced (benchmarks/RESULTS.md, session notes of 2026-12-04 05:05-).
-
-Example:
     >>> reading = within_step_block_ms(model, problem, large_calls(problem, wrapped), wrapped,
     ...                                lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
     >>> reading.per_block_ms, reading.interval
@@ -63,8 +58,6 @@ from planner.measure.memory import preserved_state
 from solvers import Problem
 
 Mark = Any  # a perf_counter reading (CPU) or a recorded torch.cuda.Event (CUDA)
-
-
 Segment = tuple[float, float | None, float | None]  # forward, backward, recomputation (ms)
 
 
@@ -202,16 +195,11 @@ class BlockSegments:
 
 logger = logging.getLogger(__name__)
 
-
 # Rounds (each: one step with the even blocks checkpointed, one with the odd ones), and half as
-# many more at a time while the reading cannot be told from its price, up to 40: in the probe,
-# 9 rounds decided no model's reading at 95% (widths 1.7-2.6 ms a block), 40 decided all four.
+# many more at a time while the reading cannot be told from its price, up to 40: a block's
+# reading needs tens of rounds before its interval is narrow enough to tell it from its price.
 BLOCK_PRICE_ROUNDS = 20
-
-
 MAX_BLOCK_PRICE_ROUNDS = 40
-
-
 # The read's time at most, its next batch of rounds included (`clock.until_decided`).
 MAX_READ_S = 45.0
 
@@ -273,7 +261,7 @@ def within_step_block_ms(model: nn.Module, problem: Problem, blocks: Sequence[ra
                          wrapped: dict[range, ModuleCheckpoint], train_step: Callable[[nn.Module], None],
                          device: torch.device) -> BlockReading | None:
     """Checkpoint's own cost per block of `blocks` (every call of the model's repeated block,
-    `step_regions.large_calls`) read within the model's step, `train_step(module)` (forward,
+    `planner.costs.step.large_calls`) read within the model's step, `train_step(module)` (forward,
     loss, backward), on two copies sharing the parameters, each checkpointing half of the
     blocks. `BLOCK_PRICE_ROUNDS` rounds, more while the reading's interval holds the blocks'
     price under `problem`'s figures (`Problem.checkpoint_ms`). None where there are fewer
@@ -340,4 +328,5 @@ def within_step_block_ms(model: nn.Module, problem: Problem, blocks: Sequence[ra
     return reading
 
 
-__all__ = ['BLOCK_PRICE_ROUNDS', 'BlockReading', 'BlockSegments', 'MAX_BLOCK_PRICE_ROUNDS', 'MAX_READ_S', 'Segment', 'first_tensor', 'round_cost', 'within_step_block_ms']
+__all__ = ["BLOCK_PRICE_ROUNDS", "BlockReading", "BlockSegments", "MAX_BLOCK_PRICE_ROUNDS", "MAX_READ_S", "Mark",
+           "Segment", "first_tensor", "round_cost", "within_step_block_ms"]

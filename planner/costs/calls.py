@@ -2,24 +2,22 @@
 model runs (`Problem.region_overhead_ms`).
 
 The price of a call and of a saved tensor comes from tiny linear + tanh modules
-(`planner.costs.overhead`) and from a block (`planner.costs.block`). Real small submodules cost more
-per call, for two reasons measured on Llama (benchmarks/RESULTS.md, session notes of
-2026-12-03 15:25-): its RMSNorm, 13 calls in a row alone, cost 0.76 ms a call beyond one
-forward, against 0.45 priced; and a checkpoint call's forward costs more inside the model's
-forward than alone (forwards alone, 100 rounds: +0.43 ms a call in the model against +0.13
-alone), as other Python work does there (a selective policy per ATen call, `planner.costs.block`).
+(`planner.costs.overhead`) and from a block (`planner.costs.block`). Real small submodules cost
+more per call, for two reasons: a checkpoint call of a real submodule costs more beyond its
+forward than a tiny module's, and a checkpoint call's forward costs more inside the model's
+forward than alone, as other Python work does there (a selective policy per ATen call,
+`planner.costs.block`).
 
 So both are measured on every call of the repeated submodule that recomputes least
-(`step_regions.small_calls`: a norm): alone, those calls in one step on the first one's
+(`planner.costs.step.small_calls`: a norm): alone, those calls in one step on the first one's
 captured input, checkpointed as the plan applies it and not, less their recomputation as the
 problem prices it (its node times); and in the model's forward, the model with all of them
 checkpointed against the unplanned one, forwards alone, less the same calls' forwards alone
 checkpointed and not. Their sum, per call, is what such a call costs the step beyond its
 recomputation; less its saved tensors at the problem's figure, it is the cost per call, where
-the rounds tell it from the figure held so far (`clock.reading_or_price`). Forwards alone are
-a third of a step and far less noisy than the model's whole steps (`planner.costs.step`, whose
-readings of the same calls span +-40 ms in 9 rounds): the 13 norms above read +-0.15 ms a
-call at 95% in 100 rounds. Six SiLU calls at the planner's 99.5% are wider (below).
+the rounds tell it from the figure held so far (`planner.measure.clock.reading_or_price`).
+Forwards alone are a third of a step and far less noisy than the model's whole steps (whose
+readings `planner.costs.step` takes), so they can tell a call's cost from its price.
 
 Example:
     >>> per_call = small_call_cost(model, problem, wrapped, torch.device("cpu"), lambda m: m(x))
@@ -49,26 +47,17 @@ from solvers import Problem
 
 logger = logging.getLogger(__name__)
 
-
 # Rounds of the model's forwards and the calls alone, and half as many more at a time while the
-# reading cannot be told from its price: on Llama, 60 rounds of 6 SiLU calls read 0.04-0.81 ms a
-# call in four plannings, each with a 99.5% interval +-0.7 ms wide or more, against 0.34 priced.
-# At most 80: BERT's 7 GELU calls were still undecided after 120 rounds (+0.47 ms, 99.5% -0.06
-# to +1.21, against 0.20), which took a minute of its planning's 137 s.
+# reading cannot be told from its price: a few calls' reading at the planner's 99.5% level stays
+# wider than its distance from the price for tens of rounds. At most 80: a reading still
+# undecided by then may stay so for many more rounds, each a share of the planning's time.
 CALL_ROUNDS = 40
-
-
 MAX_CALL_ROUNDS = 80
-
-
-# The read's time at most, its next batch of rounds included (`clock.timed_until_decided`):
-# BERT's 120 rounds took a minute.
+# The read's time at most, its next batch of rounds included (`clock.timed_until_decided`).
 MAX_READ_S = 45.0
-
-
 # Calls that recompute more than this many times the figure so far are not read: the noise of
 # their recomputation swamps a call's cost, and their steps alone take long (a CNN whose least
-# recomputing repeated submodule is a residual stage: 80 rounds, over three minutes of planning).
+# recomputing repeated submodule is a residual stage).
 RECOMPUTE_LIMIT = 10.0
 
 
@@ -79,8 +68,8 @@ def small_call_cost(model: nn.Module, problem: Problem, wrapped: dict[range, Mod
     (`forward_of(module)`, with gradients on), beyond their recomputation (the problem's node
     times) and their saved tensors (`Problem.saved_tensor_ms`); the problem's figure where the
     rounds cannot tell the two apart, where the model has no such calls, or where each
-    recomputes more than `RECOMPUTE_LIMIT` times that figure. The caller
-    restores the model's state (buffers, RNG).
+    recomputes more than `RECOMPUTE_LIMIT` times that figure. The caller restores the model's
+    state (buffers, RNG).
 
     Example:
         >>> small_call_cost(model, problem, wrapped, torch.device("cpu"), lambda m: m(x))
@@ -160,4 +149,4 @@ def _read_on_calls(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
     return per_call
 
 
-__all__ = ['CALL_ROUNDS', 'MAX_CALL_ROUNDS', 'MAX_READ_S', 'RECOMPUTE_LIMIT', 'small_call_cost']
+__all__ = ["CALL_ROUNDS", "MAX_CALL_ROUNDS", "MAX_READ_S", "RECOMPUTE_LIMIT", "small_call_cost"]

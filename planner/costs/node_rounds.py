@@ -1,21 +1,17 @@
 """Node times read in the same stretch of time as the steps they are compared with.
 
 `plan()` first times every node in a few passes of the traced graph, back to back: a second or
-two. On a shared CPU the machine's speed moves by 20-30% within seconds, so those times can
-all be high or all low together, and every figure later read off the model's steps (a
-recomputation's cost beyond its nodes' times) then carries that error. (Three plannings of
-TinyGPT in a row summed its forward's node times to 354, 277 and 265 ms.) `NodeRounds` times
-every node once more in each round of those steps, one whole pass of the graph per round, and
-prices the problem with each node's mean over the rounds: node times and step readings from
-the same minute. `benchmarks/retime.py` does the same between the benchmark's steps.
+two. On a shared machine the speed moves within seconds, so those times can all be high or
+all low together, and every figure later read off the model's steps (a recomputation's cost
+beyond its nodes' times) then carries that error. `NodeRounds` times every node once more in
+each round of those steps, one whole pass of the graph per round, and the problem is priced
+with each node's mean over the rounds (`with_node_times`): node times and step readings from
+the same stretch of time. `benchmarks/retime.py` does the same between the benchmark's steps.
 
 Means, not medians: a node's times are skewed (most passes fast, a few slowed by whatever else
 the machine runs), and a step, hundreds of nodes long, pays every node's slow passes in
 proportion, so its recomputation costs the sum of its nodes' means. The sum of their medians
-leaves the slow passes out: on Llama's graph, 30 passes summed the nodes' medians to 122.9 ms
-and their means to 130.1 ms (the passes' own totals: median 127.5, mean 130.1). Two plans,
-priced from the rounds' node medians, measured 9.5% and 17% over that price in 100 rounds
-(benchmarks/RESULTS.md, "Session notes (2026-12-03 09:23-)").
+leaves the slow passes out, and prices plans below what they measure.
 
 Example:
     >>> rounds = NodeRounds(traced.gm, inputs, torch.device("cpu"))
@@ -42,8 +38,8 @@ NodeTimes = dict[str, tuple[float, float | None]]
 
 class NodeRounds:
     """Every compute node of `gm` timed once per `measure()`: one pass of the graph on `inputs`,
-    autograd on, as `planner.measure.profile` times them (`TimingInterpreter`); the graph's buffers
-    and the RNG are left as they were."""
+    autograd on, as `planner.measure.profile` times them (`TimingInterpreter`); the graph's
+    buffers and the RNG are left as they were."""
 
     def __init__(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], device: torch.device) -> None:
         self.gm = gm
@@ -74,9 +70,7 @@ class NodeRounds:
 
     def described(self, timing: str) -> str:
         """`timing` (how node times were read) with how far the passes' forward times spread:
-        the clock's noise that the plan's times (means over the passes) carry. On this
-        project's shared CPU, one planning's 10 passes summed GPT-2's forward to 196.7-266.3 ms
-        (benchmarks/RESULTS.md, 2026-12-03 04:27).
+        the clock's noise that the plan's times (means over the passes) carry.
 
         Example:
             >>> rounds.described("time.perf_counter")
@@ -120,4 +114,4 @@ def with_node_times(problem: Problem, times: NodeTimes) -> Problem:
     return replace(problem, nodes=tuple(nodes))
 
 
-__all__ = ['NodeRounds', 'NodeTimes', 'with_node_times']
+__all__ = ["NodeRounds", "NodeTimes", "with_node_times"]

@@ -4,17 +4,16 @@ Each region runs under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`,
 work beyond recomputing its nodes: a fixed part per call (the recompute dispatch, a copy of the
 RNG state where the region draws random numbers) and a part per tensor its nodes save (the
 saved-tensor hooks pack each one in forward, recomputation stores it again, backward unpacks
-it: about 11 us each on this CPU, so a block that saves a hundred tensors pays about 1 ms).
+it, so a block that saves a hundred tensors pays that part a hundred times).
 The solvers add both per region (`Problem.region_overhead_ms`, `Problem.saved_tensor_ms`).
 
 They are measured as the step-time difference of tiny modules of two depths run with and
 without checkpoint (their recomputation is subtracted), in alternating rounds (the median of
-paired differences, `planner.measure.clock`); the line through the two gives both figures. Both are
-measured once per device and process. On a GPU they are kernel time alone (`timed_rounds(...,
-kernels_only=True)`): inside backward the queue of kernels hides checkpoint's host work, and
-on an H100 plans cost what their recomputed nodes' kernels alone predicted (GPT, GPT-2 and the
-CNN within 10% or 2 ms; benchmarks/RESULTS.md, 2026-11-27 08:27-08:36). What the model's
-own step pays beyond that, `planner.costs.step` measures there.
+paired differences, `planner.measure.clock`); the line through the two gives both figures.
+Both are measured once per device and process. On a GPU they are kernel time alone
+(`timed_rounds(..., kernels_only=True)`): inside backward the queue of kernels hides
+checkpoint's host work, so plans there cost about what their recomputed nodes' kernels alone
+predict. What the model's own step pays beyond that, `planner.costs.step` measures there.
 
 A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that sees
 every ATen call of its forward and of its recomputation. `selective_overhead_ms` measures what
@@ -43,14 +42,8 @@ from planner.apply.policy import keep_contexts
 from planner.measure.clock import paired_difference, timed_rounds
 
 _WIDTH = 8  # the tiny module: recomputation is negligible next to checkpoint's own work
-
-
 _CALLS = 50  # checkpoint calls per timed step
-
-
 _ROUNDS = 7
-
-
 # Where a small difference is read off larger steps (checkpoint's cost per saved tensor, the
 # policy's cost per call inside a real submodule), more rounds.
 FINE_ROUNDS = 15
@@ -145,15 +138,16 @@ class _CallCounter(TorchDispatchMode):
 
 
 def selective_contexts():  # type: ignore[no-untyped-def]
-    """The contexts of the policy plans apply (`keep_policy.KeepPolicy`), keeping nothing: its
-    Python work per call is what a region pays whatever it keeps."""
+    """The contexts of the policy plans apply (`planner.apply.policy.KeepPolicy`), keeping
+    nothing: its Python work per call is what a region pays whatever it keeps."""
     return keep_contexts(())
 
 
 def forward_calls(module: nn.Module, *args: Any, **kwargs: Any) -> list[str]:
     """The ATen calls of one forward of `module` with grad on, as `NodeCost.aten_calls` counts
-    them (`planner.measure.holds`: a no-grad forward may dispatch other kernels). A region's policy is
-    charged for twice as many per checkpoint call: the forward's and the recomputation's."""
+    them (`planner.measure.holds`: a no-grad forward may dispatch other kernels). A region's
+    policy is charged for twice as many per checkpoint call: the forward's and the
+    recomputation's."""
     counter = _CallCounter()
     with counter:
         module(*args, **kwargs)
@@ -165,7 +159,8 @@ def selective_overhead_ms(device: torch.device) -> tuple[float, float]:
     """Milliseconds a selective-checkpoint policy adds to a checkpoint call on `device`: per
     region, and per ATen call it sees (forward and recomputation; both at least 0). Measured as
     the step-time difference between plain and selective checkpoint of tiny modules of two
-    lengths, in alternating rounds (paired differences); the line through the two gives both figures.
+    lengths, in alternating rounds (paired differences); the line through the two gives both
+    figures.
 
     Example:
         >>> per_region, per_call = selective_overhead_ms(torch.device("cpu"))
@@ -197,4 +192,4 @@ def _measure_selective(device: torch.device, depth: int) -> tuple[int, float]:
     return seen, paired_difference(times, "selective", "plain") / _CALLS
 
 
-__all__ = ['checkpoint_overhead_ms', 'selective_overhead_ms']
+__all__ = ["FINE_ROUNDS", "checkpoint_overhead_ms", "forward_calls", "selective_contexts", "selective_overhead_ms"]

@@ -1,65 +1,45 @@
-"""Reading figures off regions timed in the model's step. Two figures at once from two sets of
-regions (`fit_two`): what each region costs beyond its recomputation, split into a cost per
-region and a cost per unit of what it holds (saved tensors for checkpoint calls, recorded ATen
-calls for runs). And whether the step says the node times are too high (`node_times_high`), and
-by how much to scale them down then (`node_time_scale`, `scaled_node_times`).
+"""What a checkpoint call, each tensor it saves, a run recomputed alone and a region keeping
+nodes cost inside the model's own training step, beyond the figures that price their parts
+(`Problem.region_overhead_ms`, `Problem.saved_tensor_ms`, `Problem.run_region_ms`,
+`Problem.recorded_call_ms`, `Problem.keep_region_ms`).
 
-Each set gives one equation, measured_ms - predicted_ms = regions * a + units * b; the two
-sets differ in units per region (norms save few tensors, blocks many; short runs record few
-calls, long runs many), so the two equations fix both figures. Neither falls below its floor:
-where one would, it is held there and the other fitted alone, by least squares over both sets.
+Those figures (nodes' forward times; checkpoint's cost per call, on tiny modules and on the
+model's smallest repeated submodule, `planner.costs.calls`, and per saved tensor, on a block; a
+run's recording per ATen call, on a block) are measured with warm caches. Inside a step a region
+costs more, or less: its recomputation in backward reads inputs long out of cache, what it drops
+is freed and allocated again, and on a GPU the step's queue hides host work. So these figures
+are read where they are paid, each set of regions in the model's step against the unplanned
+step in paired rounds:
 
-Example:
-    >>> fit_two([(13, 26, 8.0), (6, 120, 9.6)], floors=(0.0, 0.0))  # 13 norms, 6 blocks
-    (0.506, 0.0547)
+- the regions timed: every call of the repeated submodule that recomputes least (a norm,
+  `small_calls`) and most (a block, `large_calls`), one short run alone in each call of a
+  repeated submodule (`lone_short_runs`), the run that records most calls in each block
+  (`long_runs`), and every call of the repeated submodule that keeps most, keeping all it may
+  (`keeping_calls`). Runs are only those that replay (`frees_saved`), so that each costs what
+  it is priced at;
+- two figures at once from two sets (`fit_two`): each set gives one equation, measured_ms -
+  predicted_ms = regions * a + units * b, and the two differ in units per region (norms save few
+  tensors, blocks many; short runs record few calls, long runs many), so the two fix both
+  figures. Neither falls below its floor: where one would, it is held there and the other
+  fitted alone, by least squares over both sets. A call's cost and a saved tensor's come from
+  the norms and the blocks (`call_and_tensor_ms`; tighter with checkpoint's own cost per block
+  read within one step, `planner.costs.block_price`), a run's cost and a recorded call's from
+  the short and the long runs (`run_and_recorded_call_ms`); a keeping region's residual is what
+  it costs beyond the figures so corrected;
+- whether the step says the node times are too high (`node_times_high`), and by how much to
+  scale them down then (`node_time_scale`, `scaled_node_times`);
+- `step_residuals`, which reads them all into a `StepResiduals`.
 
-Which regions `planner.costs.step` times in the model's own step: the calls of the repeated
-submodule that recomputes least (a norm) and most (a block), one short run alone in each call of
-a repeated submodule, the run that records most calls in each block, and the calls of the
-repeated submodule that keeps most, keeping all they may. Runs are only those that replay
-(`frees_saved`), so that each costs what it is priced at.
-
-Example:
-    >>> [wrapped[r].module for r in large_calls(problem, wrapped)]
-    ['blocks.0', 'blocks.1']
-    >>> lone_short_runs(problem, wrapped)
-    [range(8, 10), range(20, 22), range(44, 46), range(56, 58)]
-
-What a checkpoint call, each tensor it saves, and a run recomputed alone cost inside the
-model's own training step, beyond the figures that price their parts (`Problem.region_overhead_ms`,
-`Problem.saved_tensor_ms`, `Problem.run_region_ms`, `Problem.recorded_call_ms`).
-
-The other figures (nodes' forward times; checkpoint's cost per call, on tiny modules and on the
-model's smallest repeated submodule, `planner.costs.calls`, and per saved tensor, on a block; a run's recording per ATen call, on a block) are measured with warm
-caches. Inside a step each region costs more: its recomputation in backward reads inputs long
-out of cache, and what it drops is freed and allocated again. On Llama, checkpointing each
-RMSNorm cost 0.61-0.64 ms per call more than those figures predict; on ViT, the block-level
-figure for a run read 0.006 to 0.38 ms in four plans, while the runs plans chose cost 0.6-0.7 ms
-each more than predicted with it. Or less: on an H100 the block-level figure put 34-51 us on
-each saved tensor, and plans of whole blocks measured at about their nodes' kernel times alone
-(benchmarks/RESULTS.md, 2026-11-27 11:09-11:18); on this CPU, two plannings of one CNN read
-13.7 and 67.6 us per saved tensor off one block's steps. So these figures are measured where
-they are paid: the model's step with every call of its repeated submodule that recomputes
-least (a norm) checkpointed, with every call of the one that recomputes most (its blocks)
-checkpointed (and, tighter, with half of those blocks, timed within one step:
-`planner.costs.block_price`), with one short run alone in each call of its repeated submodules, with the run
-that records most calls in each block, and with every call of the repeated submodule that
-keeps most keeping all it may under its selective policy (`planner.costs.step` picks them)
-(on Llama, an MLP keeping two linears saved 2.1 ms of recomputation against 6.8 ms predicted),
-each against the unplanned step in paired rounds. A call's cost and a saved tensor's are the
-two unknowns of the first two (norms save few tensors per call, blocks many), taken where they
-put a saved tensor below the block's figure (`call_and_tensor_ms` says why only there); a
-run's cost and a recorded call's are those of the short and the long runs (on Llama, runs of 17
-recorded calls cost about 0.8 ms each more than the block's figures priced them); a keeping
-region's residual is what it costs beyond the problem's figures so corrected. Where a set's
-rounds cannot tell what it measured from what the figures held so far price it at, the price
-stands (`clock.reading_or_price`): on a busy machine such differences are noise.
+Where a set's rounds cannot tell what it measured from what the figures held so far price it
+at, the price stands (`planner.measure.clock.reading_or_price`): such differences are noise.
 
 Example:
     >>> found = step_residuals(model, problem, wrapped, checkpoints_of, keeping_of,
     ...                        lambda m: training_loss(m(x)).backward(), torch.device("cpu"))
     >>> found.per_call_ms, found.saved_tensor_ms, found.per_run_ms
     (0.61, 0.021, 0.49)
+    >>> fit_two([(13, 26, 8.0), (6, 120, 9.6)], floors=(0.0, 0.0))  # 13 norms, 6 blocks
+    (0.506, 0.0547)
 """
 from __future__ import annotations
 
@@ -90,9 +70,8 @@ from solvers.problem import allowed_stops, run_structure
 
 Row = tuple[float, float, float]  # (regions, units, measured beyond what is already priced), ms
 
-
-# Recomputing every block costs a step at least its nodes' forward times (on this CPU 7-13% more,
-# on an H100 about as much): a step that measured this share less says the node times are high.
+# Recomputing every block costs a step at least about its nodes' forward times: a step that
+# measured this share less says the node times are high.
 NODE_TIMES_HIGH = 0.15
 
 
@@ -127,8 +106,8 @@ def _least_squares(rows: list[Row], fitted: int, held: int, value: float) -> flo
 def node_times_high(recompute_ms: float, measured_ms: float, blocks: int) -> str | None:
     """A warning where checkpointing `blocks` blocks measured `measured_ms` in the model's step,
     more than `NODE_TIMES_HIGH` below `recompute_ms`, what their nodes' forward times say their
-    recomputation costs; else None. (On this CPU, ViT planned while the machine was busy had
-    node times summing to a 400 ms forward, against 218 ms on a quiet one.)
+    recomputation costs; else None. (Node times measured while the machine is busy can sum to
+    far more than a quiet forward takes.)
 
     Example:
         >>> node_times_high(285.0, 166.0, 6) is not None
@@ -345,10 +324,7 @@ def _every_call_of_one_class(kept: dict[range, tuple[int, ...]], wrapped: dict[r
 
 logger = logging.getLogger(__name__)
 
-
 STEP_ROUNDS = 9  # paired rounds of whole steps: each residual is read off a difference of steps
-
-
 _NODE_PASS = "node times"  # each round's pass over the graph that times every node (`NodeRounds`)
 
 
@@ -363,11 +339,11 @@ class StepResiduals:
     after, whichever is lower. `recorded_call_ms` (at least 0; None where not measured) replaces
     `Problem.recorded_call_ms`. `calls`, `runs`, `keeps`, `blocks` and `long_runs` say how many
     regions each was read off (0: not measured), `within_blocks` how many blocks checkpoint's
-    own cost was read on within one step (`planner.costs.block_price`). `node_times` are the nodes' times measured in
-    the same rounds (`planner.costs.node_rounds`; empty: not measured), which replace the problem's
-    before anything else; `node_time_scale` (at most 1) multiplies every node's time where the
-    blocks measured far under them (`step_fit.node_times_high`): the other figures were read
-    beyond the times so replaced and scaled."""
+    own cost was read on within one step (`planner.costs.block_price`). `node_times` are the
+    nodes' times measured in the same rounds (`planner.costs.node_rounds`; empty: not measured),
+    which replace the problem's before anything else; `node_time_scale` (at most 1) multiplies
+    every node's time where the blocks measured far under them (`node_times_high`): the other
+    figures were read beyond the times so replaced and scaled."""
 
     per_call_ms: float = 0.0
     per_run_ms: float = 0.0
@@ -403,21 +379,20 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
                    keeping_of: Callable[[Sequence[tuple[range, tuple[int, ...]]]], Sequence[ModuleCheckpoint]],
                    train_step: Callable[[nn.Module], None], device: torch.device,
                    rounds: int | None = None, node_rounds: NodeRounds | None = None) -> StepResiduals:
-    """What a checkpoint call, a saved tensor, a run and a region keeping nodes cost a training
-    step beyond `problem`'s other figures, read off the model's own step, `train_step(module)`
-    (forward, loss, backward), on copies sharing the parameters: with `small_calls` and with
-    `large_calls` checkpointed (a call's cost and a saved tensor's, `call_and_tensor_ms`), with
-    `lone_short_runs` and with `long_runs` recomputed (`checkpoints_of(runs)` applies them; a
-    run's cost and a recorded call's, `run_and_recorded_call_ms`) and with `keeping_calls`
-    under their selective policies (`keeping_of(pairs)`), each against the unplanned step, in
-    `rounds` paired rounds (default `STEP_ROUNDS`). A run's and a keeping region's residuals
-    are what they cost beyond a checkpoint call's corrected cost. With `node_rounds`, every
-    node is also timed once per round, and the figures are read beyond those times (means
-    over the rounds), not the problem's, measured a minute earlier. Checkpoint's own cost per
-    block is read first, within one step (`block_price.within_step_block_ms`), and stands for the
-    blocks in the split of a call's cost from a saved tensor's. A set whose rounds cannot tell
-    its measurement from its price under the figures held so far is taken at that price
-    (`clock.reading_or_price`).
+    """What a checkpoint call, a saved tensor, a run and a region keeping nodes cost a training step
+    beyond `problem`'s other figures, read off the model's own step, `train_step(module)` (forward,
+    loss, backward), on copies sharing the parameters: with `small_calls` and with `large_calls`
+    checkpointed (a call's cost and a saved tensor's, `call_and_tensor_ms`), with `lone_short_runs`
+    and with `long_runs` recomputed (`checkpoints_of(runs)` applies them; a run's cost and a
+    recorded call's, `run_and_recorded_call_ms`) and with `keeping_calls` under their selective
+    policies (`keeping_of(pairs)`), each against the unplanned step, in `rounds` paired rounds
+    (default `STEP_ROUNDS`). A run's and a keeping region's residuals are what they cost beyond a
+    checkpoint call's corrected cost. With `node_rounds`, every node is also timed once per round,
+    and the figures are read beyond those times (means over the rounds), not the problem's, measured
+    apart from these rounds. Checkpoint's own cost per block is read first, within one step
+    (`planner.costs.block_price.within_step_block_ms`), and stands for the blocks in the split of a
+    call's cost from a saved tensor's. A set whose rounds cannot tell its measurement from its price
+    under the figures held so far is taken at that price (`planner.measure.clock.reading_or_price`).
     Where the blocks measured far under their nodes' times, those are scaled down first
     (`node_time_scale`). The model, its gradients, buffers and the RNG are left as they were.
 
@@ -474,9 +449,9 @@ def step_residuals(model: nn.Module, problem: Problem, wrapped: dict[range, Modu
         blocks_high = intervals["blocks"][1] if intervals["blocks"] else measured["blocks"]  # (the rounds' upper end)
         if high := node_times_high(recompute_ms, blocks_high, len(blocks)):
             # Every figure below is read beyond the nodes' recomputation: on times this high, all
-            # come out negative and are held at their floors (ViT on a busy machine priced its
-            # plans with no call, tensor or recording cost at all). So the node times are scaled
-            # to what the blocks measured, no further than the rounds' upper end allows.
+            # come out negative and are held at their floors, pricing plans with no call, tensor or
+            # recording cost at all. So the node times are scaled to what the blocks measured, no
+            # further than the rounds' upper end allows.
             scale = node_time_scale(recompute_ms, blocks_high, sum(map(problem.checkpoint_ms, blocks)))
             warnings.warn(f"{high} The plan's node times are scaled by {scale:.2f} to what the step measured."
                           if scale < 1.0 else f"{high} They stand: the step left nothing beyond checkpoint's own "
@@ -525,16 +500,16 @@ def call_and_tensor_ms(problem: Problem, calls: list[range], calls_ms: float, bl
     (read off one block's steps, which on a GPU counts host work the step's queue hides), both
     are taken. Otherwise the problem's per-tensor figure stands: a fit above it also charges
     to saved tensors what recomputation costs blocks beyond their node times (inputs out of
-    cache), which regions other than blocks do not pay in proportion (on this CPU, GPT-2's runs
-    were then predicted 20% low). The call's cost is then what the calls leave beyond their
-    tensors, at least the problem's. Without blocks, the same; and where the blocks measured
-    less than their recomputation as the nodes' times give it (those times are high, or the
-    rounds noisy: TinyGPT's blocks read -86 ms, which priced every call and tensor at 0 and its
-    plans' runs 40 ms low), which says nothing of what a tensor costs.
+    cache), which regions other than blocks do not pay in proportion, and would price runs too low.
+    The call's cost is then what the calls leave beyond their tensors, at least the problem's.
+    Without blocks, the same; and where the blocks measured less than their recomputation as the
+    nodes' times give it (those times are high, or the rounds noisy: a reading below them would
+    price every call and tensor at 0), which says nothing of what a tensor costs.
 
-    `within` (blocks, checkpoint's own cost per block read within one step, `planner.costs.block_price`)
-    replaces the blocks' row: read beyond the blocks' timed recomputation, it holds no
-    recomputation, so its fit is taken whichever way it moves the tensor's figure.
+    `within` (blocks, checkpoint's own cost per block read within one step,
+    `planner.costs.block_price`) replaces the blocks' row: read beyond the blocks' timed
+    recomputation, it holds no recomputation, so its fit is taken whichever way it moves the
+    tensor's figure.
 
     Example:
         >>> call_and_tensor_ms(problem, norms, 8.0, blocks, 60.0)
@@ -595,12 +570,10 @@ def run_and_recorded_call_ms(problem: Problem, short: list[range], short_ms: flo
     """A run's cost beyond a checkpoint call (`Problem.run_region_ms`, at least `floor`) and per
     ATen call it records (`Problem.recorded_call_ms`, at least 0) in the model's step, where
     recomputing `short` runs measured `short_ms` and `long` runs `long_ms` beyond the unplanned
-    step (`step_fit.fit_two`). Replaces the recorded call's figure read off a block, whose warm
-    caches and short runs priced the runs plans chose too low: on Llama, six runs of 17
-    recorded calls each were predicted 4.4 and 5.5 ms under the 36 ms they measured. Where the
-    long runs measured less than their nodes' times (those are high, or the rounds noisy), the
-    block's figure per recorded call stands, and a run's cost is what the short runs leave
-    beyond it.
+    step (`fit_two`). Replaces the recorded call's figure read off a block, whose warm caches
+    and short runs price the longer runs plans choose too low. Where the long runs measured less
+    than their nodes' times (those are high, or the rounds noisy), the block's figure per
+    recorded call stands, and a run's cost is what the short runs leave beyond it.
 
     Example:
         >>> run_and_recorded_call_ms(problem, short, 4.0, long, 12.0, floor=-0.3)
@@ -637,4 +610,7 @@ def _residual(problem: Problem, regions: list[range], measured_ms: float, what: 
     return residual
 
 
-__all__ = ['NODE_TIMES_HIGH', 'Row', 'STEP_ROUNDS', 'StepResiduals', 'call_and_tensor_ms', 'fit_two', 'frees_saved', 'keeping_calls', 'large_calls', 'lone_short_runs', 'long_runs', 'longest_run', 'node_time_scale', 'node_times_high', 'run_and_recorded_call_ms', 'scaled_node_times', 'short_runs', 'small_calls', 'step_residuals', 'tensor_ms_within', 'timeable_run']
+__all__ = ["NODE_TIMES_HIGH", "Row", "STEP_ROUNDS", "StepResiduals", "call_and_tensor_ms", "fit_two", "frees_saved",
+           "keeping_calls", "large_calls", "lone_short_runs", "long_runs", "longest_run", "node_time_scale",
+           "node_times_high", "run_and_recorded_call_ms", "scaled_node_times", "short_runs", "small_calls",
+           "step_residuals", "tensor_ms_within", "timeable_run"]

@@ -368,3 +368,8 @@ def _scratch_extra(events: list[AllocationEvent]) -> int:
     if not any(event.size_bytes < 0 for event in events):
         return 0  # nothing freed inside: no scratch
     return replay(events)[0] - replay(events, skip_scratch=True)[0]
+
+
+__all__ = ["AllocationEvent", "BackwardMemory", "ProfiledPeakMemory", "allocation_events", "backward_memory",
+           "backward_temporaries", "forward_scratch", "memory_profile", "replay", "scratch_before_mark",
+           "window_memory", "window_temporaries"]

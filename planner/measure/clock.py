@@ -2,12 +2,21 @@
 several calls in alternating rounds, whose paired differences cancel the machine's drift.
 
 A node is timed for what its recomputation adds to a step. On a GPU that is its kernels' time
-alone: recomputation runs inside backward, whose queue of kernels hides the host's launch work.
-On an H100, node times that counted the launch work predicted twice the overhead measured; the
-recomputed nodes' kernel times alone came within 10% or 2 ms of it for 12 of 15 plans
-(benchmarks/RESULTS.md, 2026-11-26 21:58-22:02 and 2026-11-27 08:27-08:35).
+alone: recomputation runs inside backward, whose queue of kernels hides the host's launch work,
+and node times that count the launch work predict far more overhead than plans cost.
 `elapsed_ms(..., ahead_ms=...)` times that: a spinning kernel holds the GPU busy while the host
 launches the call, so the events around it see the kernels alone.
+
+A machine's speed can change within seconds, so calls are compared in rounds, never one median
+against another. `benchmarks/compare.py` measures every configuration against one baseline (the
+unplanned step) and times each between two runs of it (`sandwiched_rounds`): a difference of
+steps several places apart in a round carries far more of the drift than one against the two
+neighbouring steps. The planner's own step readings (`planner.costs.step`) keep paired rounds
+(`timed_rounds`): sandwiched rounds make planning much longer without making its readings
+narrow enough to matter, and a GPU's steps hardly drift. Paired rounds read each step against
+the unplanned ones before and after it, interpolated (`paired_differences`), for one unplanned
+step more. A reading replaces the price the figures so far give it only where its interval at
+`READING_LEVEL` falls clear of that price (`reading_or_price`).
 
 Example:
     >>> elapsed_ms(torch.device("cpu"), lambda: model(x))
@@ -15,16 +24,6 @@ Example:
     >>> times = timed_rounds(torch.device("cpu"), {"plain": plain, "checkpointed": checkpointed}, 15)
     >>> paired_difference(times, "checkpointed", "plain")
     0.42
-
-`benchmarks/compare.py` measures every configuration against one baseline (the unplanned
-step) and times each between two runs of it (`sandwiched_rounds`): this CPU's speed changes by
-20-30% within seconds, so a difference of steps three to five apart (one round of six) had a
-95% interval 90-100 ms wide where one against the two neighbouring steps had 28 ms (its CNN, 40
-rounds; benchmarks/RESULTS.md, session notes of 2026-11-29 06:53). The planner's own step
-readings (`planner.costs.step`) keep paired rounds: sandwiched, planning took 40-80% longer on
-this CPU (one planning test 46 s, then 57.5), its readings were still too wide to tell a CNN's
-slices apart, and a GPU's steps hardly drift. Paired rounds read each step against the unplanned
-ones before and after it, interpolated (`paired_differences`), for one unplanned step more.
 """
 from __future__ import annotations
 
@@ -38,7 +37,6 @@ from typing import Callable, Sequence
 import torch
 
 logger = logging.getLogger(__name__)
-
 
 AHEAD_MS = 1.0  # GPU work queued ahead of a timed node: more than the host's launch of most nodes
 
@@ -147,8 +145,8 @@ def until_decided(run_rounds: Callable[[int], object], first: int, more: int, un
                   max_rounds: int, max_s: float = math.inf) -> int:
     """`run_rounds(first)`, then `run_rounds(more)` while `undecided()`, up to `max_rounds` in
     all, and only where the next batch, at the pace of the rounds so far, ends within `max_s`
-    seconds of the start (a limit checked before each batch without its own time let GPT-2's
-    call reading take 60 s against 45). Returns the rounds run.
+    seconds of the start (a limit checked before each batch without counting that batch's own
+    time would let a reading overrun it by a whole batch). Returns the rounds run.
 
     Example:
         >>> until_decided(lambda n: steps.extend(run(n)), 20, 10, lambda: wide(steps), 40, max_s=45.0)
@@ -220,9 +218,8 @@ def paired_differences(times: dict[str, list[float]], slower: str, faster: str) 
     order of `times`). Where `faster` ran before `slower` in each round and once more after the
     last (`timed_rounds(..., closing=faster)`), `faster`'s time is interpolated between its run
     in that round and in the next, by how many calls `slower` ran after it: a drift of the
-    machine's speed within the round cancels too. On this CPU, 120 unplanned steps of TinyGPT
-    (one second each) read against themselves, as a call 1-5 places later in rounds of six,
-    spread 282 ms (10-90%) paired in the round and 195 ms interpolated (146 ms steps: 64 and 49).
+    machine's speed within the round cancels too, and the differences spread less than those
+    paired within the round alone.
 
     Example:
         >>> paired_differences({"b": [2.0, 4.0, 6.0, 8.0], "a": [4.0, 6.0, 8.0]}, "a", "b")
@@ -284,25 +281,16 @@ def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float
 
 # The level of the interval a reading must fall clear of to replace its price (`reading_or_price`).
 # A planning tests about ten readings (`planner.costs.block`, `planner.costs.step`); at 95% each,
-# one planning in three may replace a price on noise alone (in 3 of 11 plannings of TinyGPT on
-# this CPU, readings replaced prices that the next planning did not repeat; benchmarks/RESULTS.md,
-# 2026-12-02 14:41-). At 99.5% each, at most one in twenty (Bonferroni: 10 x 0.5%). The 9 rounds
-# of the step readings then need all nine differences on one side of the price (their range).
+# one planning in three may replace a price on noise alone, and the next planning would not repeat
+# it. At 99.5% each, at most one in twenty (Bonferroni: 10 x 0.5%). The 9 rounds of the step
+# readings then need all nine differences on one side of the price (their range).
 READING_LEVEL = 0.995
-
-
 _LEVEL = f"{100 * READING_LEVEL:g}%%"
-
-
 # reading_or_price's log messages; their arguments: what, the reading, its interval (not in the last), the price
 READING_STOOD = (f"%s measured %+.2f ms ({_LEVEL}: %+.2f to %+.2f), which cannot be told from the %.2f ms the "
                  "figures so far price it at: those stand")
-
-
 READING_TAKEN = (f"%s measured %+.2f ms ({_LEVEL}: %+.2f to %+.2f), against %.2f ms priced so far: the reading "
                  "replaces it")
-
-
 READING_TAKEN_ALONE = "%s measured %+.2f ms (too few rounds for an interval), against %.2f ms priced so far: taken"
 
 
@@ -321,9 +309,8 @@ def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, p
     """`measured_ms`, a cost read off timed rounds (a median of paired differences), or
     `price_ms`, what the figures held so far price it at, where that lies inside the reading's
     `interval` (`paired_interval` at `READING_LEVEL`; None: too few rounds for one): the rounds
-    cannot tell the two apart, and a figure read off such a difference is the machine's noise.
-    (On a busy CPU two plannings of GPT-2 in a row read a run's cost off its step as +1.59 and
-    -1.58 ms.)
+    cannot tell the two apart, and a figure read off such a difference is the machine's noise
+    (on a busy machine, it can change sign from one planning to the next).
 
     Example:
         >>> reading_or_price(12.0, (-30.0, 51.0), 20.0, "24 runs")  # the price stands
@@ -341,4 +328,7 @@ def reading_or_price(measured_ms: float, interval: tuple[float, float] | None, p
     return measured_ms
 
 
-__all__ = ['AHEAD_MS', 'READING_LEVEL', 'READING_STOOD', 'READING_TAKEN', 'READING_TAKEN_ALONE', 'ahead_for', 'elapsed_ms', 'holds', 'launch_ms', 'median_interval', 'paired_difference', 'paired_differences', 'paired_interval', 'queue_ahead', 'reading_or_price', 'sandwiched_rounds', 'timed_rounds', 'timed_until_decided', 'until_decided']
+__all__ = ["AHEAD_MS", "READING_LEVEL", "READING_STOOD", "READING_TAKEN", "READING_TAKEN_ALONE", "ahead_for",
+           "elapsed_ms", "holds", "launch_ms", "median_interval", "paired_difference", "paired_differences",
+           "paired_interval", "queue_ahead", "reading_or_price", "sandwiched_rounds", "timed_rounds",
+           "timed_until_decided", "until_decided"]

@@ -1,4 +1,15 @@
-"""measure.device: records shared by every stage.
+"""Where a plan is for, and what measuring may use there.
+
+`PlanDevice` is the device a plan is for (the model's, or a named `target` GPU) and whether this
+machine can run on it; `measurable_bytes` is how much memory measuring may allocate there: the
+device's free memory (host memory for the CPU, `torch.cuda.mem_get_info` for a GPU) less
+`MEASURE_MARGIN`. `check_measure` validates `plan(measure=...)`.
+
+Example:
+    >>> plan_device([torch.zeros(1)], None)
+    PlanDevice(device=device(type='cpu'), target=None, local=True)
+    >>> measurable_bytes(torch.device("cpu")) > 0
+    True
 """
 from __future__ import annotations
 

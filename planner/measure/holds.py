@@ -1,15 +1,6 @@
-"""Which submodule calls the model's own forward makes as the traced graph does, ATen call for
-ATen call (`planner.measure.holds` runs both): a selective policy finds a node's calls only where the
-calls it may cache match (`KEEPABLE_OPS`), and a run counts calls only where all of them do,
-from its window's first hook on.
-
-Example:
-    >>> unmatched, differing, starts = unmatched_regions(gm, calls_of, eager_calls, by_path, False)
-    >>> matched_span(40, module_calls(gm), differing, starts)
-    (8, 43)
-
-How long the model's own code keeps each node's output alive in forward, and what it
-passes to each submodule call.
+"""How long the model's own code keeps each node's output alive in forward, what it passes to
+each submodule call, and which of each node's ATen calls the model's forward makes as the
+traced graph does.
 
 A traced graph frees a value right after its last use. The model's Python code may hold it
 longer: a local variable kept until the function returns, a list of tensors, a `residual`. A
@@ -17,27 +8,34 @@ plan runs in the model's own forward, so memory follows the eager lifetimes, not
 Checkpoint also keeps every tensor a checkpointed call is passed, read or not, until its
 backward: the graph only shows the ones it reads.
 
-`eager_holds` runs the graph and the model's forward once each, on the same inputs, with
-autograd on but saving nothing (so only Python references keep a tensor alive), and matches
-their ATen calls one to one. For each node whose output the model's code frees later than the
-graph does, it names the last node during whose forward the output was still alive, and for
-each submodule call, the outputs it was passed (by the first node of the call). Where the two
-runs make different ATen calls (a frontend that rewrites ops, a data-dependent branch), it
-reports no lifetimes and logs why: the graph's own lifetimes stand.
-
-It also names each node's ATen calls (`NodeCalls`), which say whether a region may keep the
-node's output: a selective-checkpoint policy caches ATen calls by name and occurrence within a
-submodule's forward, counted in the model's own forward. Those need not match the graph's call
-for call (torch.export adds metadata asserts, drops no-op slices, decomposes dropout its own
-way), only in the calls a policy may cache: a node's calls are found in the model's forward
-where, for every submodule call (region) that holds it, the region's `KEEPABLE_OPS` calls are
-the same in order in both runs, so any such call's occurrence counted from the region's start
-is too.
+- `eager_holds` (`fake_eager_holds` on fake copies, nothing run) runs the graph and the model's
+  forward once each, on the same inputs, with autograd on but saving nothing (so only Python
+  references keep a tensor alive), and matches their ATen calls one to one. For each node whose
+  output the model's code frees later than the graph does, it names the last node during whose
+  forward the output was still alive, and for each submodule call, the outputs it was passed
+  (by the first node of the call): `EagerLifetimes`. Where the two runs make different ATen
+  calls (a frontend that rewrites ops, a data-dependent branch), it reports no lifetimes and
+  logs why: the graph's own lifetimes stand.
+- `NodeCalls`: each node's ATen calls, which say whether a region may keep the node's output.
+  A selective-checkpoint policy caches ATen calls by name and occurrence within a submodule's
+  forward, counted in the model's own forward. Those need not match the graph's call for call
+  (torch.export adds metadata asserts, drops no-op slices, decomposes dropout its own way),
+  only in the calls a policy may cache (`KEEPABLE_OPS`): a node's calls are found in the
+  model's forward where, for every submodule call (region) that holds it, the region's
+  `KEEPABLE_OPS` calls are the same in order in both runs, so any such call's occurrence
+  counted from the region's start is too.
+- `unmatched_regions`, `matched_from`, `matched_span`: which submodule calls the model's
+  forward makes as the graph does, ATen call for ATen call. A selective policy finds a node's
+  calls only where the calls it may cache match, and a run counts calls only where all of them
+  do, from its window's first hook on.
 
 Example:
     >>> lifetimes = eager_holds(gm, inputs, lambda: model(x))
     >>> lifetimes.holds.get("relu")   # the model's code still holds relu's output during "fc2"
     'fc2'
+    >>> unmatched, differing, starts = unmatched_regions(gm, calls_of, eager_calls, by_path, False)
+    >>> matched_span(40, module_calls(gm), differing, starts)
+    (8, 43)
 """
 from __future__ import annotations
 
@@ -60,7 +58,6 @@ from planner.trace.fake import fake_like, fake_model_state
 from planner.trace.structure import COMPUTE_OPS, ModuleCall, compute_nodes, module_calls
 
 logger = logging.getLogger(__name__)
-
 
 # The compute-intensive ATen ops whose outputs a region may keep (a selective-checkpoint policy
 # caches them): matrix products, convolution and fused attention, as this PyTorch dispatches
@@ -97,8 +94,8 @@ def first_difference(what: str, model: list[str], graph: list[str]) -> str:
 def unmatched_regions(gm: fx.GraphModule, calls_of: dict[str, Sequence[str]], eager_calls: list[str],
                       calls_by_path: Callable[[list[str]], dict[str, list[range]]], broken: bool
                       ) -> tuple[list[range], list[range], dict[range, int]]:
-    """The node ranges of the regions (submodule calls, `planner.problem.graph.module_calls`) whose
-    `KEEPABLE_OPS` calls, and those whose calls of any op, are not the same, in order, in the
+    """The node ranges of the regions (submodule calls, `planner.trace.structure.module_calls`)
+    whose `KEEPABLE_OPS` calls, and those whose calls of any op, are not the same, in order, in the
     graph run and in the module's one call in the model's forward; logs the first kind and why.
     And for those of the second kind called once, where their calls match from a submodule call
     inside them to their end (`matched_from`): that call's first node."""
@@ -199,8 +196,8 @@ class NodeCalls:
     # those, any of its calls (not just `KEEPABLE_OPS` ones) is found at its occurrence
     span: tuple[int, int] | None = None
     # the same, where a call holding it also counts whose calls match from a submodule call at
-    # or before it to its end (`planner.measure.holds.matched_from`): where a run may hold it (a run counts calls
-    # from its window's first hook)
+    # or before it to its end (`matched_from`): where a run may hold it (a run counts calls from
+    # its window's first hook)
     run_span: tuple[int, int] | None = None
 
     @property
@@ -478,4 +475,5 @@ def fake_eager_holds(gm: fx.GraphModule, inputs: list[torch.Tensor], model: torc
         return eager_holds(gm, fake_inputs, lambda: model(*fake_args, **fake_kwargs), fake)
 
 
-__all__ = ['KEEPABLE_OPS', 'checked_calls', 'first_difference', 'keepable_calls', 'matched_from', 'matched_span', 'unmatched_regions']
+__all__ = ["EagerLifetimes", "KEEPABLE_OPS", "NodeCalls", "checked_calls", "eager_holds", "fake_eager_holds",
+           "first_difference", "keepable_calls", "matched_from", "matched_span", "unmatched_regions"]

@@ -242,3 +242,7 @@ def preserved_state(model: torch.nn.Module, devices: list[torch.device]) -> Iter
             parameter.grad = grads.get(id(parameter))
         for module, flag in training.items():
             module.training = flag
+
+
+__all__ = ["LiveBytesTracker", "PeakMemory", "draws_random_numbers", "preserved_state", "storage_bytes", "storage_key",
+           "written_arguments"]

@@ -1,18 +1,18 @@
-"""Where the plan is for, and how to measure the model for it: the measure step's facade.
+"""How to measure a traced model for its plan: the measure stage's facade (`measure_model`).
 
-Two paths (see "Measuring without running what does not fit" in DESIGN.md):
+Two paths (docs/design.md, docs/planning-without-running.md):
 
 * "run": the whole training step on real tensors, every value kept for the analysis
-  (`planner.measure.profile.profile`): exact, but it needs more memory than the unplanned step;
+  (`planner.measure.profile.profile`), and the model's own forward beside the graph
+  (`planner.measure.holds.eager_holds`): exact, but it needs more memory than the unplanned step;
 * "no-run": sizes on fake tensors (`planner.measure.sizes`), the model's own forward followed
-  on fake tensors (`planner.measure.holds.fake_eager_holds`), then each distinct node alone on real
-  tensors made for it (`planner.measure.nodes`), or, for a target GPU that is not this
+  on fake tensors (`planner.measure.holds.fake_eager_holds`), then each distinct node alone on
+  real tensors made for it (`planner.measure.nodes`), or, for a target GPU that is not this
   machine's device, roofline estimates of its times (`planner.measure.targets`).
 
 "auto" always takes the sizes on fake tensors first (no memory), and measures the whole step
-wherever this device can hold what that needs (`measurable_bytes`: its free memory, less
-`MEASURE_MARGIN`). The budget plays no part in that choice: it describes the run the plan is
-for, not what measuring may use.
+wherever this device can hold what that needs (`planner.measure.device.measurable_bytes`). The
+budget plays no part in that choice: it describes the run the plan is for.
 
 Example:
     >>> where = plan_device(sample, target="h100")

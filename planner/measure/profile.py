@@ -1,19 +1,20 @@
-"""Forward time of each compute node of a graph, measured in one run of the whole graph.
-
-Example:
-    >>> times, stop_times = {}, {}
-    >>> timer = TimingInterpreter(gm, times, torch.device("cpu"), stop_times)
-    >>> timer.run(*inputs); timer.collect()
-    >>> times["linear"], stop_times["linear"]
-
-Measure every compute node of a traced graph: time, output bytes, saved-for-backward bytes.
+"""Measure every compute node of a traced graph in one run of the whole step: time, output
+bytes, saved-for-backward bytes, scratch (the "run" path).
 
 `ProfileInterpreter` runs the graph node by node with autograd on, as training would, and
-writes one `NodeProfile` per node into `node.meta["planner.profile"]`. Saved tensors are seen
-through `torch.autograd.graph.saved_tensors_hooks` and deduplicated by storage; every storage
-is attributed to the node that created it, so views and in-place results point to their owner.
+writes one `NodeProfile` per node into `node.meta["planner.profile"]` (it also runs on fake
+tensors, for `planner.measure.sizes`). Saved tensors are seen through
+`torch.autograd.graph.saved_tensors_hooks` and deduplicated by storage; every storage is
+attributed to the node that created it, so views and in-place results point to their owner.
 Memory that kernels allocate and free for themselves (scratch) is invisible to tensors; the
 profiler's allocator events add it to each node's forward and backward temporaries.
+`TimingInterpreter` times each node's forward (CUDA events on a GPU) up to its output and up
+to its last saved tensor; identical nodes (`signature`) are priced at the median of all their
+runs.
+
+Example:
+    >>> summary = profile(gm, [torch.randn(8, 16)])
+    >>> gm.graph.find_nodes(op="call_module", target="fc1")[0].meta["planner.profile"].forward_ms
 """
 from __future__ import annotations
 

@@ -1,42 +1,27 @@
-"""Each node's backward temporaries at the tensor level, from autograd hooks and the tracker.
+"""Sizes without memory: profile a traced graph on fake tensors (the no-run path's first half).
 
-The allocator's view (`planner.measure.allocations.backward_temporaries`) needs real memory. On fake
-tensors the same figure comes from `LiveBytesTracker`'s log of every allocation and free, cut
-into windows by autograd pre-hooks on the nodes each graph node created, and read by the same
-window algorithm (`planner.measure.allocations.window_temporaries`).
+Shapes, dtypes, storages, aliasing and what autograd saves are the same under
+`torch._subclasses.FakeTensorMode` as for real tensors. `profile_sizes` runs the graph's forward
+and backward on fake copies of the model's parameters, buffers and inputs (built on the plan's
+device; a model on `meta` works the same) and writes every node's `NodeProfile` (outputs, saved
+tensors, uses, in-place writes, random draws, tensor temporaries of forward and backward) into
+`node.meta`, the ATen calls each node makes (`planner.measure.targets.KernelCounter`, for
+roofline times), and the layout of the gradient each node's backward receives (which
+`planner.measure.nodes` runs it alone with). Kernel scratch and times are left to
+`planner.measure.nodes`. It also says about what measuring the whole step at once would hold.
 
-One difference between fake and real tensors must be undone. Where a tensor feeds several
-consumers, autograd sums their gradients in a buffer: on real tensors it adds a new gradient
-into that buffer in place, so the new gradient is a temporary of its node's backward; on fake
-tensors (a tensor subclass) it adds out of place, which would instead look like a new buffer
-handed on. `BackwardWindows` notes those out-of-place sums (an `add` made by the engine between
-one node's backward and the next) and replays them as the in-place sums real tensors get.
-
-Example:
-    >>> with BackwardWindows(tracker, owners) as windows:
-    ...     loss.backward()
-    >>> windows.temporaries()["layer_norm_3"]
-
-Sizes without memory: profile a traced graph on fake tensors (the no-run path's first half).
-
-Running the unplanned step needs more memory than the step itself, so a model that does not
-fit cannot be measured that way. Sizes do not need memory: shapes, dtypes, storages, aliasing
-and what autograd saves are the same under `torch._subclasses.FakeTensorMode` as for real
-tensors. `profile_sizes` runs the graph's forward and backward on fake copies of the model's
-parameters, buffers and inputs (built on the plan's device; a model on the `meta` device works
-the same) and writes every node's `NodeProfile` (outputs, saved tensors, uses, in-place writes,
-random draws, tensor temporaries of forward and backward) into `node.meta`, as the measured
-path does, plus the ATen calls each node makes (`planner.measure.targets.KernelCounter`), for
-roofline times. Kernel scratch and times are left to `planner.measure.nodes`.
-
-The model is reparametrised with the fake tensors only for the duration of the pass and
-left as it was. On a CPU-only PyTorch build fake tensors that require grad must stay on the
-CPU device, so a plan for a CUDA target is profiled on fake CPU tensors with attention swapped
-for the kernel the target runs (`planner.measure.targets.target_attention`).
+Backward temporaries at the tensor level come from `BackwardWindows`: `LiveBytesTracker`'s log
+of every allocation and free, cut into windows by autograd pre-hooks on the nodes each graph
+node created, and read by the allocator's window algorithm
+(`planner.measure.allocations.window_temporaries`). Where a tensor feeds several consumers, real
+tensors are summed in place into autograd's buffer and fake tensors out of place: those sums are
+replayed in place.
 
 Example:
-    >>> sizes = profile_sizes(gm, inputs, torch.device("cpu"))
-    >>> gm.graph.nodes[3].meta["planner.profile"].output_bytes
+    >>> with torch.device("meta"):
+    ...     model = build_model()
+    >>> traced = trace(model, sample)
+    >>> fake = profile_sizes(traced.gm, traced.graph_inputs((), sample), torch.device("cpu"))
 """
 from __future__ import annotations
 

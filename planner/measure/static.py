@@ -3,8 +3,9 @@
 Per rank: parameters, their gradients and the optimizer's state (`optimizer=`: "sgd" keeps
 none, "sgd-momentum" one buffer per parameter, "adam" and "adamw" two; or a number of bytes
 per parameter element), buffers, the sample's inputs and a reserve. (The RNG states
-checkpoint keeps depend on the plan: the simulator counts one per random region.) With FSDP2 (`world_size=N` > 1, `fully_shard` on each block and then on the root, as
-PyTorch's FSDP2 and Hugging Face's FSDP integration do):
+checkpoint keeps depend on the plan: the simulator counts one per random region.) With FSDP2
+(`world_size=N` > 1, `fully_shard` on each block and then on the root, as PyTorch's FSDP2 and
+Hugging Face's FSDP integration do):
 
 * parameters, gradients and optimizer state are sharded on dim 0: each rank holds
   ceil(dim0 / N) rows of every parameter (FSDP2 pads the last shard);
@@ -34,11 +35,7 @@ import torch
 from torch import nn
 
 OPTIMIZER_STATES = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
-
-
 SCALAR_STEP_BYTES = 4  # Adam's per-parameter `step`: a float32 scalar, on the CPU unless fused
-
-
 IN_FLIGHT_BLOCKS = 2  # FSDP2: the block computing and the next one being all-gathered
 
 
@@ -172,3 +169,7 @@ def static_breakdown(
         breakdown["block gradients in flight (FSDP, 1 block)"] = largest_gradients
     breakdown["reserved"] = reserved_bytes
     return breakdown
+
+
+__all__ = ["IN_FLIGHT_BLOCKS", "OPTIMIZER_STATES", "SCALAR_STEP_BYTES", "check_optimizer", "check_world_size",
+           "fsdp_blocks", "static_breakdown"]

@@ -1,16 +1,19 @@
-"""Run real training steps of the original and the planned module and compare them.
+"""Real training steps of a model, planned or not, measured: `Verification` (`verify_modules`:
+the original against its planned copy, peaks, times, outputs, gradients), a step's peak as
+training holds it (`steady_peak`: gradients allocated, as from the second step on), and the
+model's own unplanned step against the traced graph (`keep_free_beyond_graph`).
 
-The traced graph against the model's own code, where the whole step runs on the plan's device.
+Plans are simulated on the traced graph, but the applied plan runs the model's own code, and the
+two can allocate differently (on a GPU, an attention kernel the model's code picks otherwise
+than the graph's; a kernel workspace). So where the whole step runs on the plan's device,
+`plan()` measures the model's own unplanned step as `Plan.verify` does; where it peaks above the
+graph's simulated peak by more than `MIN_GAP_BYTES`, the difference becomes a static term,
+`BEYOND_GRAPH`, that every plan keeps free: measured, not modelled, and conservative.
 
-Plans are simulated on the traced graph, but the applied plan runs the model's own code. The
-two can allocate differently: on an H100, a Hugging Face Llama with grouped-query attention ran
-`scaled_dot_product_attention` on the math kernel in its own code (attention probabilities
-saved) and peaked 14% above the graph's prediction, and at larger batches every model's plans
-measured 18-480 MiB above theirs (benchmarks/RESULTS.md, 2026-11-26 21:53-22:02). So `plan()`
-measures the model's own unplanned step there, as `Plan.verify` does, and where it peaks above
-the graph's simulated peak by more than `MIN_GAP_BYTES`, the difference
-becomes a static term, `BEYOND_GRAPH`: every plan then keeps it free. Measured, not modelled,
-and conservative (the part of it that checkpointing would free is kept free anyway).
+Example:
+    >>> record = verify_modules(model, p.module(), tokens, 3, p.predicted_peak_bytes,
+    ...                         p.baseline_peak_bytes, p.budget_bytes)
+    >>> record.within_budget, record.gradients_match
 """
 from __future__ import annotations
 

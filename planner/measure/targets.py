@@ -33,22 +33,15 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 TERA = 1e12
-
-
 GIGA = 1e9
-
 
 MATRIX_OPS = frozenset({
     "mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "cudnn_convolution",
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
 })
-
-
 # Calls that read only the rows they return, not all of their table.
 GATHER_OPS = frozenset({"embedding", "index", "index_select", "gather", "take_along_dim"})
-
-
 NO_KERNEL_OPS = frozenset({"_assert_tensor_metadata", "detach", "alias", "lift_fresh", "sym_size", "sym_stride",
                            "sym_numel", "sym_storage_offset", "_local_scalar_dense", "empty", "empty_strided",
                            "empty_like", "_fused_sdp_choice"})
@@ -222,8 +215,8 @@ def target_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """`scaled_dot_product_attention` as a CUDA GPU runs it in training: the flash kernel for
     fp16/bf16 without a mask (head dim a multiple of 8, at most 256), else the memory-efficient
     kernel, or the math path where key and value have fewer heads than the query (grouped-query
-    attention, which the memory-efficient kernel does not take). Called on
-    fake tensors of any device: only the sizes of what it returns and saves matter.
+    attention, which the memory-efficient kernel does not take). Called on fake tensors of any
+    device: only the sizes of what it returns and saves matter.
 
     Example:
         >>> out = target_attention(q, k, v, is_causal=True)  # inside FakeTensorMode
@@ -236,11 +229,14 @@ def target_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             query, key, value, dropout_p, is_causal, False, scale=scale)[0]
     if key.size(-3) != query.size(-3):
         # The memory-efficient kernel takes no grouped-query attention: PyTorch runs the math
-        # path, which saves the attention probabilities (seen on an H100, torch 2.11: a
-        # Llama with 2 key/value heads for 4, benchmarks/peak_gap.py).
+        # path, which saves the attention probabilities.
         return torch.ops.aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=True)[0]
     if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype == torch.bool:
         attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device)  # additive form
     return torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
+
+
+__all__ = ["ATTENTION_TARGETS", "GATHER_OPS", "GIGA", "KernelCost", "KernelCounter", "MATRIX_OPS", "NO_KERNEL_OPS",
+           "TARGETS", "TERA", "Target", "local_target", "target", "target_attention", "targets"]

@@ -1,16 +1,19 @@
-"""Values in a saved plan's JSON: the fixed forward arguments (tagged so that tuples, dtypes,
-devices and non-finite floats come back as they were), fx node targets as stable strings, and
-the document's layout (one line per node, region and state-dict entry).
+"""A saved plan's JSON document: the plain records it is made of (`planner.plans.record`
+assembles them) and the values inside them, to and from JSON-ready values.
+
+- values: the fixed forward arguments (`encode_value`, `decode_value`: tagged so that tuples,
+  dtypes, devices and non-finite floats come back as they were), fx node targets as stable
+  strings (`target_name`), and the document's layout (`json_text`: one line per node, region
+  and state-dict entry);
+- records: what a model looks like (its graph, leaves and sample: `graph_nodes`,
+  `whole_modules`, `sample_structure`), each node's cost and profile (`cost_record`,
+  `profile_delta`), each region (`region_record`), the problem's own fields (`problem_record`)
+  and the measured figures, and the way back from each (`cost_from_record`, `profile_full`,
+  `regions_from_records`, `problem_from_record`, `verification_from_record`).
 
 Example:
     >>> decode_value(json.loads(json.dumps(encode_value((1, torch.float16)))))
     (1, torch.float16)
-
-The plain records a saved plan is made of (`planner.plans.record`): what a model looks like (its
-graph, leaves and sample), each node's cost and profile, each region, and the measured figures,
-to and from JSON-ready values.
-
-Example:
     >>> record = cost_record(problem.nodes[3], [node.name for node in problem.nodes])
     >>> cost_from_record("linear", record, index) == problem.nodes[3]
     True
@@ -143,7 +146,8 @@ def json_text(document: dict[str, Any]) -> str:
     return "{\n" + ",\n".join(fields) + "\n}\n"
 
 
-_NODE_REFERENCES = ("uses", "saves", "mutates", "grad_aliases", "holds", "arguments")  # NodeCost fields that hold node indices
+# NodeCost fields that hold node indices
+_NODE_REFERENCES = ("uses", "saves", "mutates", "grad_aliases", "holds", "arguments")
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -230,7 +234,7 @@ def profile_delta(profile: dict[str, Any], cost: dict[str, Any]) -> dict[str, An
 
 
 def profile_full(delta: dict[str, Any], cost: dict[str, Any]) -> dict[str, Any]:
-    """The inverse of `_profile_delta`."""
+    """The inverse of `profile_delta`."""
     defaults = _profile_defaults()
     return {**defaults, **{key: cost[key] for key in defaults if key in cost}, **delta}
 
@@ -405,3 +409,10 @@ def regions_from_records(records: list[Any], index: dict[str, int]
             raise ValueError(f"region {names[0]}..{names[-1]} is not a run of consecutive nodes")
         regions.append(region)
     return tuple(regions), tuple(wrapped), tuple(sorted(kept))
+
+
+__all__ = ["UnsupportedValue", "cost_from_record", "cost_record", "decode_value", "describe_node", "dtype_from_name",
+           "dtype_name", "encode_value", "graph_nodes", "json_text", "kept_nodes", "model_device", "module_checkpoint",
+           "node_identity", "problem_from_record", "problem_record", "profile_delta", "profile_full", "region_record",
+           "regions_from_records", "report_setup", "sample_structure", "target_name", "verification_from_record",
+           "whole_modules"]

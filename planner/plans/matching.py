@@ -1,15 +1,12 @@
-"""Whether a model matches the one a plan was made for: its state dict's keys, shapes and dtypes.
-
-Example:
-    >>> planned = state_shapes(model)
-    >>> check_state(fresh_model, planned, "GPT2LMHeadModel")  # ValueError naming the first difference
-
-Check a model against a saved plan (`planner.plans.record.PlanRecord`): a sample shaped like the
-planned one, and a trace that must match the saved graph node for node.
+"""Check a model against a saved plan (`planner.plans.record.PlanRecord`) before it is applied:
+a sample shaped like the planned one (`sample_like`), a trace that must match the saved graph
+node for node (`trace_matching`), and a state dict whose keys, shapes and dtypes are the
+planned ones (`state_shapes`, `check_state`).
 
 Example:
     >>> sample = sample_like(saved.sample, model)
     >>> traced = trace_matching(saved, model, sample)   # ValueError names the first difference
+    >>> check_state(fresh_model, state_shapes(model), "GPT2LMHeadModel")  # likewise, for the state dict
 """
 from __future__ import annotations
 
@@ -77,11 +74,7 @@ def check_state(model: nn.Module, planned: dict[str, dict[str, Any]], planned_fo
 
 
 FX_FRONTEND = "torch.fx.symbolic_trace"  # the value of Traced.frontend for the fx frontend
-
-
 EXPORT_FRONTEND = "torch.export"
-
-
 APPLICABLE_FRONTENDS = (FX_FRONTEND, EXPORT_FRONTEND)
 
 
@@ -160,4 +153,5 @@ def trace_matching(saved: "PlanRecord", model: nn.Module, sample: Any) -> Traced
     return traced
 
 
-__all__ = ['check_state', 'state_shapes']
+__all__ = ["APPLICABLE_FRONTENDS", "EXPORT_FRONTEND", "FX_FRONTEND", "check_state", "sample_like", "state_shapes",
+           "trace_matching"]

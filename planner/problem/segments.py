@@ -62,4 +62,4 @@ def sequential_segments(model: nn.Module, gm: fx.GraphModule, wrapped: dict[rang
     return segments, tuple(sequentials)
 
 
-__all__ = ['plain_sequential', 'sequential_segments']
+__all__ = ["plain_sequential", "sequential_segments"]

@@ -177,3 +177,7 @@ def plot_plan(record: PlanRecord, path: str | os.PathLike[str]) -> Path:
     title = f"Predicted memory of one training step: {record.model_name}"
     return plot_memory(record.problem, record.solution.regions, record.budget_bytes, path, title,
                        kept=record.solution.kept)
+
+
+__all__ = ["DPI", "FIGURE_SIZE_INCHES", "MAX_NUMBERED_REGIONS", "plot_memory", "plot_plan", "step_positions",
+           "timelines"]

@@ -1,7 +1,14 @@
-"""Trace a model into an fx graph bound to the sample's argument structure.
+"""Trace a model into an fx graph bound to the sample's argument structure (`trace`).
 
-Submodules that symbolic tracing cannot follow are retried as leaves (called as one opaque
-node), so one untraceable block does not stop the whole model from being planned.
+torch.fx first, at module level: torch.nn modules without children are leaves, and a submodule
+fx cannot follow is kept whole and tracing retried; where fx needed such leaves, or cannot trace
+the model's own forward, `torch.export(strict=False)` is taken where it traces (an ATen-level
+graph whose nodes keep their submodule in `nn_module_stack`). `Traced` binds later calls to the
+graph's inputs and rebuilds the model's output structure.
+
+Example:
+    >>> traced = trace(model, {"input_ids": ids, "labels": ids})
+    >>> traced.frontend, len(traced.gm.graph.nodes)
 """
 from __future__ import annotations
 

@@ -53,8 +53,8 @@ every backward step up to j's too. Backward recomputes a region at its last node
 so a node the region keeps holds its output until then (at the backward of the nodes past the
 region), and from then on what the recomputation made is back: a recomputed node's saved
 tensors until its own backward, an output until the backward of the nodes of the region that
-saved it (`solvers.bound.backward`, within `REVIVAL_WINDOW` nodes; before, a bound could count
-a region's tensors as gone at the backward of its own nodes).
+saved it (`solvers.bound.backward`, within `REVIVAL_WINDOW` nodes; without these rows, a bound
+would count a region's tensors as gone at the backward of its own nodes).
 Every real plan maps onto 0/1 values of these variables at no more than its cost, so the least
 cost of this integer program is the bound: SCIP's proven bound, once within `MIP_GAP` of its best
 plan or at the time limit; the linear relaxation where SCIP finds nothing in time.
@@ -83,8 +83,6 @@ from solvers.simulate import plan_buffers
 # SCIP and GLOP stop within feasibility tolerances of about 1e-7 to 1e-6 per row: shave this
 # share off before calling an objective a bound.
 BOUND_TOLERANCE = 1e-6
-
-
 # SCIP stops once its proven bound is within this share of its best plan: the bound it reports
 # is valid either way, and closing the last percent can take minutes on a model's graph.
 MIP_GAP = 0.02
@@ -328,3 +326,6 @@ class _Program(BackwardHolds):
                 solver.Add(reached >= kept[j])
             cost += problem.keep_region_ms * starts_policy + problem.keep_call_ms * calls[j] * (p + reached)
         return cost
+
+
+__all__ = ["BOUND_TOLERANCE", "MIP_GAP", "RecomputeBound", "recompute_lower_bound"]

@@ -106,3 +106,6 @@ def forced_steps(backward_step: tuple[int, ...], owner: int, kind: str, savers: 
     if kind == "saved":
         return {backward_step[owner]}
     return {backward_step[k] for k in savers}
+
+
+__all__ = ["Droppable", "forced_steps", "held_until", "kept_inputs", "memory_rows", "split_buffers"]

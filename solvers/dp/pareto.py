@@ -1,4 +1,4 @@
-"""Pareto fronts of (bytes kept, recompute ms) for the dp solver (solvers/dp.py): one front
+"""Pareto fronts of (bytes kept, recompute ms) for the dp solver (`solvers.dp`): one front
 per frontier set at a boundary, the merge of shifted front slices into a new front, and the
 merge of frontier sets where there are too many (`weaken_states`).
 
@@ -126,3 +126,6 @@ def weaken_states(states: dict[int, list[Stair]], max_states: int,
         merged.extend((front, lo, hi, held + extra, cost, region) for front, lo, hi, held, cost, region in states[key])
     kept[common] = merged
     return kept
+
+
+__all__ = ["Entry", "Front", "Region", "Stair", "merge_fronts", "weaken_states"]

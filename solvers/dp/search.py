@@ -3,7 +3,7 @@ topological order.
 
 The DP walks the boundaries t = 0..n between nodes. Moving from t either leaves node t outside
 every region (to t + 1) or runs a region [t, b) (to b). The simulator's peak splits into checks
-that each transition can make on its own (see solvers/structure.py for the derivation):
+that each transition can make on its own (see `solvers.structure` for the derivation):
 
 * the forward step of node t, and the backward of a node outside any region, only see what
   nodes before them keep, plus plan-independent bytes;
@@ -25,18 +25,17 @@ FEASIBLE instead of OPTIMAL. `DpSettings.for_problem` picks exact settings for n
 bounded ones (fewer sets, thinned fronts, boundaries on a grid) for wide DAGs, where `ilp` is
 the exact solver, and for chains of over 1000 nodes (regions of at most 128 nodes).
 
-A region [t, b) may also keep nodes (a selective-checkpoint policy; `dp_settings.region_keeps`). A
-kept node's output enters the frontier set like a region input (it is alive from its forward
-on), its saved tensors join the bytes the region keeps, the region's own scan counts both from
-its first recomputation step (solvers/region_scan.py), and its time leaves the region's cost
-(the selective policy's own cost joins it).
+A region [t, b) may also keep nodes (a selective-checkpoint policy;
+`solvers.dp.settings.region_keeps`). A kept node's output enters the frontier set like a region
+input (it is alive from its forward on), its saved tensors join the bytes the region keeps, the
+region's own scan counts both from its first recomputation step (`solvers.region_scan`), and
+its time leaves the region's cost (the selective policy's own cost joins it).
 
 A state whose held bytes leave room for what the rest of the graph needs with no further region
-(`DpSearch.outside_need`) is a complete plan already: its cost bounds the search from there on,
-so that costlier partial plans are dropped long before the last boundary (on the built-in GPT's
-290 nodes at 80% of its peak, a third of the time). Held bytes only grow along a plan, so while
-the search is exact it also drops states holding more than the budget less what some later step
-needs whatever the plan (`DpSearch.fixed_need`).
+(`DpTables.outside_need`) is a complete plan already: its cost bounds the search from there on,
+so that costlier partial plans are dropped long before the last boundary. Held bytes only grow
+along a plan, so while the search is exact it also drops states holding more than the budget
+less what some later step needs whatever the plan (`DpTables.fixed_need`).
 
 Regions never start at memoryless nodes (views, shape queries) when the next node could start
 them instead. A run inside a submodule call (`Problem.run_spans`) also pays its recording
@@ -59,7 +58,6 @@ from solvers.dp.tables import DpTables
 from solvers.problem import Problem, allowed_stops
 
 SCAN_AHEAD = 16  # regions a scan computes past the one asked for
-
 
 logger = logging.getLogger(__name__)
 
@@ -239,8 +237,8 @@ class DpSearch:
                 states = weaken_states(states, self.max_states, tables.mask_bytes)
                 exact = False
             # States with no way to the end are dropped only while the search is exact: in a
-            # bounded one, that changes which sets it merges, and its plans on wide DAGs came
-            # out dearer (random_layered_n250 at 50%: 97238 against 67400).
+            # bounded one, that changes which sets it merges, and its plans on wide DAGs come
+            # out dearer.
             held_limit = live_budget - tables.fixed_need[t] if exact and not bucket_bytes else math.inf
             fronts = {}
             for key in sorted(states):
@@ -316,4 +314,4 @@ def dp_search(problem: Problem, settings: DpSettings, tables: DpTables | None = 
                     settings.boundary_fraction, tables)
 
 
-__all__ = ['DpSearch', 'dp_search']
+__all__ = ["DpSearch", "SCAN_AHEAD", "dp_search"]

@@ -1,4 +1,4 @@
-"""How much of the search space the dp solver keeps (solvers/dp.py): exact settings for
+"""How much of the search space the dp solver keeps (`solvers.dp.solve`): exact settings for
 narrow graphs, bounded ones for wide DAGs and very long chains, solver options over them, and
 which kept nodes the regions from each boundary try (`region_keeps`).
 """
@@ -36,9 +36,9 @@ class DpSettings:
         width = structure.frontier_width
         if structure.n > EXACT_MAX_NODES and width <= EXACT_FRONTIER_WIDTH:
             # Long chains (a 70B transformer: 5 000 nodes): the exact search grows with n^2
-            # times its Pareto fronts; on a 32-layer Llama (1 922 nodes) it did not finish in
-            # 300 s. Bounded: 20 s, 65.69 ms of recompute where regions of up to 100 nodes with
-            # full fronts gave 65.39 ms in 86 s (see RESULTS.md).
+            # times its Pareto fronts, and takes minutes on a few thousand nodes. Bounded
+            # regions and thinned fronts find plans costing barely more recomputation than
+            # longer regions with full fronts do, in a fraction of the time.
             return DpSettings(max_states=max(64, 2**min(width, 12)), max_front=256, max_region_nodes=128,
                               boundary_fraction=0.01)
         if width <= 12:  # room for every frontier set there can be: exact for sure
@@ -59,8 +59,6 @@ class DpSettings:
 
 
 EXACT_FRONTIER_WIDTH = 16
-
-
 EXACT_MAX_NODES = 1000  # longer chains get a bounded search
 
 
@@ -129,3 +127,6 @@ def region_keeps(problem: Problem, keepable: list[int], t: int, last: int) -> li
         found += [(keep, stop, False) for size in range(1, MAX_KEEP_CANDIDATES + 1)
                   for keep in combinations(candidates[:MAX_KEEP_CANDIDATES], size)]
     return found
+
+
+__all__ = ["DpSettings", "EXACT_FRONTIER_WIDTH", "EXACT_MAX_NODES", "dp_settings", "region_boundaries", "region_keeps"]

@@ -42,7 +42,9 @@ def minimum_peak_dp(problem: Problem, above: int | None = None, **options: objec
 def minimum_peak_plan_dp(problem: Problem, above: int | None = None, tables: DpTables | None = None,
                          **options: object) -> tuple[int, bool, tuple[range, ...], tuple[int, ...]]:
     """`minimum_peak_dp` plus a plan that reaches that peak; `tables`: those of an earlier search
-    of the problem (`solvers.dp.tables`), to reuse. Example:
+    of the problem (`solvers.dp.tables`), to reuse.
+
+    Example:
         >>> peak, exact, regions, kept = minimum_peak_plan_dp(problem)
         >>> peak_bytes(problem, regions, kept) == peak
         True
@@ -127,3 +129,6 @@ def solve_dp(problem: Problem, budget_bytes: int, cost_bound_ms: float | None = 
     status = Status.OPTIMAL if exact else Status.FEASIBLE
     logger.debug("dp: %d regions, recompute %.6g ms, %s", len(found.regions()), found.cost, status.value)
     return make_solution(problem, found.regions(), budget_bytes, status, "dp", started, found.kept())
+
+
+__all__ = ["minimum_peak_dp", "minimum_peak_plan_dp", "solve_dp"]

@@ -2,8 +2,8 @@
 search's settings: the frontier sets, running sums of costs, bounds on what later steps need,
 and the region scans and other tables the search fills as it goes. Searches given the same
 tables share them: `solve_dp` passes its search's to the minimum-peak search after an
-infeasible budget (on a 1000-node DAG the scans were four fifths of a first search). They are
-not kept on the problem once solved: on the built-in GPT's 290 nodes they held 33 MiB.
+infeasible budget (on large DAGs the scans are most of a first search's work). They are not
+kept on the problem once solved: they are large (region scans from every start).
 
 Example:
     >>> tables = DpTables(problem)
@@ -130,11 +130,11 @@ class DpTables:
         return known[t, key] if chain else following
 
     def region_keeps(self, t: int, last: int) -> list[tuple[tuple[int, ...], int, bool]]:
-        """`dp_settings.region_keeps` from t, cached: it does not depend on the budget."""
+        """`solvers.dp.settings.region_keeps` from t, cached: it does not depend on the budget."""
         cached = self._region_keeps.get((t, last))
         if cached is None:
             cached = self._region_keeps[t, last] = region_keeps(self.problem, self.keepable, t, last)
         return cached
 
 
-__all__ = ['DpTables']
+__all__ = ["DpTables"]

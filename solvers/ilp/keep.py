@@ -7,7 +7,7 @@ j is kept, and its region's last saving node is s (the region recomputes just be
 backward of s). At most one of them is 1 per node (`kept_of`).
 
 Against the same region keeping nothing, keeping j changes only this (positions as in
-solvers/structure.py):
+`solvers.structure`):
 
 * forward steps after j hold j's saved tensors, and its output past its last forward use;
 * so do the backward of every i > s and the recomputations there (the region has not
@@ -342,3 +342,7 @@ def keep_hints(
     if any(saver_of[j] not in keep.get(j, {}) for j in kept):
         return None
     return [(var, j in kept and saver_of[j] == s) for j, row in keep.items() for s, var in row.items()]
+
+
+__all__ = ["KeepEnd", "KeepSteps", "RecomputeSteps", "add_keep_variables", "held_saved", "keep_ends", "keep_hints",
+           "keep_steps", "kept_of", "kept_step_change", "recompute_loads"]

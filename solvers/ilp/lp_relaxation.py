@@ -1,10 +1,10 @@
 """The LP relaxation of a CP-SAT model, solved with CLP through OR-Tools' pywraplp.
 
-CP-SAT solves this relaxation too, but keeps its solution to itself; `solvers.ilp.solve` wants it to
-steer a warm start (which regions the LP would open) and as a bound, and wants the relaxations
-of the two halves of a branch (a variable fixed to 0, and to 1) for a stronger bound. Only the
-constraint kinds that `solvers.ilp.solve` builds are translated: linear constraints, implications
-(`bool_and` with one enforcement literal) and clauses (`bool_or`).
+CP-SAT solves this relaxation too, but keeps its solution to itself; `solvers.ilp.solve` wants
+it to steer a warm start (which regions the LP would open) and as a bound, and wants the
+relaxations of the two halves of a branch (a variable fixed to 0, and to 1) for a stronger
+bound. Only the constraint kinds that `solvers.ilp.solve` builds are translated: linear
+constraints, implications (`bool_and` with one enforcement literal) and clauses (`bool_or`).
 
 Example:
     >>> relaxation = LinearRelaxation(built.model).solve(time_limit_s=10)
@@ -42,9 +42,9 @@ class Relaxation:
 
 class LinearRelaxation:
     """The LP relaxation of a CP-SAT model, kept loaded in CLP so that solving it again with
-    some variables fixed starts from the last basis: on random_layered_n250's model at 50% the
-    LP takes 20 s, and then the two halves of a branch 12 s and 6 s, where each takes 20 s from
-    scratch (HiGHS: 20 s each; GLOP 45 s). GLOP, from scratch, where CLP gives no answer.
+    some variables fixed starts from the last basis: the two halves of a branch then take a
+    fraction of what each takes from scratch (with CLP or another LP solver). GLOP, from
+    scratch, where CLP gives no answer.
 
     Example:
         >>> relaxation = LinearRelaxation(built.model)
@@ -102,11 +102,10 @@ class LinearRelaxation:
 
 def _translate(model: Any) -> tuple[Any, float]:
     """The LP relaxation of a CP-SAT model as an OR-Tools MPModelProto, and the factor its
-    objective was divided by (to 1 at most: both LP solvers gave no answer on small models
-    with coefficients of 2^38). The model is read back from a file as a protobuf message and
-    the LP built field by field: 0.5 s on random_layered_n250's model, where reading the
-    model's own proto wrapper took 2.5 s and adding the LP's 900 000 coefficients one call at
-    a time 4 s."""
+    objective was divided by (to 1 at most: the LP solvers give no answer, even on small
+    models, with coefficients as large as 2^38). The model is read back from a file as a
+    protobuf message and the LP built field by field: several times faster than reading the
+    model's own proto wrapper, or adding the LP's coefficients one call at a time."""
     from ortools.linear_solver import linear_solver_pb2
     from ortools.sat import cp_model_pb2
 
@@ -167,3 +166,6 @@ def _translate(model: Any) -> tuple[Any, float]:
     for index, coefficient in zip(proto.objective.vars, proto.objective.coeffs):
         lp.variable[index].objective_coefficient += float(coefficient) / scale
     return lp, scale
+
+
+__all__ = ["BOUND_TOLERANCE", "LinearRelaxation", "Relaxation"]

@@ -6,7 +6,7 @@ their sum, and `member[i][a] <= member[i - 1][a]` keeps regions contiguous). `pr
 (k's region starts at or before i) is the running sum of member[k][.]: an order encoding that
 makes "k's region starts after j" a linear expression.
 
-Outputs held into backward (see solvers/structure.py): `alive[j][i]` = output j is held at the
+Outputs held into backward (see `solvers.structure`): `alive[j][i]` = output j is held at the
 backward of node i, for i from j to j's last possible keeper, or past the last saving node of
 a region that may keep it (from there on it is `into_backward[j]`).
 It is monotone in i and bounded below by every keeper: `alive[j][k] >= 1 - in_region[k]` for
@@ -168,8 +168,8 @@ def build_model(
             continue
         earliest = structure.uses_before[k][0]
         # One long sum per prefix, not a chain prefix[k, a] = prefix[k, a - 1] + member[k][a]:
-        # the chain presolves faster but CP-SAT's LP then took longer than 60 s to give any
-        # bound on random_layered_n250 at 70% (the long sums: 14060 after 12 s).
+        # the chain presolves faster, but CP-SAT's LP then takes far longer to give any bound on
+        # wide DAGs.
         running: Any = 0
         for a in range(min(member[k]), k + 1):
             if a in member[k]:
@@ -376,3 +376,6 @@ def bound_by_optimum(built: IlpModel, regions: tuple[range, ...], kept: Collecti
     slack = 3 * len(built.costs) + math.ceil(1e-9 * value) + 1
     built.model.add(built.objective >= value - slack)
     return slack
+
+
+__all__ = ["IlpModel", "bound_by_optimum", "build_model", "load_cp_model", "scaled_cost"]

@@ -45,13 +45,8 @@ from solvers.solution import InfeasibleBudget, Solution, Status
 
 logger = logging.getLogger(__name__)
 
-
 DEFAULT_TIME_LIMIT_S = 60.0
-
-
 DEFAULT_WORKERS = 2
-
-
 FINAL_SEARCH_MIN_S = 5.0  # with less left after the LP-guided warm start, skip the full search
 
 
@@ -238,3 +233,6 @@ def _dp_plan_solution(problem: Problem, plan: Plan, proven: bool, budget_bytes: 
     logger.info("ilp: dp's plan returned: CP-SAT found none as cheap within the time limit")
     status, gap = (Status.OPTIMAL, 0.0) if proven else (Status.FEASIBLE, None)
     return dataclasses.replace(make_solution(problem, plan[0], budget_bytes, status, "ilp", started, plan[1]), gap=gap)
+
+
+__all__ = ["DEFAULT_TIME_LIMIT_S", "DEFAULT_WORKERS", "FINAL_SEARCH_MIN_S", "minimum_peak_ilp", "solve_ilp"]

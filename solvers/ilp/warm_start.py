@@ -24,22 +24,12 @@ from solvers.structure import Structure
 
 logger = logging.getLogger(__name__)
 
-
 Plan = tuple[tuple[range, ...], tuple[int, ...]]  # regions and the nodes they keep
 
-
 SINGLE_NODE_SHARE = 0.1  # of the time limit, at most, for the one-node-regions warm start
-
-
 LP_SHARE = 0.5  # ... for the LP relaxation that guides the long-region warm start
-
-
 GUIDED_SHARE = 0.3  # ... for the search it guides (twice that on one worker fewer, see below)
-
-
 SEARCH_MARGIN_S = 1.0  # the LP-guided search ends this early: CP-SAT overruns a little
-
-
 GUIDED_SHORT_REGION_NODES = 4  # regions longer than this start only where the LP opens them
 
 
@@ -47,8 +37,8 @@ def greedy_single_nodes(problem: Problem, budget_bytes: int) -> tuple[range, ...
     """A warm start where dp's bounded search is weak (wide DAGs): one-node regions ("drop
     this output, recompute it alone in backward"), added greedily by peak bytes saved per ms,
     re-scoring lazily, then dropped again, costliest first, while the plan still fits. None if
-    one-node regions alone cannot reach the budget. (On random_layered_n250 at 70% it finds
-    14 770 ms in 0.4 s where dp's plan costs 31 804 ms and CP-SAT's LP bound is 14 050 ms.)"""
+    one-node regions alone cannot reach the budget. (On wide DAGs it finds, in well under a
+    second, plans far cheaper than dp's bounded search and near CP-SAT's LP bound.)"""
 
     def plan(chosen: set[int]) -> tuple[range, ...]:
         return tuple(range(j, j + 1) for j in sorted(chosen))
@@ -87,13 +77,12 @@ def single_node_optimum(
     problem: Problem, budget_bytes: int, hint: tuple[range, ...] | None, time_limit_s: float, workers: int
 ) -> tuple[range, ...] | None:
     """The cheapest plan of one-node regions, from the same model restricted to them (about a
-    quarter of the variables, and an LP that solves in well under a second where the full one
-    takes 20 s), or the best found within `time_limit_s`; None if none was found (or none
-    exists). A warm start for the full model, never a bound. Of CP-SAT's full-problem workers
-    only the LP-guided one (`max_lp`) runs, beside the neighbourhood searches: on
-    random_layered_n250 at 70% that proves 14 134 ms optimal in under a second on one core,
-    where the default mix of workers needs 17 s. A one-node region keeps nothing: kept, its node
-    holds at least what it holds outside regions, and costs no less."""
+    quarter of the variables, and an LP that solves far faster than the full one), or the best
+    found within `time_limit_s`; None if none was found (or none exists). A warm start for the
+    full model, never a bound. Of CP-SAT's full-problem workers only the LP-guided one
+    (`max_lp`) runs, beside the neighbourhood searches: that proves such plans optimal many
+    times faster than the default mix of workers. A one-node region keeps nothing: kept, its
+    node holds at least what it holds outside regions, and costs no less."""
     one_node_hint = (hint, ()) if hint is not None and all(len(region) == 1 for region in hint) else None
     found, _ = search_restricted(problem, budget_bytes, 1, frozenset(), one_node_hint, time_limit_s, workers,
                                  keeps=False)
@@ -156,21 +145,20 @@ def lp_guided_plan(
     """A warm start for budgets that need a long region, steered by the full model's LP
     relaxation, and a bound from the LP (in the model's scaled units; None if no LP solution).
     Where a plan of one-node regions fits (`short_regions_fit`) and the LP puts no weight on
-    a long region, only the LP's bound: the full model's search then proves such plans
-    (random_layered_n250 at 70%: the LP in 7 s, then CP-SAT proves 14 134 ms optimal). At 55%
-    the LP opens six long starts, and this finds 41 071 ms where the best plan of one-node
-    regions costs 55 092 ms and the full model's search found no better in 55 s.
+    a long region, only the LP's bound: the full model's search then proves such plans. Where
+    the LP opens long starts, this finds plans far cheaper than the best plan of one-node
+    regions, which the full model's search does not improve on within its time.
 
     Regions of at most `GUIDED_SHORT_REGION_NODES` nodes may start anywhere; longer ones only
     where the LP puts weight on one, and CP-SAT searches that restricted model. CP-SAT's own
-    neighbourhood searches cannot move a long region: on random_layered_n250 at 50% they stay
-    near dp's 67 400 ms, while the LP (with the triangle cuts) puts the optimum's long region
-    at 0.87 and this search finds 54 567 ms (the optimum is 54 470).
+    neighbourhood searches cannot move a long region: they stay near dp's plan, while the LP
+    (with the triangle cuts) puts most of its weight on the optimum's long region, and this
+    search finds a plan near the optimum.
 
     The bound is the LP's, raised by one branch (`branching_node`): every plan has that node
-    in a region or not, so the smaller of the two halves' LP objectives is a bound too. On
-    that graph the LP mixes 0.87 of a plan that does not fit with 0.13 of one with a far longer
-    region (53 792 ms), and the halves give 54 158 and 54 176. The halves are solved (from the
+    in a region or not, so the smaller of the two halves' LP objectives is a bound too. Where
+    the LP mixes most of a plan that does not fit with a little of one with a far longer
+    region, both halves lie above the LP's objective. The halves are solved (from the
     LP's basis, one after the other, until `deadline`) while the search runs beside them on one
     worker fewer (so with one worker there is no branch), then on all of them, each time for at
     most twice `GUIDED_SHARE` of the limit; the root LP gets at most `LP_SHARE`.
@@ -216,9 +204,9 @@ def lp_guided_plan(
             return None, False
         return search_restricted(problem, budget_bytes, short, long_starts, hint, share_s, workers, stop)
 
-    # Hinted with the LP's rounded plan, not with the plans found so far: on
-    # random_layered_n250 at 50% dp's plan (a 118-node region) led the search to 55 552 ms in
-    # 20 s, the LP alone to 54 567 ms. While the halves are solved, on one worker fewer.
+    # Hinted with the LP's rounded plan, not with the plans found so far: a plan with one very
+    # long region (dp's) leads the search to dearer plans than the LP's alone does. While the
+    # halves are solved, on one worker fewer.
     hint = rounded_plan(built, root.values), ()
     with ThreadPoolExecutor(max_workers=1) as pool:  # the LP solvers release the GIL
         halves = pool.submit(branch) if node is not None and workers > 1 else None
@@ -246,9 +234,8 @@ def branching_node(built: IlpModel, values: tuple[float, ...]) -> int | None:
     region start whose fractional members weigh the most (cost times distance from 0 or 1) is
     that region's, and of its members the costliest node that the LP puts partly in regions
     parts the mix the most: forced out, the long region cannot cover it; forced in, its whole
-    cost is paid. (On random_layered_n250 at 50%: node 25 of the region from node 0, halves
-    54 158 / 54 176 ms; with HiGHS from scratch, the most fractional node, 238, gave
-    54 085 / 54 028, and node 137 of a shorter region 53 940 / 53 797.)"""
+    cost is paid. (The most fractional node, or a node of a shorter region, raises the bound
+    less.)"""
 
     def fraction(var: Any) -> float:
         value = values[var.index]
@@ -295,12 +282,12 @@ def cp_sat_solver(time_limit_s: float, workers: int) -> Any:
     solver.parameters.num_workers = int(workers)
     solver.parameters.interleave_search = True  # deterministic with several workers
     solver.parameters.random_seed = 0
-    # Probing builds hundreds of thousands of binary clauses on these models and costs more
-    # than it saves (MobileNet: 14 s -> 0.7 s to optimality without it).
+    # Probing builds hundreds of thousands of binary clauses on these models and costs far more
+    # than it saves.
     solver.parameters.cp_model_probing_level = 0
     # Solve the root LP in one go, not in chunks of 2 000 dual simplex iterations between the
-    # other interleaved workers: on random_layered_n250 it needs about 20 000, and in chunks
-    # no bound arrived within 60 s (at 90%: bound 0 -> proven optimal in 26 s).
+    # other interleaved workers: a wide DAG's root LP needs tens of thousands, and in chunks no
+    # bound arrives within the default time limit.
     solver.parameters.root_lp_iterations = 200_000
     return solver
 
@@ -352,3 +339,8 @@ def hint_plan(built: IlpModel, problem: Problem, regions: tuple[range, ...], kep
         for i, var in row.items():
             model.add_hint(var, keeper <= i)
     return True
+
+
+__all__ = ["GUIDED_SHARE", "GUIDED_SHORT_REGION_NODES", "LP_SHARE", "Plan", "SEARCH_MARGIN_S", "SINGLE_NODE_SHARE",
+           "branching_node", "cp_sat_solver", "greedy_single_nodes", "hint_plan", "lp_guided_plan", "plan_of_solution",
+           "regions_of", "rounded_plan", "search_restricted", "single_node_optimum"]
