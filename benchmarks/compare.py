@@ -8,8 +8,11 @@ For each model (`benchmarks/compare_models.py`), one run measures side by side:
   users get; the built-in models: each block's `forward` wrapped);
 - `sqrt(N) segments`: what `checkpoint_sequential` does: the N blocks cut into segments of about
   sqrt(N) blocks, every segment but the last run under one checkpoint call (deep copy);
-- the planner: `plan(model, sample, budget_gb=80)` once, then `replan(budget_gb=..., solver=...)`
-  at every block's own measured peak and at 40/60/80% of the measured unplanned peak (solver
+- the planner: the call users make, `plan(model, sample, budget_gb=X)` with every other argument
+  at its default, at every block's own measured peak and at 40/60/80% of the measured unplanned
+  peak, its planning time in the notes (`--replan`: `plan(model, sample, budget_gb=80)` once and
+  `replan(budget_gb=..., solver=...)` at each budget, the faster route; the plan at 80 GB gives
+  the cost figures, the every-block plan and the bounds either way) (solver
   `auto` unless `--solvers` names others), timing `p.module()`;
 - with `--save-plans DIR`, each plan is also saved there (`Plan.save`), so that a probe can
   time exactly that plan again (`planner.load_plan(path).apply(model)`);
@@ -53,7 +56,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import json
 import logging
 import os
 import sys
@@ -62,11 +64,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-from compare_models import (  # noqa: E402
+from benchmarks.compare_models import (
     SPECS,
     Spec,
     every_block,
@@ -75,19 +73,27 @@ from compare_models import (  # noqa: E402
     segments,
     sqrt_segments,
 )
-from compare_plot import plot  # noqa: E402
-from compare_report import method_text, summary_lines, table, validation, verdict  # noqa: E402
-from compare_results import Config, ModelResult, PlanningReadings, mib  # noqa: E402
-from compare_steps import (  # noqa: E402
+from benchmarks.compare_plot import plot
+from benchmarks.compare_report import (
+    method_text,
+    summary_lines,
+    table,
+    validation,
+    verdict,
+)
+from benchmarks.compare_results import Config, ModelResult, PlanningReadings, mib
+from benchmarks.compare_steps import (
     inductor_with_budget,
     measure_allocator,
     measure_tensors,
     step,
     timed_step,
 )
-from cpu_memory import retain_freed_memory  # noqa: E402
-from decision_space import beyond_the_planner  # noqa: E402
-from retime import NodeRetimer  # noqa: E402
+from benchmarks.cpu_memory import retain_freed_memory
+from benchmarks.decision_space import beyond_the_planner
+from benchmarks.retime import NodeRetimer
+
+HERE = Path(__file__).resolve().parent
 
 STARTED = time.perf_counter()
 
@@ -161,13 +167,20 @@ def run_model(spec: Spec, args) -> ModelResult:
     for label, budget in budgets:
         bound_ms, any_run_ms, every_keep_ms = beyond_the_planner(base.problem, budget, args.any_run,
                                                                  args.bound_time_limit)
-        for solver in args.solvers:
-            name = f"planner {solver} @ {label}"
+        efforts = ["normal", "thorough"] if label in args.thorough else ["normal"]
+        for solver, effort in [(solver, effort) for solver in args.solvers for effort in efforts]:
+            name = f"planner {solver} @ {label}" + (" (thorough)" if effort == "thorough" else "")
             config = Config(name, "planner", budget_bytes=budget, solver=solver, budget_label=label,
                             bound_ms=bound_ms, any_run_ms=any_run_ms, every_keep_ms=every_keep_ms)
             started = time.perf_counter()
             try:
-                planned = base.replan(budget_gb=budget / GIB, solver=solver)
+                if args.replan:  # (the faster route: the measurements of the plan at 80 GB, solved again)
+                    planned = base.replan(budget_gb=budget / GIB, solver=solver)
+                else:  # the call users make
+                    planned = plan(model, sample, budget_gb=budget / GIB,
+                                   **({} if solver == "auto" else {"solver": solver}),
+                                   **({} if effort == "normal" else {"effort": effort}))
+                config.plan_s = time.perf_counter() - started
             except InfeasibleBudget as infeasible:
                 config.infeasible = f"infeasible: minimum {mib(infeasible.minimum_bytes)}"
             except Exception as error:  # noqa: BLE001 - a solver that fails is reported
@@ -188,7 +201,8 @@ def run_model(spec: Spec, args) -> ModelResult:
                 gap = f" (gap {100 * solution.gap:.1f}%)" if solution.gap else ""
                 runs = sum(planned.problem.run_span_of(region) is not None for region in solution.regions)
                 slices = sum(region in planned.problem.segment_regions for region in solution.regions)
-                config.note = (f"{len(planned.checkpoints)} regions ({runs} runs inside a call"
+                config.note = (f"planned in {config.plan_s:.1f} s; "
+                               f"{len(planned.checkpoints)} regions ({runs} runs inside a call"
                                + (f", {slices} slices of a Sequential" if slices else "") + ") keeping "
                                f"{len(solution.kept)} nodes, "
                                f"{solution.solver} {solution.status.value}{gap}, solved in {solution.solve_seconds:.2f} s")
@@ -282,6 +296,10 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(SPECS), help=f"comma-separated subset of {','.join(SPECS)}")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 7, --quick 1)")
     parser.add_argument("--solvers", default="auto", help="comma-separated planner solvers (default auto)")
+    parser.add_argument("--thorough", default="",
+                        help="budgets also planned with effort='thorough', e.g. \"every block's peak,60%%\"")
+    parser.add_argument("--replan", action="store_true",
+                        help="plan at 80 GB once and replan at each budget (faster; not the call users make)")
     parser.add_argument("--no-save", action="store_true", help="print only: no RESULTS.md, no plots")
     parser.add_argument("--warm-cache", action="store_true",
                         help="use Inductor's usual cache (default: a fresh one, so compile times are cold)")
@@ -326,6 +344,7 @@ def main() -> int:
     args.rounds = args.rounds or (1 if args.quick else 7)
     args.solvers = [name.strip() for name in args.solvers.split(",") if name.strip()]
     args.fractions = (0.4, 0.6, 0.8)
+    args.thorough = [label.strip() for label in args.thorough.split(",") if label.strip()]
     args.compile_budgets = tuple(float(value) for value in args.compile_budgets.split(",") if value.strip())
     if not args.warm_cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="compare-inductor-")
@@ -367,8 +386,9 @@ def main() -> int:
             f"{result.description}. Unplanned step {none.step_ms:.0f} ms (median), measured peak {mib(none.peak)}.",
             "",
             "\n".join(f"- {note}" for note in result.notes),
-            f"- planner: measure + solve (plan, budget 80 GiB) {result.plan_s:.1f} s, once; "
-            "replans reuse the measurements",
+            f"- planner: measure + solve at 80 GiB (for the cost figures, the bounds and every block's prediction) "
+            f"{result.plan_s:.1f} s; " + ("each budget replans those measurements" if args.replan else
+                                          "each budget is planned with the default call, its time in the notes"),
             f"- torch.compile, compile + first step (not in step times): {compile_times or 'none'}",
             "",
             table(result),
@@ -380,44 +400,37 @@ def main() -> int:
         sections.append(section)
         print(section.replace(f"results/{image.name}", str(image)), flush=True)
         print(flush=True)
-    # every step time, round by round, per model as its plot, so that later readers can pool
-    # runs with any estimator
-    for result in results:
-        times = {c.name: [round(t, 2) for t in c.times_ms] for c in result.configs if c.times_ms}
-        times.update({f"{c.name}: overhead per round": [round(t, 2) for t in c.overheads_ms]
-                      for c in result.configs if c.overheads_ms})
-        (image_dir / f"compare_times_{result.spec.key}{suffix}.json").write_text(  # one line per configuration
-            "{\n" + ",\n".join(f" {json.dumps(key)}: {json.dumps(value)}" for key, value in times.items()) + "\n}\n")
     summary = summary_lines(all_flags)
     wall = time.perf_counter() - STARTED
-    body = "\n\n".join([
-        method_text(args.rounds, args.threads, args.retained, device_text(args)),
-        *sections,
-        "### Allocator vs tensor tracker on eager configurations",
-        "Same configurations, separate steps. Differences left after removing kernel scratch are storages "
-        "made outside the dispatcher: `checkpoint(preserve_rng_state=True)` keeps the CPU RNG state "
-        "(`torch.get_rng_state()`, 5056 B) per checkpointed call, which the tracker cannot see.",
-        validation(results),
-        "### Targets",
-        summary,
-        f"Wall time of the run: {wall / 60:.1f} min; solvers in solvers.SOLVERS: {', '.join(sorted(SOLVERS))}"
-        + (f" (ilp under a {args.ilp_time_limit:g} s time limit)" if "ilp" in SOLVERS else "") + ".",
-    ])
     print("Allocator vs tensor tracker on eager configurations:\n" + validation(results))
     print("Targets:\n" + summary)
     print(f"Wall time {wall / 60:.1f} min; plots in {image_dir}")
     if save:
-        command = "python benchmarks/compare.py" + (f" --models {args.models}" if args.models != ",".join(SPECS) else "") \
+        command = "python -m benchmarks.compare" + (f" --models {args.models}" if args.models != ",".join(SPECS) else "") \
             + (f" --rounds {args.rounds}" if args.rounds != 7 else "") \
             + (f" --solvers {','.join(args.solvers)}" if args.solvers != ["auto"] else "") \
             + (" --any-run" if args.any_run else "") \
             + (f" --device {args.device}" if args.device != "cpu" else "") \
-            + (f" --batch-scale {args.batch_scale}" if args.batch_scale != 1 else "")
+            + (f" --batch-scale {args.batch_scale}" if args.batch_scale != 1 else "") \
+            + (" --replan" if args.replan else "") \
+            + (f" --thorough \"{','.join(args.thorough)}\"" if args.thorough else "")
         if args.compile_budgets:
             command += " --compile-budgets " + ",".join(f"{budget:g}" for budget in args.compile_budgets)
-        from results import append_results
+        from benchmarks.results import set_section, write_run
 
-        append_results("Planner vs. today's options", command, body, device_name(args.device))
+        device = "cpu" if args.device == "cpu" else args.device.split(":")[0]
+        for result, section in zip(results, sections):
+            set_section(f"compare_{result.spec.key}_{device}", f"Planner vs. today's options: {result.spec.title}"
+                        f" ({device})", command, section, device_name(args.device))
+            write_run(f"compare_{result.spec.key}", {"command": command, "configs": [
+                {"name": c.name, "budget": c.budget_bytes, "peak": c.peak, "predicted_peak": c.predicted_peak_bytes,
+                 "times_ms": c.times_ms, "overheads_ms": c.overheads_ms, "predicted_overhead_ms": c.predicted_overhead_ms,
+                 "plan_s": c.plan_s, "note": c.note or c.infeasible} for c in result.configs]}, device)
+        set_section(f"compare_{device}", f"Planner vs. today's options: method and targets ({device})", command,
+                    "\n\n".join([method_text(args.rounds, args.threads, args.retained, device_text(args)),
+                                 "Allocator vs tensor tracker on eager configurations:", validation(results),
+                                 "Targets:", summary, f"Wall time of the run: {wall / 60:.1f} min."]),
+                    device_name(args.device))
     return 0
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compare_results import ModelResult
+from benchmarks.compare_results import ModelResult
 
 
 def _place_labels(figure, axes, labels) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 
-from compare_results import (
+from benchmarks.compare_results import (
     PREDICTION_SLACK_MS,
     PREDICTION_TOLERANCE,
     Config,
@@ -21,7 +21,7 @@ from compare_results import (
     prediction_ok,
     within_tolerance,
 )
-from decision_space import EVERY_KEEP_LIMIT
+from benchmarks.decision_space import EVERY_KEEP_LIMIT
 
 # Most a plan's overhead may be, as a share of checkpointing every block, at each budget.
 SHARE_TARGETS = {"every block's peak": 0.6, "60%": 0.4, "80%": 0.2}

@@ -52,6 +52,7 @@ class Config:
     every_keep_ms: float | None = None
     plan: Any = None  # planner: the Plan
     retimed_ms: float | None = None  # planner, every block: predicted from node times of the rounds
+    plan_s: float | None = None  # planner: seconds plan() took at this budget (or replan(), with --replan)
 
     @property
     def eager(self) -> bool:

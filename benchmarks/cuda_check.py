@@ -16,18 +16,17 @@ import tempfile
 import warnings
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks.real_models import _models  # noqa: E402
-from benchmarks.results import append_results  # noqa: E402
-from planner import InfeasibleBudget, load_plan, plan  # noqa: E402
+from benchmarks.real_models import _models
+from benchmarks.results import append_results
+from planner import InfeasibleBudget, load_plan, plan
 from planner.api import GIB
 from planner.cli.models import to_device
 from planner.measure.steps import verify_modules
 from solvers.solution import format_bytes
+
+HERE = Path(__file__).resolve().parent
 
 
 def main() -> int:

@@ -23,13 +23,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # (the fuzz models live with the tests)
-
-from fuzz_models import OVER_TOLERANCE, PEAK_TOLERANCE, check_seed  # noqa: E402
-
-from benchmarks.results import set_section, write_run  # noqa: E402
+from benchmarks.fuzz_models import OVER_TOLERANCE, PEAK_TOLERANCE, check_seed
+from benchmarks.results import set_section, write_run
 
 CHECKS = {
     "ran": "planned, verified and trained without raising",

@@ -36,7 +36,9 @@ from typing import Any
 
 import torch
 import torch.fx
-from fuzz_programs import (
+from torch import nn
+
+from benchmarks.fuzz_programs import (
     Block,
     FlatModel,
     FuzzModel,
@@ -44,7 +46,6 @@ from fuzz_programs import (
     TensorState,
     describe,
 )
-from torch import nn
 
 GIB = 2**30
 PEAK_TOLERANCE = 0.03
@@ -298,9 +299,10 @@ def check_seed(seed: int, flat: bool = False, replan: bool = False) -> dict[str,
     instead, `plan(..., budget_gb=80)` then `replan(budget_gb=X)`.
 
     Where the budget is refused as infeasible, the smallest budget the refusal names is planned
-    for and must be met. On odd seeds the plan is also solved again with the selective policy's
-    costs at 0 (on models this small the measured costs outweigh what keeping saves, and no plan
-    would keep a node) and that plan verified too (`keep_*`). Then the same budget is planned
+    for and must be met. On odd seeds the model is also planned with `selective=True` and solved
+    again with the selective policy's costs at 0 (on models this small the measured costs
+    outweigh what keeping saves, and no plan would keep a node), and that plan verified too
+    (`keep`). Then the same budget is planned
     with `measure="no-run"` (`no_run`) and for a copy of the model on `meta` (`meta`), each
     applied and measured: their peaks may not exceed the budget by more than 1%.
 
@@ -336,9 +338,8 @@ def check_seed(seed: int, flat: bool = False, replan: bool = False) -> dict[str,
         budget = record["budget"]
         if seed % 2 == 1:
             stage = "plan keeping free"
-            free = replace(p.problem, keep_region_ms=0.0, keep_call_ms=0.0, kept_node_ms=0.0)
-            keeping = replace(p, problem=free) if hasattr(p, "__dataclass_fields__") else copy.copy(p)
-            keeping.problem = free
+            keeping = plan(copy.deepcopy(reference), sample, budget_gb=80, repeats=1, selective=True)
+            keeping.problem = replace(keeping.problem, keep_region_ms=0.0, keep_call_ms=0.0, kept_node_ms=0.0)
             model_k = copy.deepcopy(reference)
             keep: dict[str, Any] = {"budget": budget}
             _plan_checked(lambda size: keeping.replan(budget_gb=size / GIB), reference, model_k, sample, keep)

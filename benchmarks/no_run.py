@@ -12,6 +12,9 @@ Three parts, each printing a table and (unless --no-save) appending it to RESULT
   model), and on the clock (step time over the unplanned model's, alternating rounds, medians),
   which is what is judged: more than 10% and more than NOISE_MS over the run path's plan misses
   (where both paths chose the very same submodules, the difference is the clock's noise).
+* `flat`: flat random models (every op in the model's own forward, in-place writes on values
+  other ops consumed; `benchmarks.fuzz_models`) planned on `meta` at 40/60/80% of the real
+  model's measured peak, saved, loaded and applied to it: under budget, within 0.1%.
 * `memory`: a GPT-2 whose unplanned step needs at least 2 GiB, planned at 40% of that with the
   real model: the peak resident memory `plan()` adds, in a fresh process after a warm-up plan
   of a small model, against the budget and against one unplanned step's.
@@ -19,7 +22,7 @@ Three parts, each printing a table and (unless --no-save) appending it to RESULT
   70B (80 layers, hidden 8192, 64 heads, 8 KV heads) over 32 ranks, built on `meta`: wall time,
   peak resident memory, both reports, and the static breakdown checked against arithmetic.
 
-    .venv/bin/python benchmarks/no_run.py [--parts small,memory,llama] [--no-save]
+    .venv/bin/python -m benchmarks.no_run [--parts small,flat,memory,llama] [--results]
 """
 from __future__ import annotations
 
@@ -34,16 +37,15 @@ import time
 import warnings
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks.results import append_results  # noqa: E402
-from planner import InfeasibleBudget, load_plan, plan  # noqa: E402
+from benchmarks.results import set_section, write_run
+from planner import InfeasibleBudget, load_plan, plan
 from planner.api import GIB
 from planner.measure.steps import step_ms, verify_modules
 from solvers.solution import format_bytes
+
+HERE = Path(__file__).resolve().parent
 
 FRACTIONS = (0.4, 0.6, 0.8)
 NOISE_MS = 2.0  # step-time differences below this are within this machine's noise
@@ -104,6 +106,49 @@ def measured_overheads(model, planned: list, sample, rounds: int) -> list[float]
         module.zero_grad(set_to_none=True)
     medians = [statistics.median(found) for found in times]
     return [median - medians[0] for median in medians[1:]]
+
+
+def part_flat(steps: int, seeds: int = 30) -> str:
+    """Flat random models (`benchmarks.fuzz_models`, every op in the model's own forward: in-place
+    writes on consumed values, `h * 1.0; h += old`, gates, concatenations) built on `meta` and
+    planned at 40/60/80% of the real model's measured peak; each plan saved, loaded, applied to
+    the real model and measured: under budget, its prediction within 0.1%."""
+    import copy
+
+    from benchmarks.fuzz_models import random_model
+    from planner.measure.steps import steady_peak
+
+    rows = ["| seed | nodes | budget | regions | predicted peak | measured peak | error | under budget |",
+            "|" + "---|" * 8]
+    errors, misses = [], []
+    for seed in range(seeds):
+        model, sample = random_model(seed, flat=True)
+        unplanned = steady_peak(model, sample, torch.device("cpu"))
+        on_meta = copy.deepcopy(model).to("meta")
+        for fraction in FRACTIONS:
+            budget = int(fraction * unplanned)
+            try:
+                p = plan(on_meta, sample.to("meta"), budget_gb=budget / GIB)
+            except InfeasibleBudget as error:
+                rows.append(f"| {seed} | | {fraction:.0%} | infeasible: minimum {format_bytes(error.minimum_bytes)} "
+                            "| | | | |")
+                continue
+            with tempfile.TemporaryDirectory() as folder:
+                applied = load_plan(p.save(Path(folder) / "plan.json")).apply(copy.deepcopy(model))
+            measured = steady_peak(applied, sample, torch.device("cpu"))
+            error = (p.predicted_peak_bytes - measured) / measured
+            errors.append(error)
+            rows.append(f"| {seed} | {len(p.problem)} | {fraction:.0%} = {format_bytes(budget)} | {len(p.checkpoints)} "
+                        f"| {format_bytes(p.predicted_peak_bytes)} | {format_bytes(measured)} | {100 * error:+.3f}% "
+                        f"| {'yes' if measured <= budget else 'NO'} |")
+            if measured > budget or abs(error) > 0.001:
+                misses.append(f"seed {seed} at {fraction:.0%}: {100 * error:+.3f}%"
+                              + ("" if measured <= budget else ", over budget"))
+    worst = max(errors, key=abs, default=0.0)
+    verdict = (f"{len(errors)} plans made on meta; worst error {100 * worst:+.3f}%. "
+               + ("Every plan under its budget and within 0.1%." if not misses else
+                  "Misses:\n" + "\n".join(f"- {m}" for m in misses)))
+    return "\n".join(rows) + "\n\n" + verdict
 
 
 def part_small(steps: int, rounds: int = 11) -> str:
@@ -303,13 +348,14 @@ def part_llama() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="small,memory,llama")
+    parser.add_argument("--parts", default="small,flat,memory,llama")
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--results", action="store_true", help="write each part's table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     parts = {"small": ("Planning without running: measured vs no-run path",
                        lambda: part_small(args.steps)),
+             "flat": ("Planning without running: flat models with in-place writes, on meta", lambda: part_flat(args.steps)),
              "memory": ("Planning without running: memory plan() adds", part_memory),
              "llama": ("Planning without running: Llama 7B and 70B on meta for H100s", part_llama)}
     for key in args.parts.split(","):
@@ -317,8 +363,9 @@ def main() -> int:
         started = time.perf_counter()
         body = run()
         print(f"\n## {title} ({time.perf_counter() - started:.0f} s)\n{body}\n", flush=True)
-        if not args.no_save:
-            append_results(title, f"python benchmarks/no_run.py --parts {key}", body)
+        write_run(f"no_run_{key}", {"command": f"python -m benchmarks.no_run --parts {key}", "table": body})
+        if args.results:
+            set_section(f"no_run_{key}", title, f"python -m benchmarks.no_run --parts {key}", body)
     return 0
 
 

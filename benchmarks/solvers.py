@@ -17,11 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from solvers import InfeasibleBudget, Problem, Solution, peak_bytes, solve
 from solvers.graphs import load_graph
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GRAPHS = ROOT.parent / "shared" / "data" / "remat-graphs"
 FRACTIONS = (0.3, 0.5, 0.7, 0.9)
@@ -183,7 +182,7 @@ def main() -> int:
     if not args.quick and not args.no_write:
         try:
             sys.path.insert(0, str(Path(__file__).parent))
-            from results import append_results
+            from benchmarks.results import append_results
         except ImportError:  # the shared appender is missing: write the section ourselves
             append_results = _append_results
         append_results("Solvers", "python benchmarks/solvers.py", "\n".join(lines + summary))

@@ -10,14 +10,14 @@ import functools
 import pytest
 import torch
 import torch.fx
-from fuzz_models import (
+
+from benchmarks.fuzz_models import (
     OVER_TOLERANCE,
     PEAK_TOLERANCE,
     check_seed,
     random_model,
     training_step,
 )
-
 from planner import plan
 
 # 6: a branch nothing returned depends on; 7: saved tensors freed before a gradient sum;

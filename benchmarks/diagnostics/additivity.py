@@ -23,13 +23,12 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.compare_models import SPECS
+from benchmarks.compare_steps import step, timed_step
+from benchmarks.cpu_memory import retain_freed_memory
+from benchmarks.retime import NodeRetimer
 
-from benchmarks.compare_models import SPECS  # noqa: E402
-from benchmarks.compare_steps import step, timed_step  # noqa: E402
-from benchmarks.cpu_memory import retain_freed_memory  # noqa: E402
-from benchmarks.retime import NodeRetimer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def split(planned):

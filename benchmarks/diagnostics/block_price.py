@@ -19,13 +19,11 @@ import statistics
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+from benchmarks.compare_models import SPECS, block_names
+from benchmarks.compare_steps import step, timed_step
+from benchmarks.cpu_memory import memory_kept, retain_freed_memory
 
-from compare_models import SPECS, block_names  # noqa: E402
-from compare_steps import step, timed_step  # noqa: E402
-from cpu_memory import memory_kept, retain_freed_memory  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 def _reading(values: list[float]) -> str:
@@ -110,7 +108,7 @@ def main() -> int:
         "thread. " + memory_kept(retained))
     print(body)
     if not args.no_save:
-        from results import append_results
+        from benchmarks.results import append_results
 
         append_results("Checkpoint's cost per block, within one step", "python benchmarks/block_price.py", body)
     return 0

@@ -29,18 +29,17 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.compare_models import SPECS, block_names  # noqa: E402
-from benchmarks.cpu_memory import retain_freed_memory  # noqa: E402
-from benchmarks.decision_space import (  # noqa: E402
+from benchmarks.compare_models import SPECS, block_names
+from benchmarks.cpu_memory import retain_freed_memory
+from benchmarks.decision_space import (
     EVERY_KEEP_LIMIT,
     any_run,
     every_keep_subset,
     without_keeps,
 )
-from benchmarks.results import append_results  # noqa: E402
+from benchmarks.results import append_results
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FRACTIONS = (0.4, 0.6, 0.8)
 

@@ -18,15 +18,11 @@ import argparse
 import sys
 import warnings
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.append(str(Path(__file__).resolve().parent))  # compare_models; after the project (solvers.py here)
+import torch
+from torch._C._profiler import _EventType
 
-import torch  # noqa: E402
-from torch._C._profiler import _EventType  # noqa: E402
-
-from planner import plan  # noqa: E402
+from planner import plan
 from planner.api import GIB
 from planner.cli.models import to_device
 from planner.core import split_sample, training_loss
@@ -131,7 +127,7 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     device = torch.device(args.device)
     if args.compare:
-        from compare_models import SPECS, on_device
+        from benchmarks.compare_models import SPECS, on_device
 
         names = args.compare.split(",")
         build = lambda name: on_device(*SPECS[name].build(False)[:2], args.device, args.batch_scale)  # noqa: E731

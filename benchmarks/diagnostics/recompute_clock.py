@@ -24,14 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+from benchmarks.compare_models import SPECS, block_names
+from benchmarks.compare_steps import step, timed_step
+from benchmarks.cpu_memory import memory_kept, retain_freed_memory
+from benchmarks.retime import NodeRetimer
 
-from compare_models import SPECS, block_names  # noqa: E402
-from compare_steps import step, timed_step  # noqa: E402
-from cpu_memory import memory_kept, retain_freed_memory  # noqa: E402
-from retime import NodeRetimer  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 def timed_regions(module) -> dict[str, list[float]]:
@@ -198,7 +196,7 @@ def main() -> int:
         + memory_kept(retained))
     print(body)
     if not args.no_save:
-        from results import append_results
+        from benchmarks.results import append_results
 
         append_results("Recompute time against the clock", "python benchmarks/recompute_clock.py", body)
     return 0

@@ -24,13 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+from benchmarks.compare_models import SPECS
+from benchmarks.compare_steps import step
+from benchmarks.cpu_memory import retain_freed_memory
 
-from compare_models import SPECS  # noqa: E402
-from compare_steps import step  # noqa: E402
-from cpu_memory import retain_freed_memory  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 def op_times(module, sample, steps: int) -> tuple[collections.Counter, float]:
