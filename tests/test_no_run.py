@@ -283,3 +283,37 @@ def test_a_cuda_target_runs_grouped_query_attention_on_the_math_path():
     assert matrix not in _saved_shapes(target_attention, query, query, query, is_causal=True)  # memory-efficient
     half = query.to(torch.bfloat16), fewer.to(torch.bfloat16), fewer.to(torch.bfloat16)
     assert matrix not in _saved_shapes(target_attention, *half, is_causal=True, enable_gqa=True)  # flash
+
+
+class _Attention(nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def test_the_models_own_attention_is_counted_where_it_saves_more_than_the_graphs():
+    # A grouped-query call (2 key/value heads for 4) as a CUDA GPU runs it in training: the math
+    # path, which saves the attention matrix. Where the traced graph's attention node saves less
+    # (another call: repeated heads and a mask, the efficient kernel), the plan counts the model's.
+    import warnings
+
+    from planner.measure.holds import AttentionSaves
+    from planner.measure.paths import keep_attention_saves
+    from planner.measure.targets import target_attention
+
+    q = torch.randn(2, 4, 64, 16, requires_grad=True)
+    k, v = (torch.randn(2, 2, 64, 16, requires_grad=True) for _ in range(2))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        with AttentionSaves(target_attention) as saves:
+            _Attention()(q, k, v)
+    assert saves.saved and saves.saved[0] >= 2 * 4 * 64 * 64 * 4  # the attention matrix, at least
+    traced = trace(_Attention(), (q, k, v))
+    profile_sizes(traced.gm, [q, k, v], torch.device("cpu"))
+    node = next(n for n in traced.gm.graph.nodes if n.op == "call_function")
+    before = node.meta[META_KEY].saved_bytes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        keep_attention_saves(traced.gm, [before + 4096])
+    assert node.meta[META_KEY].saved_bytes == before + 4096
+    assert any(node.name in str(w.message) for w in caught)
+    keep_attention_saves(traced.gm, [0])  # saving less than the graph lowers nothing
+    assert node.meta[META_KEY].saved_bytes == before + 4096

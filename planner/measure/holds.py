@@ -46,6 +46,7 @@ from typing import Any, Callable, Collection, Sequence
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map_only
 
 from planner.measure.memory import (
@@ -54,6 +55,7 @@ from planner.measure.memory import (
     written_arguments,
 )
 from planner.measure.profile import tensors_in
+from planner.measure.targets import ATTENTION_TARGETS
 from planner.trace.fake import fake_like, fake_model_state
 from planner.trace.structure import COMPUTE_OPS, ModuleCall, compute_nodes, module_calls
 
@@ -368,6 +370,41 @@ class EagerLifetimes:
     holds: dict[str, str] = field(default_factory=dict)
     arguments: dict[str, set[str]] = field(default_factory=dict)
     calls: dict[str, NodeCalls] = field(default_factory=dict)
+    # per `scaled_dot_product_attention` call of the model's own forward, in order, the bytes of
+    # the storages it made and saved for backward (its output aside), as the plan's device runs
+    # it (`AttentionSaves`; filled by `fake_eager_holds` only)
+    attention_saved: list[int] = field(default_factory=list)
+
+
+class AttentionSaves(TorchFunctionMode):
+    """Notes, per `scaled_dot_product_attention` call, the bytes of the storages the call made and
+    saved for backward, its output aside; with `attention`, runs each call as that function does
+    (the kernel a CUDA target picks, `planner.measure.targets.target_attention`). The model's own
+    call may differ from the traced graph's (a grouped-query model passes its few key/value heads
+    with `enable_gqa=True`, which a CUDA GPU runs on the math path, saving the attention matrix;
+    the exported graph repeats them and passes a mask)."""
+
+    def __init__(self, attention: Callable[..., Any] | None = None) -> None:
+        super().__init__()
+        self.attention = attention
+        self.saved: list[int] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func not in ATTENTION_TARGETS and func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        before = {id(t.untyped_storage()) for t in tensors_in((args, kwargs))}
+        saved: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor) -> None:
+            if tensor.layout == torch.strided:
+                saved[id(tensor.untyped_storage())] = tensor.untyped_storage().nbytes()
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda nothing: nothing):
+            result = (self.attention or func)(*args, **kwargs)
+        made = {id(t.untyped_storage()) for t in tensors_in(result)}
+        self.saved.append(sum(size for key, size in saved.items() if key not in before and key not in made))
+        return result
 
 
 def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], Any],
@@ -449,11 +486,14 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
 
 
 def fake_eager_holds(gm: fx.GraphModule, inputs: list[torch.Tensor], model: torch.nn.Module, args: tuple[Any, ...],
-                     kwargs: dict[str, Any], device: torch.device) -> EagerLifetimes:
+                     kwargs: dict[str, Any], device: torch.device,
+                     attention: Callable[..., Any] | None = None) -> EagerLifetimes:
     """`eager_holds` on fake copies of the model's state and of the inputs on `device`: what the
     model's code holds, what each submodule call is passed and each node's ATen calls, with no
-    memory and nothing run (a model on `meta` too). `args`, `kwargs` are the model's call
-    (`inputs` the graph's tensors of it). The model is left as it was.
+    memory and nothing run (a model on `meta` too); and what each attention call of its forward
+    saves (`EagerLifetimes.attention_saved`), run as `attention` runs it where given (a CUDA
+    target's kernel). `args`, `kwargs` are the model's call (`inputs` the graph's tensors of it).
+    The model is left as it was.
 
     Example:
         >>> fake_eager_holds(gm, [x], model, (x,), {}, torch.device("cpu")).holds
@@ -471,9 +511,17 @@ def fake_eager_holds(gm: fx.GraphModule, inputs: list[torch.Tensor], model: torc
     fake_args, fake_kwargs = tree_map_only(torch.Tensor, fake, (args, kwargs))
     # (the graph's parameters are the model's, reparametrised twice: an fx graph holds some through modules
     # of its own)
+    attention_saves = AttentionSaves(attention)
+
+    def run_model() -> Any:
+        with attention_saves:
+            return model(*fake_args, **fake_kwargs)
+
     with fake_model_state(gm, mode, device), fake_model_state(model, mode, device), mode:
-        return eager_holds(gm, fake_inputs, lambda: model(*fake_args, **fake_kwargs), fake)
+        lifetimes = eager_holds(gm, fake_inputs, run_model, fake)
+    lifetimes.attention_saved = attention_saves.saved
+    return lifetimes
 
 
-__all__ = ["EagerLifetimes", "KEEPABLE_OPS", "NodeCalls", "checked_calls", "eager_holds", "fake_eager_holds",
+__all__ = ["AttentionSaves", "EagerLifetimes", "KEEPABLE_OPS", "NodeCalls", "checked_calls", "eager_holds", "fake_eager_holds",
            "first_difference", "keepable_calls", "matched_from", "matched_span", "unmatched_regions"]

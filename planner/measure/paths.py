@@ -33,6 +33,7 @@ from planner.measure.holds import EagerLifetimes, eager_holds, fake_eager_holds
 from planner.measure.nodes import estimate_nodes, measure_nodes
 from planner.measure.profile import META_KEY, graph_profile, profile
 from planner.measure.sizes import profile_sizes
+from planner.measure.targets import ATTENTION_TARGETS, target_attention
 from solvers.solution import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -87,10 +88,14 @@ def measure_model(
                 say(f"measuring node by node: {why}")
             if model_call is not None:
                 say("following the model's own forward on fake tensors: what its code holds, its ATen calls")
+                cuda_attention = target_attention if where.device.type == "cuda" else None
                 try:
-                    note_holds(gm, fake_eager_holds(gm, inputs, *model_call, where.profile_device))
+                    lifetimes = fake_eager_holds(gm, inputs, *model_call, where.profile_device, cuda_attention)
                 except Exception as error:  # (a forward fake tensors cannot follow: data-dependent code)
                     _warn_unfollowed(error)
+                else:
+                    note_holds(gm, lifetimes)
+                    keep_attention_saves(gm, lifetimes.attention_saved)
             else:
                 logger.info(_NOTHING_KEPT, "the model's own forward was not run")
             return _no_run(gm, inputs, fake, where, repeats, say)
@@ -108,6 +113,33 @@ def measure_model(
 # Keeping a node's output inside a region (a selective-checkpoint policy) needs its ATen calls
 # as the model's own forward makes them (`planner.measure.holds`), recorded only where the step runs.
 _NOTHING_KEPT = "no region may keep a node's output (selective checkpointing): %s, so its ATen calls are not known"
+
+
+def keep_attention_saves(gm: fx.GraphModule, model_saved: list[int]) -> None:
+    """Where the model's own attention calls (`model_saved`, in order, from `fake_eager_holds`)
+    save more than the graph's attention nodes, add the difference to those nodes' saved bytes
+    and warn naming them: the plan runs the model's code, and the prediction errs high, not low.
+    Where the two make different numbers of attention calls, nothing is compared (logged).
+
+    Example:
+        >>> keep_attention_saves(traced.gm, [4 << 20, 4 << 20])  # two layers' attention
+    """
+    nodes = [node for node in gm.graph.nodes if node.op == "call_function" and node.target in ATTENTION_TARGETS]
+    if len(nodes) != len(model_saved):
+        if model_saved or nodes:
+            logger.info("attention calls not compared: the model's forward makes %d, the graph %d",
+                        len(model_saved), len(nodes))
+        return
+    raised = []
+    for node, saved in zip(nodes, model_saved):
+        record = node.meta[META_KEY]
+        if saved > record.saved_bytes:
+            raised.append(f"{node.name} (+{format_bytes(saved - record.saved_bytes)})")
+            record.saved_bytes = saved
+    if raised:
+        warnings.warn("the model's own attention calls save more than the traced graph's (another kernel: a "
+                      "grouped-query call on the math path, say); the plan counts the model's at "
+                      + ", ".join(raised[:4]) + (" ..." if len(raised) > 4 else ""), stacklevel=4)
 
 
 def _warn_unfollowed(error: Exception) -> None:
@@ -152,3 +184,6 @@ def _no_run(gm: fx.GraphModule, inputs: list[torch.Tensor], fake: Any, where: Pl
     return graph_profile(gm, inputs, where.device, f"estimated: roofline on {where.target.title}",
                          measurement="sizes on fake tensors; times not measured", times_estimated=True, scratch_measured=False,
                          loss_bytes=fake.loss_bytes)
+
+
+__all__ = ["keep_attention_saves", "measure_model", "note_holds"]
