@@ -12,7 +12,9 @@ from planner.measure.steps import Verification
 from planner.measure.targets import (
     targets,  # planner.targets() lists the GPUs a plan can be for
 )
+from planner.throughput.search import plan_throughput
 from planner.trace.tracing import TraceError
 from solvers import InfeasibleBudget
 
-__all__ = ["InfeasibleBudget", "Plan", "TraceError", "Verification", "load_plan", "plan", "remove_plan", "targets"]
+__all__ = ["InfeasibleBudget", "Plan", "TraceError", "Verification", "load_plan", "plan", "plan_throughput",
+           "remove_plan", "targets"]

@@ -31,6 +31,7 @@ from planner.measure.steps import (
 from planner.measure.targets import target as find_target
 from planner.planning import (
     BEYOND_PLAN,
+    MeasuredProblem,
     Setup,
     check_effort,
     check_gb,
@@ -557,8 +558,21 @@ def _plan_here(model: nn.Module, sample: Any, budget_gb: float | None, solver: s
     measured = measure_problem(model, sample, where, reserved_bytes, optimizer, world_size, leaves,
                                frontend, repeats, measure, say, effort, bool(selective))
     say(f"solving for {len(compute_nodes(measured.traced.gm))} nodes with solver {solver!r}")
-    measurements = Measurements(measured.traced, measured.summary,
-                                Setup(where, world_size, optimizer, measured.breakdown, measure), measured.wrapped)
+    return plan_measured(model, sample, measured, Setup(where, world_size, optimizer, measured.breakdown, measure),
+                         budget_bytes, reserved_bytes, solver, solver_options)
+
+
+def plan_measured(model: nn.Module, sample: Any, measured: MeasuredProblem, setup: Setup, budget_bytes: int,
+                  reserved_bytes: int = 0, solver: str = "auto", solver_options: dict[str, Any] | None = None) -> Plan:
+    """The plan for a model already measured (`planner.planning.measure_problem`'s answer, for
+    what `setup` says) at `budget_bytes`: solved, and checked against its own training step
+    wherever that can run here, as `plan()` does after measuring.
+
+    Example:
+        >>> measured = measure_problem(model, tokens, where, 0, None, 1, (), "auto", 5, "auto", print)
+        >>> p = plan_measured(model, tokens, measured, Setup(where, breakdown=measured.breakdown), 2**30)
+    """
+    measurements = Measurements(measured.traced, measured.summary, setup, measured.wrapped)
     return _solved(model, sample, measurements, measured.problem, budget_bytes, reserved_bytes, solver,
                    solver_options or {})
 
@@ -637,4 +651,4 @@ def _own_step_runs_here(model: nn.Module, sample: Any, planned: Plan, summary: G
     return planned.predicted_peak_bytes - resident <= measurable_bytes(where.device)
 
 
-__all__ = ["GIB", "Measurements", "Plan", "load_plan", "plan"]
+__all__ = ["GIB", "Measurements", "Plan", "load_plan", "plan", "plan_measured"]

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Protocol, TypeVar
 
 import torch
+import torch.fx as fx
 from torch import nn
 
 from planner.core import (
@@ -45,8 +46,8 @@ from planner.measure.static import static_breakdown
 from planner.measure.steps import keep_free_beyond_graph
 from planner.problem.graph import (
     build_problem,
-    on_time_grid,
     module_checkpoint,
+    on_time_grid,
     run_checkpoints,
     saved_calls,
 )
@@ -198,7 +199,8 @@ def check_effort(effort: Any) -> str:
 def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_bytes: int,
                     optimizer: str | float | None, world_size: int, leaves: tuple[str, ...], frontend: str,
                     repeats: int, measure: str, say: Callable[[str], None], effort: str = "normal",
-                    selective: bool = False) -> MeasuredProblem:
+                    selective: bool = False,
+                    node_times: Callable[[fx.GraphModule], str] | None = None) -> MeasuredProblem:
     """Trace and measure `model` on `sample` where `where` says, leaving the model as it was.
     The arguments are `plan()`'s, already checked. With `effort="thorough"`, where the whole
     step runs here, what checkpoint calls and runs cost is also read off the model's own
@@ -219,7 +221,7 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
     with preserved_state(model, [where.device] if where.local else []):
         summary = measure_model(traced.gm, inputs, where, measure, repeats, say,
                                 loss=lambda result: training_loss(traced.model_output(result)),
-                                model_call=(model, args, kwargs))
+                                model_call=(model, args, kwargs), node_times=node_times)
     breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes,
                                  where.device, optimizer, world_size, reserved_bytes, summary.loss_bytes)
     wrapped = {call.nodes: spec for call in module_calls(traced.gm)
@@ -231,10 +233,11 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
     segments, sequentials = sequential_segments(model, traced.gm, wrapped)
     problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
                             summary.gradients, saved_tensor_ms, tuple(segments), sequentials)
-    if where.local and not on_meta:
+    blocks_here = where.local and not on_meta and node_times is None
+    if blocks_here:
         say("timing checkpoint, a selective policy and run recording on one of the model's blocks")
     costs = selective_overhead_for_plan(
-        model, problem, wrapped, overhead_device, where.local and not on_meta, lambda: model(*args, **kwargs),
+        model, problem, wrapped, overhead_device, blocks_here, lambda: model(*args, **kwargs),
         lambda region, kept: saved_calls(traced.gm, region, kept),
         MAX_BLOCK_ROUNDS if effort == "thorough" else FINE_ROUNDS)
     problem = replace(problem, **asdict(costs))

@@ -227,3 +227,17 @@ def test_console_script(tmp_path):
     assert done.stdout.startswith("Checkpoint plan for Sequential")
     assert "... tracing" in done.stderr
     assert json.loads(plan_path.read_text())["sample"]["arguments"][0]["tensor"]["shape"] == [16, 256]
+
+
+def test_throughput_prints_the_table_and_saves_the_chosen_plan(capsys, tmp_path):
+    plan_path = tmp_path / "plan.json"
+    code, out, err = run(capsys, "throughput", "mlp", "--budget-gb", "0.04", "--sample", "32x256",
+                         "--batches", "8,16,32", "--json", str(plan_path), "--quiet")
+    assert code == 0, err
+    assert out.startswith("Throughput plan: batch ") and "<- chosen" in out and "every block" in out
+    assert load_plan(plan_path).record.sample["arguments"][0]["tensor"]["shape"][0] in (8, 16, 32)
+
+
+def test_throughput_refuses_bad_batches(capsys):
+    code, _, err = run(capsys, "throughput", "mlp", "--budget-gb", "1", "--batches", "0,4")
+    assert code == 2 and "--batches" in err

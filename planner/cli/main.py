@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from planner.api import GIB, load_plan, plan
+from planner.throughput.search import plan_throughput
 from planner.cli.models import (
     FactoryError,
     UsageError,
@@ -96,16 +97,7 @@ def _plan(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     if args.budget_gb is None and args.target is None:
         raise UsageError("give --budget-gb, or --target (its memory is then the budget)")
-    if args.model.startswith("hf:"):
-        model, sample = load_hf_model(args.model, args)
-    else:
-        if args.config or args.seq or args.batch != 1 or args.dtype:
-            raise UsageError("--config, --seq, --batch and --dtype are for hf: models; use --sample to resize")
-        model, sample = load_model(args.model)
-    if args.sample:
-        sample = resize_sample(sample, parse_shapes(args.sample))
-    if args.device:
-        model, sample = to_device(model, sample, args.device)
+    model, sample = _load(args)
     say(f"model {args.model}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} "
         f"parameters; sample {_describe_sample(sample)}")
     try:
@@ -152,6 +144,65 @@ def _show(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot read plan {args.plan!r}: {error}") from None
     print(saved.report(verbose=args.verbose))
     return _write_outputs(saved, None, args.plot, _progress(args.quiet))
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The model and sample MODEL names, resized and moved as the options say."""
+    if args.model.startswith("hf:"):
+        model, sample = load_hf_model(args.model, args)
+    else:
+        if args.config or args.seq or args.batch != 1 or args.dtype:
+            raise UsageError("--config, --seq, --batch and --dtype are for hf: models; use --sample to resize")
+        model, sample = load_model(args.model)
+    if args.sample:
+        sample = resize_sample(sample, parse_shapes(args.sample))
+    if args.device:
+        model, sample = to_device(model, sample, args.device)
+    return model, sample
+
+
+def _throughput(args: argparse.Namespace) -> int:
+    say = _progress(args.quiet)
+    torch.manual_seed(0)
+    model, sample = _load(args)
+    tensors = [v for v in (*split_sample(sample)[0], *split_sample(sample)[1].values()) if isinstance(v, torch.Tensor)]
+    batches = parse_batches(args.batches)
+
+    def sample_for(batch: int) -> Any:  # the sample with every tensor's first dimension set to the batch
+        return resize_sample(sample, [(batch, *t.shape[1:]) for t in tensors])
+
+    say(f"model {args.model}: {type(model).__name__}; batches {', '.join(map(str, batches))}")
+    try:
+        tp = plan_throughput(model, sample_for, args.budget_gb, batches, global_batch=args.global_batch, progress=say,
+                             optimizer=_optimizer(args.optimizer), solver=args.solver)
+    except InfeasibleBudget as error:
+        return _infeasible(error)
+    except (TraceError, RuntimeError, TypeError, ValueError) as error:
+        _error(f"planning {args.model} for throughput failed: {first_line(error)}")
+        return EXIT_FAILED
+    print(tp)
+    status = _write_outputs(tp.plan, args.json, None, say)
+    return (_write_plot(tp, args.plot, say) or status) if args.plot else status
+
+
+def _write_plot(tp: Any, path: str, say: Say) -> int:
+    try:
+        say(f"wrote the throughput plot to {tp.plot(path)}")
+    except (ImportError, OSError) as error:
+        _error(f"cannot write {path}: {error}")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def parse_batches(text: str) -> list[int]:
+    """--batches 2,4,8: whole numbers of samples, at least 1."""
+    try:
+        batches = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--batches {text!r}: give whole numbers joined by commas, e.g. 2,4,8,16") from None
+    if not batches or min(batches) < 1:
+        raise UsageError(f"--batches {text!r}: give whole numbers of samples, at least 1")
+    return batches
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -219,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         "training step fits a memory budget.", epilog="Exit status: 0 done, 1 planning failed, "
         "2 usage error, 3 the budget cannot be met.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{plan,show,demo}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{plan,throughput,show,demo}")
     solvers = [*sorted(SOLVERS), "auto"]
 
     planning = commands.add_parser(
@@ -279,6 +330,30 @@ def build_parser() -> argparse.ArgumentParser:
     planning.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
     planning.add_argument("--verbose", action="store_true", help="also the solver, the graph and the cost model's figures in the report")
     planning.set_defaults(run=_plan)
+
+    through = commands.add_parser(
+        "throughput", help="choose the batch size and the plan together, by samples per second",
+        description="Plan MODEL at each candidate batch (its sample's first dimension resized) under the budget, "
+        "predict samples per second, time the best two, and print the table beside no checkpointing and every block.",
+        epilog="Example: ckpt-plan throughput gpt --budget-gb 0.2 --batches 2,4,8,16 --optimizer adamw --plot tp.png")
+    through.add_argument("model", metavar="MODEL", help=MODEL_HELP.format(examples=", ".join(sorted(EXAMPLES))))
+    through.add_argument("--budget-gb", type=_gib(False), required=True, metavar="GIB", help="memory budget in GiB")
+    through.add_argument("--batches", required=True, metavar="B,B,...", help="candidate batch sizes, e.g. 2,4,8,16")
+    through.add_argument("--global-batch", type=_positive_int, default=None, metavar="N",
+                         help="samples per optimizer step, through gradient accumulation (candidates must divide it)")
+    through.add_argument("--optimizer", default="adamw", metavar="NAME|BYTES",
+                         help="optimizer whose state and step count: adamw (default), adam, sgd, sgd-momentum")
+    through.add_argument("--solver", choices=solvers, default="auto")
+    through.add_argument("--sample", metavar="SHAPE[,SHAPE...]", help=SAMPLE_HELP)
+    through.add_argument("--device", default=None, help="move the model and sample there first (e.g. cuda)")
+    through.add_argument("--config", metavar="K=V,...", help="hf: models: config overrides")
+    through.add_argument("--seq", type=_positive_int, default=None, help="hf: models: sequence length")
+    through.add_argument("--batch", type=_positive_int, default=1, help="hf: models: batch of the base sample")
+    through.add_argument("--dtype", default=None, help="hf: models: dtype")
+    through.add_argument("--json", metavar="PLAN.json", help="save the chosen batch's plan")
+    through.add_argument("--plot", metavar="THROUGHPUT.png", help="write samples/s against batch size (matplotlib)")
+    through.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
+    through.set_defaults(run=_throughput)
 
     show = commands.add_parser("show", help="print the report of a saved plan",
                                description="Print the report of a plan saved with --json or Plan.save.")

@@ -48,9 +48,12 @@ def measure_model(
     progress: Callable[[str], None] | None = None,
     loss: Callable[[Any], torch.Tensor] | None = None,
     model_call: tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]] | None = None,
+    node_times: Callable[[fx.GraphModule], str] | None = None,
 ) -> GraphProfile:
     """Annotate `gm`'s compute nodes with their measurements for a plan on `where` and return
     the whole-graph figures. `mode`: "run", "no-run" or "auto" (see the module docstring).
+    `node_times`, with "no-run", sets every node's forward time itself (times read elsewhere:
+    another batch's, scaled) in place of timing each node, and returns how they were read.
     `model_call` is (model, args, kwargs), the model's own call on the inputs: the outputs its
     code holds longer than the graph, and each node's ATen calls, are noted (`planner.measure.holds`),
     on real tensors where the whole step is measured, else on fake ones.
@@ -98,6 +101,9 @@ def measure_model(
                     keep_attention_saves(gm, lifetimes.attention_saved)
             else:
                 logger.info(_NOTHING_KEPT, "the model's own forward was not run")
+            if node_times is not None:
+                return graph_profile(gm, inputs, where.device, node_times(gm), measurement="sizes on fake tensors",
+                                     times_estimated=True, scratch_measured=False, loss_bytes=fake.loss_bytes)
             return _no_run(gm, inputs, fake, where, repeats, say)
     say("measuring the whole step")
     summary = profile(gm, inputs, repeats=repeats, progress=say, loss=loss)

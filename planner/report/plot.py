@@ -27,7 +27,7 @@ DPI = 100
 MAX_NUMBERED_REGIONS = 12  # more region numbers than this would overlap
 
 
-def _matplotlib() -> tuple[Any, Any]:
+def figure_classes() -> tuple[Any, Any]:
     """The Figure class and the Agg canvas, or an ImportError that says what to install."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -108,7 +108,7 @@ def plot_memory(
         >>> plot_memory(p.problem, p.solution.regions, p.budget_bytes, "memory.png", kept=p.solution.kept)
         PosixPath('memory.png')
     """
-    Figure, FigureCanvasAgg = _matplotlib()
+    Figure, FigureCanvasAgg = figure_classes()
     n = len(problem)
     static = problem.static_bytes
     baseline, planned = timelines(problem, regions, kept)
@@ -179,5 +179,5 @@ def plot_plan(record: PlanRecord, path: str | os.PathLike[str]) -> Path:
                        kept=record.solution.kept)
 
 
-__all__ = ["DPI", "FIGURE_SIZE_INCHES", "MAX_NUMBERED_REGIONS", "plot_memory", "plot_plan", "step_positions",
+__all__ = ["DPI", "FIGURE_SIZE_INCHES", "MAX_NUMBERED_REGIONS", "figure_classes", "plot_memory", "plot_plan", "step_positions",
            "timelines"]
