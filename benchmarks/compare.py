@@ -69,6 +69,7 @@ from benchmarks.compare_models import (
     Spec,
     every_block,
     every_block_plan,
+    every_nth_block,
     on_device,
     segments,
     sqrt_segments,
@@ -140,6 +141,12 @@ def run_model(spec: Spec, args) -> ModelResult:
                          "baseline", segment_module)
     notes.append(f"sqrt(N) segments: {how}")
     configs = [none, every, sqrt_config]
+    for n in args.strides:  # every n-th block: what people set by hand (every_n_layers, a stride)
+        if n < len(spec.blocks(model)):
+            strided, how = every_nth_block(spec, model, n)
+            name = f"every {n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n, 'th')} block"
+            configs.append(Config(name, "baseline", strided))
+            notes.append(f"{name}: {how}")
 
     log(f"{spec.key}: planning (plan(model, sample, budget_gb=80))")
     started = time.perf_counter()
@@ -298,6 +305,8 @@ def main() -> int:
     parser.add_argument("--solvers", default="auto", help="comma-separated planner solvers (default auto)")
     parser.add_argument("--thorough", default="",
                         help="budgets also planned with effort='thorough', e.g. \"every block's peak,60%%\"")
+    parser.add_argument("--strides", default="2,3,4",
+                        help="every n-th block baselines to measure (default 2,3,4; every block is n = 1)")
     parser.add_argument("--replan", action="store_true",
                         help="plan at 80 GB once and replan at each budget (faster; not the call users make)")
     parser.add_argument("--no-save", action="store_true", help="print only: no RESULTS.md, no plots")
@@ -345,6 +354,7 @@ def main() -> int:
     args.solvers = [name.strip() for name in args.solvers.split(",") if name.strip()]
     args.fractions = (0.4, 0.6, 0.8)
     args.thorough = [label.strip() for label in args.thorough.split(",") if label.strip()]
+    args.strides = [int(n) for n in args.strides.split(",") if n.strip()]
     args.compile_budgets = tuple(float(value) for value in args.compile_budgets.split(",") if value.strip())
     if not args.warm_cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="compare-inductor-")

@@ -180,6 +180,18 @@ def every_block(spec: Spec, model):
     return copied, how
 
 
+def every_nth_block(spec: Spec, model, n: int):
+    """A deep copy with every n-th block checkpointed (blocks 0, n, 2n, ...), as Hugging Face's
+    `every_n_layers` and torchtune's activation-checkpointing stride do."""
+    copied = copy.deepcopy(model)
+    blocks = spec.blocks(copied)
+    for index, block in enumerate(blocks):
+        if index % n == 0:
+            block.forward = _checkpointed(block.forward)
+    copied.train()
+    return copied, f"blocks 0, {n}, {2 * n}, ... of {len(blocks)} under `checkpoint(use_reentrant=False)`"
+
+
 def _identity(hidden, *args, **kwargs):
     return hidden
 

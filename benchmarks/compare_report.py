@@ -109,6 +109,24 @@ def space_shares(result: ModelResult, config: Config) -> str:
     return f"{every_keep}{any_run}; lower bound {config.bound_ms / every:.2f}"
 
 
+def strides_text(result: ModelResult) -> str:
+    """At each planner budget, the cheapest (measured) every-n-th-block baseline whose measured
+    peak fits it (n = 1: every block), beside the planner's plan there."""
+    strided = [c for c in result.configs if c.kind == "baseline" and c.name.startswith("every ")]
+    parts = []
+    for config in result.configs:
+        if config.kind != "planner" or config.module is None or "(thorough)" in config.name:
+            continue
+        fitting = [c for c in strided if c.peak is not None and c.peak <= config.budget_bytes and c.overheads_ms]
+        if not fitting:
+            parts.append(f"{config.budget_label}: none fits")
+            continue
+        best = min(fitting, key=lambda c: overhead_ms(result, c))
+        parts.append(f"{config.budget_label}: {best.name} {overhead_ms(result, best):+.0f} ms against the planner's "
+                     f"{overhead_ms(result, config):+.0f} ms")
+    return "; ".join(parts) or "-"
+
+
 def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
     """Lines for the targets and, per target, met (True), missed (False) or not applicable
     (None): every plan under budget; the share of every block's overhead at most
@@ -129,6 +147,7 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
     if not_run:
         text += "; not run: " + ", ".join(f"{c.name} ({c.infeasible})" for c in not_run)
     lines.append(f"- Under budget: {text}.")
+    lines.append(f"- Every n-th block at each budget: {strides_text(result)}.")
 
     every = every_overhead_ms(result)
     for label, target in SHARE_TARGETS.items():

@@ -333,7 +333,7 @@ def check_seed(seed: int, flat: bool = False, replan: bool = False) -> dict[str,
             make_plan = lambda size: base.replan(budget_gb=size / GIB)  # noqa: E731
         else:
             make_plan = lambda size: plan(model, sample, budget_gb=size / GIB)  # noqa: E731
-        p = _plan_checked(make_plan, reference, model, sample, record)
+        _plan_checked(make_plan, reference, model, sample, record)
         problems = record.pop("problems")
         budget = record["budget"]
         if seed % 2 == 1:

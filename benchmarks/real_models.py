@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-
 import time
 import warnings
 from typing import Any, Callable
 
 import torch
 from torch import nn
-
 from torch.utils.checkpoint import checkpoint
 
 from benchmarks.results import set_section, write_run
