@@ -359,10 +359,13 @@ def plan_throughput(model: nn.Module, sample_for: Callable[[int], Any], budget_g
         raise InfeasibleBudget(budget_bytes, peak_bytes(measured[smallest].problem) if smallest in measured else 0,
                                measured[smallest].problem.static_bytes if smallest in measured else 0)
 
-    # The best two are planned for real and their planned steps timed: measured beats predicted.
+    # The best two are planned for real and their planned steps timed, and the largest batch that
+    # needs no checkpointing (on a CPU, where larger batches buy less, it may win): measured beats
+    # predicted.
     plans: dict[int, Plan] = {}
     notes: list[str] = []
-    for row in ranked[:2]:
+    plain = max((row for row in ranked if row.none_fits), key=lambda row: row.batch, default=None)
+    for row in [*ranked[:2], *([plain] if plain is not None and plain not in ranked[:2] else [])]:
         b = row.batch
         say(f"planning batch {b} and timing its planned step")
         try:
@@ -382,6 +385,8 @@ def plan_throughput(model: nn.Module, sample_for: Callable[[int], Any], budget_g
     if not timed:
         raise InfeasibleBudget(budget_bytes, min(p.predicted_peak_bytes for p in plans.values()) if plans else 0, 0)
     best = max(timed, key=lambda row: (row.measured_samples_per_s or row.samples_per_s, -row.batch))
+    if not plans[best.batch].solution.regions:
+        notes.append(f"batch {best.batch} needs no checkpointing and measures fastest: the plan recomputes nothing")
     return ThroughputPlan(best.batch, plans[best.batch], tuple(rows[b] for b in candidates), times, budget_bytes,
                           global_batch, reference_batch, time.perf_counter() - started, notes)
 

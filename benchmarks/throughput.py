@@ -1,0 +1,238 @@
+"""Throughput within a memory budget: samples per second of the planner's choice of batch and plan
+(`planner.plan_throughput`) against what people use, each at its largest batch that fits.
+
+For each compare model (`benchmarks/compare_models.py`) at a budget of half the unplanned step's
+peak at the model's reference batch, AdamW's state included (two fp32 tensors per parameter):
+- no checkpointing, every block and every n-th block (n = 2, 3, 4), each at the largest
+  candidate batch (1/2, 1, 2 and 4 times the reference) whose measured peak fits the budget;
+- the planner's choice among the same candidates (`plan_throughput(..., optimizer="adamw")`).
+Every configuration is checked under the budget by allocator peak (plus the optimizer state) and
+gives the unplanned model's gradients at its batch; then all take full training steps (forward,
+backward, AdamW step), one each per round, in alternating rounds: samples per second is the
+batch over the median step, with a 95% interval. Targets on this CPU: the planner's samples/s at
+least the best baseline's (within the interval), its predicted samples/s within 10% of measured,
+and `plan_throughput` at most 3x one `plan()` call.
+
+    .venv/bin/python -m benchmarks.throughput [--models gpt,gpt2,llama,bert,vit,cnn] [--rounds 10] [--results]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from benchmarks.compare_models import SPECS, every_block, every_nth_block
+from benchmarks.results import set_section, write_run
+from planner import InfeasibleBudget, plan, plan_throughput
+from planner.api import GIB
+from planner.core import split_sample, training_loss
+from planner.measure.clock import median_interval
+from planner.measure.steps import steady_peak
+from solvers.solution import format_bytes
+
+SCALES = (0.5, 1, 2, 4)  # candidate batches, times the model's reference batch
+STRIDES = (2, 3, 4)
+TOLERANCE = 0.10
+CPU = torch.device("cpu")
+
+
+def sampler(sample: Any) -> Callable[[int], Any]:
+    """sample_for(batch): the reference sample's tensors with dimension 0 set to `batch` (token ids
+    and labels drawn in the reference's range, floats from a normal distribution)."""
+    args, kwargs = split_sample(sample)
+
+    def like(tensor: Any, batch: int, seed: int) -> Any:
+        if not isinstance(tensor, torch.Tensor) or not tensor.dim():
+            return tensor
+        generator = torch.Generator().manual_seed(1000 * batch + seed)
+        shape = (batch, *tensor.shape[1:])
+        if tensor.is_floating_point():
+            return torch.randn(shape, generator=generator, dtype=tensor.dtype)
+        return torch.randint(int(tensor.min()), int(tensor.max()) + 1, shape, generator=generator, dtype=tensor.dtype)
+
+    def sample_for(batch: int) -> Any:
+        if isinstance(sample, torch.Tensor):
+            return like(sample, batch, 0)
+        if isinstance(sample, dict):
+            made = {key: like(value, batch, i) for i, (key, value) in enumerate(kwargs.items())}
+            if "input_ids" in made and "labels" in made and torch.equal(kwargs["input_ids"], kwargs["labels"]):
+                made["labels"] = made["input_ids"]  # (a causal LM's labels are its inputs)
+            return made
+        return tuple(like(value, batch, i) for i, value in enumerate(args))
+    return sample_for
+
+
+def adamw_bytes(model: nn.Module) -> int:
+    return 2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+
+
+def largest_fitting(module: nn.Module, sample_for: Callable[[int], Any], batches: list[int], budget: int,
+                    state: int) -> tuple[int | None, int | None]:
+    """(largest batch whose measured peak, plus the optimizer state, fits; that peak)."""
+    for batch in sorted(batches, reverse=True):
+        peak = steady_peak(module, sample_for(batch), CPU) + state
+        if peak <= budget:
+            return batch, peak
+    return None, None
+
+
+def gradients(module: nn.Module, sample: Any) -> dict[str, torch.Tensor]:
+    module.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    args, kwargs = split_sample(sample)
+    training_loss(module(*args, **kwargs)).backward()
+    found = {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
+    module.zero_grad(set_to_none=True)
+    return found
+
+
+def same_gradients(module: nn.Module, reference: nn.Module, sample: Any) -> bool:
+    expected, got = gradients(reference, sample), gradients(module, sample)
+    try:
+        for key, value in expected.items():
+            torch.testing.assert_close(got[key], value)
+    except (AssertionError, KeyError):
+        return False
+    return expected.keys() == got.keys()
+
+
+def timed_rounds(configs: dict[str, tuple[nn.Module, Any]], rounds: int) -> dict[str, list[float]]:
+    """Full training steps (forward, backward, AdamW step), one per configuration per round."""
+    optimizers = {name: torch.optim.AdamW(module.parameters(), lr=1e-5) for name, (module, _) in configs.items()}
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    for round_index in range(rounds + 1):  # (the first, untimed, allocates state and gradients)
+        for name, (module, sample) in configs.items():
+            args, kwargs = split_sample(sample)
+            started = time.perf_counter()
+            optimizers[name].zero_grad(set_to_none=True)
+            training_loss(module(*args, **kwargs)).backward()
+            optimizers[name].step()
+            if round_index:
+                times[name].append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def run_model(key: str, rounds: int, quick: bool = False, share: float = 0.5) -> dict[str, Any]:
+    spec = SPECS[key]
+    torch.manual_seed(0)
+    model, sample, description = spec.build(quick)
+    model.train()
+    sample_for = sampler(sample)
+    reference_batch = next(t for t in (*split_sample(sample)[0], *split_sample(sample)[1].values())
+                           if isinstance(t, torch.Tensor)).shape[0]
+    batches = sorted({max(1, int(scale * reference_batch)) for scale in SCALES})
+    state = adamw_bytes(model)
+    budget = int(share * (steady_peak(model, sample_for(reference_batch), CPU) + state))
+    print(f"{key}: {description}; budget {format_bytes(budget)}; batches {batches}", flush=True)
+
+    started = time.perf_counter()
+    try:
+        plan(model, sample_for(reference_batch), budget_gb=budget / GIB, optimizer="adamw")
+    except InfeasibleBudget:  # (a planning all the same: what one call takes)
+        pass
+    plan_s = time.perf_counter() - started
+    started = time.perf_counter()
+    tp = plan_throughput(model, sample_for, budget / GIB, batches, optimizer="adamw")
+    throughput_s = time.perf_counter() - started
+    print(tp, flush=True)
+
+    baselines: dict[str, nn.Module] = {"none": copy.deepcopy(model), "every block": every_block(spec, model)[0]}
+    for n in STRIDES:
+        if n < len(spec.blocks(model)):
+            baselines[f"every {n}{ {2: 'nd', 3: 'rd'}.get(n, 'th')} block"] = every_nth_block(spec, model, n)[0]
+    rows: dict[str, dict[str, Any]] = {}
+    configs: dict[str, tuple[nn.Module, Any]] = {}
+    for name, module in baselines.items():
+        batch, peak = largest_fitting(module, sample_for, batches, budget, state)
+        rows[name] = {"batch": batch, "peak": peak}
+        if batch is not None:
+            configs[name] = (module, sample_for(batch))
+    planned = tp.apply(copy.deepcopy(model))
+    planner_peak = steady_peak(planned, sample_for(tp.batch_size), CPU) + state
+    rows["planner"] = {"batch": tp.batch_size, "peak": planner_peak,
+                       "predicted": next(r.samples_per_s for r in tp.table if r.batch == tp.batch_size)}
+    configs["planner"] = (planned, sample_for(tp.batch_size))
+    for name, (module, batch_sample) in configs.items():
+        rows[name]["grads_ok"] = same_gradients(module, model, batch_sample)
+    times = timed_rounds(configs, rounds)
+    for name, values in times.items():
+        batch = rows[name]["batch"]
+        rates = [1000 * batch / t for t in values]
+        interval = median_interval(rates, 0.95)
+        rows[name].update(samples_per_s=statistics.median(rates), interval=interval, step_ms=statistics.median(values))
+    best = max((name for name in configs if name != "planner"), key=lambda n: rows[n]["samples_per_s"], default=None)
+    return {"model": key, "description": description, "budget": budget, "batches": batches, "rows": rows,
+            "best_baseline": best, "plan_s": plan_s, "throughput_s": throughput_s, "table": str(tp)}
+
+
+def verdict(found: dict[str, Any]) -> list[str]:
+    rows, best = found["rows"], found["best_baseline"]
+    planner = rows["planner"]
+    lines = []
+    if best is not None:
+        low, high = planner["interval"] or (planner["samples_per_s"],) * 2
+        ratio = planner["samples_per_s"] / rows[best]["samples_per_s"]
+        ok = ratio >= 1 or high >= rows[best]["samples_per_s"]
+        lines.append(f"planner {planner['samples_per_s']:.1f} samples/s at batch {planner['batch']} against the best "
+                     f"baseline, {best}, {rows[best]['samples_per_s']:.1f} at batch {rows[best]['batch']}: "
+                     f"{ratio:.2f}x ({'met' if ok else 'MISSED'})")
+    error = planner["predicted"] / planner["samples_per_s"] - 1
+    lines.append(f"predicted {planner['predicted']:.1f} samples/s against {planner['samples_per_s']:.1f} measured: "
+                 f"{100 * error:+.0f}% ({'met' if abs(error) <= TOLERANCE else 'MISSED'})")
+    ratio = found["throughput_s"] / found["plan_s"]
+    lines.append(f"plan_throughput {found['throughput_s']:.0f} s against one plan() {found['plan_s']:.0f} s: "
+                 f"{ratio:.1f}x ({'met' if ratio <= 3 else 'MISSED'})")
+    over = [name for name, row in rows.items() if row.get("peak") is not None and row["peak"] > found["budget"]]
+    wrong = [name for name, row in rows.items() if row.get("grads_ok") is False]
+    lines.append("every configuration measured under the budget" if not over else f"OVER budget: {over}")
+    lines.append("every configuration gave the unplanned model's gradients" if not wrong else f"gradients differ: {wrong}")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="gpt,gpt2,llama,bert,vit,cnn")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--results", action="store_true", help="write the table to benchmarks/RESULTS.md")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    parser.add_argument("--share", type=float, default=0.5,
+                        help="the budget, as a share of the unplanned peak at the reference batch (default 0.5)")
+    args = parser.parse_args()
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    sections, records = [], []
+    for key in args.models.split(","):
+        found = run_model(key.strip(), args.rounds, args.quick, args.share)
+        records.append({k: v for k, v in found.items() if k != "table"})
+        rows = ["| configuration | batch | measured peak | samples/s (95%) | gradients |", "|---|---|---|---|---|"]
+        for name, row in found["rows"].items():
+            if row["batch"] is None:
+                rows.append(f"| {name} | fits at no candidate batch | | | |")
+                continue
+            interval = row.get("interval")
+            spread = f" ({interval[0]:.1f}-{interval[1]:.1f})" if interval else ""
+            rows.append(f"| {name} | {row['batch']} | {format_bytes(row['peak'])} | {row['samples_per_s']:.1f}{spread} "
+                        f"| {'equal' if row['grads_ok'] else 'DIFFER'} |")
+        body = (f"#### {found['description']}\n\nBudget {format_bytes(found['budget'])} ({args.share:g} of the unplanned "
+                f"peak at the reference batch, AdamW's state included); candidate batches {found['batches']}.\n\n"
+                + "\n".join(rows) + "\n\n" + "\n".join(f"- {line}" for line in verdict(found))
+                + "\n\nThe planner's table:\n\n```\n" + found["table"] + "\n```")
+        print(body, flush=True)
+        sections.append(body)
+    write_run("throughput", {"records": records})
+    if args.results:
+        set_section("throughput", "Throughput within the budget (CPU)", "python -m benchmarks.throughput"
+                    + (f" --models {args.models}" if args.models != "gpt,gpt2,llama,bert,vit,cnn" else ""),
+                    "\n\n".join(sections))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
