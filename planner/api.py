@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -63,12 +64,14 @@ DEFAULT_BUDGET_GB = 80.0  # one 80 GB GPU, where no target says otherwise
 class Measurements:
     """What a plan made here keeps for replanning: the traced graph with each node's profile in
     `node.meta` (`traced`), the whole graph's figures (`summary`), what the plan is for
-    (`setup`), and the checkpoint that applies each allowed region, by node range (`wrapped`)."""
+    (`setup`), the checkpoint that applies each allowed region, by node range (`wrapped`), and
+    how long each part of measuring took (`seconds`)."""
 
     traced: Traced
     summary: GraphProfile
     setup: Setup
     wrapped: dict[range, ModuleCheckpoint]
+    seconds: dict[str, float] = field(default_factory=dict)  # how long each part of measuring took
 
 
 class Plan:
@@ -572,7 +575,7 @@ def plan_measured(model: nn.Module, sample: Any, measured: MeasuredProblem, setu
         >>> measured = measure_problem(model, tokens, where, 0, None, 1, (), "auto", 5, "auto", print)
         >>> p = plan_measured(model, tokens, measured, Setup(where, breakdown=measured.breakdown), 2**30)
     """
-    measurements = Measurements(measured.traced, measured.summary, setup, measured.wrapped)
+    measurements = Measurements(measured.traced, measured.summary, setup, measured.wrapped, measured.seconds)
     return _solved(model, sample, measurements, measured.problem, budget_bytes, reserved_bytes, solver,
                    solver_options or {})
 
@@ -592,6 +595,7 @@ def _plan_of(model: nn.Module, sample: Any, measurements: Measurements, problem:
         "world_size": setup.world_size, "optimizer": setup.optimizer, "measurement": summary.measurement,
         "times_estimated": summary.times_estimated, "scratch_measured": summary.scratch_measured,
         "own_step_peak_bytes": own_step_peak_bytes,
+        "seconds": {**measurements.seconds, "solving": solution.solve_seconds},
     }
     record = record_of(model, sample, traced, summary, problem, solution, checkpoints, budget_bytes, reserved_bytes,
                        method, solver_options, planned_for, dict(setup.static_breakdown or {}))
@@ -631,9 +635,13 @@ def _solved(model: nn.Module, sample: Any, measurements: Measurements, problem: 
                                error.proven) from None
     if not _own_step_runs_here(model, sample, planned, summary, setup):
         return planned
+    started = time.perf_counter()
     fitted, measured = fit_to_measured(planned, keeping_free, own_step,
                                        lambda: keeping_free(0, solve_at=minimum_peak_bytes(problem)))
-    fitted.record = replace(fitted.record, planned_for={**(fitted.record.planned_for or {}), "own_step_peak_bytes": measured})
+    planned_for = dict(fitted.record.planned_for or {})
+    planned_for.update(own_step_peak_bytes=measured,
+                       seconds={**planned_for.get("seconds", {}), "its own step": time.perf_counter() - started})
+    fitted.record = replace(fitted.record, planned_for=planned_for)
     return fitted
 
 

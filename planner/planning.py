@@ -19,8 +19,9 @@ Example:
 from __future__ import annotations
 
 import math
+import time
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Protocol, TypeVar
 
 import torch
@@ -179,6 +180,7 @@ class MeasuredProblem:
     problem: Problem
     breakdown: dict[str, int]
     wrapped: dict[range, ModuleCheckpoint]
+    seconds: dict[str, float] = field(default_factory=dict)  # how long each part of measuring took
 
 
 EFFORTS = ("normal", "thorough")
@@ -214,10 +216,12 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
         290
     """
     args, kwargs = split_sample(sample)
+    clock = _Stopwatch()
     say("tracing")
     on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *sample_tensors(sample)))
     traced = trace(model, sample, leaves, frontend, fake_device=where.profile_device if on_meta else None)
     inputs = traced.graph_inputs(args, kwargs)
+    clock.lap("tracing")
     with preserved_state(model, [where.device] if where.local else []):
         summary = measure_model(traced.gm, inputs, where, measure, repeats, say,
                                 loss=lambda result: training_loss(traced.model_output(result)),
@@ -226,6 +230,7 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
                                  where.device, optimizer, world_size, reserved_bytes, summary.loss_bytes)
     wrapped = {call.nodes: spec for call in module_calls(traced.gm)
                if (spec := module_checkpoint(traced.gm, call, type(model).__name__)) is not None}
+    clock.lap("measuring" if node_times is None else "sizes")
     # Measured where the plan runs; for a GPU elsewhere, this CPU's (checkpoint's own work is
     # mostly on the host), an estimate like the target's node times.
     overhead_device = where.device if where.local else torch.device("cpu")
@@ -241,6 +246,7 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
         lambda region, kept: saved_calls(traced.gm, region, kept),
         MAX_BLOCK_ROUNDS if effort == "thorough" else FINE_ROUNDS)
     problem = replace(problem, **asdict(costs))
+    clock.lap("checkpoint's costs")
     whole_step = summary.measurement == "whole step" and where.local and not on_meta  # (the step fits here)
     if whole_step and effort == "thorough":
         say("timing checkpoint calls of the model's smallest repeated submodule, alone and in its forward")
@@ -258,12 +264,27 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
             node_rounds=node_rounds)
         problem = residuals.priced(problem)
         summary = replace(summary, timing=node_rounds.described(summary.timing))
+        clock.lap("costs in training steps")
     if whole_step and world_size == 1:  # (FSDP2's per-rank terms are not what one unsharded step holds)
         say("measuring the model's own step against the traced graph")
         problem, breakdown = keep_free_beyond_graph(model, sample, problem, breakdown, where.device, where.name)
+        clock.lap("the unplanned step")
     if not selective:
         problem = replace(problem, nodes=tuple(replace(node, keepable=False) for node in problem.nodes))
-    return MeasuredProblem(traced, summary, on_time_grid(problem), breakdown, {**wrapped, **segments})
+    return MeasuredProblem(traced, summary, on_time_grid(problem), breakdown, {**wrapped, **segments}, clock.seconds)
+
+
+class _Stopwatch:
+    """Seconds each part of a planning took, by name, in order."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._since = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._since
+        self._since = now
 
 
 __all__ = ['BEYOND_PLAN', 'REFITS', 'Setup', 'check_gb', 'check_trainable', 'fit_to_measured']

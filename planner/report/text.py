@@ -40,6 +40,13 @@ def measured(record: PlanRecord) -> str:
     return text
 
 
+def planning_time(record: PlanRecord) -> str:
+    """How long planning took, in all and part by part."""
+    seconds = (record.planned_for or {}).get("seconds") or {}
+    parts = ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items() if value >= 0.05)
+    return f"{sum(seconds.values()):.1f} s: {parts}"
+
+
 def _static(record: PlanRecord) -> str:
     terms = record.static_breakdown or {}
     shown = ", ".join(f"{term} {format_bytes(size)}" for term, size in terms.items() if size)
@@ -110,6 +117,7 @@ def format_report(record: PlanRecord, verbose: bool = False) -> str:
         f"  static memory     {_static(record)}",
         f"  step overhead     {solution.recompute_ms:.2f} ms{estimate}{share}: recomputation and checkpoint's own work",
         f"  measured          {measured(record)}",
+        *([f"  planning took     {planning_time(record)}"] if (record.planned_for or {}).get("seconds") else []),
     ]
     if verbose:
         lines += [
@@ -125,4 +133,4 @@ def format_report(record: PlanRecord, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["format_report", "measured", "own_step"]
+__all__ = ["format_report", "measured", "own_step", "planning_time"]
