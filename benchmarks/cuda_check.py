@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.real_models import _models
-from benchmarks.results import append_results
+from benchmarks.results import set_section, write_run
 from planner import InfeasibleBudget, load_plan, plan
 from planner.api import GIB
 from planner.cli.models import to_device
@@ -33,7 +33,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fraction", type=float, default=0.5, help="budget as a share of the measured unplanned peak")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--results", action="store_true", help="write the table to benchmarks/RESULTS.md")
     parser.add_argument("--device", default="cuda", help="cuda (default), or cpu for a dry run of this script")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -56,7 +56,7 @@ def main() -> int:
             torch.manual_seed(0)
             meta_model, meta_sample = factory()
         try:
-            run = unplanned.replan(budget_gb=budget / GIB)
+            run = plan(model, sample, budget_gb=budget / GIB)  # the call users make
             no_run = plan(meta_model.train(), meta_sample, budget_gb=budget / GIB, measure="no-run")
         except InfeasibleBudget as error:
             rows.append(f"| {name} | both | {format_bytes(budget)} | infeasible: minimum "
@@ -83,9 +83,12 @@ def main() -> int:
         "Misses:\n" + "\n".join(f"- {miss}" for miss in misses)
     table = "\n".join(rows)
     print(table, verdict, sep="\n\n")
-    if not args.no_save and gpu is not None:
-        append_results(f"CUDA check on {gpu}", f"python benchmarks/cuda_check.py --fraction {args.fraction}",
-                       f"{table}\n\n{verdict}\n", gpu)
+    command = f"python -m benchmarks.cuda_check --fraction {args.fraction}"
+    if gpu is not None:
+        write_run("cuda_check", {"command": command, "table": table, "verdict": verdict}, "cuda")
+    if args.results and gpu is not None:
+        set_section("cuda_check", f"CUDA check on {gpu} (the default call, and without running)", command,
+                    f"{table}\n\n{verdict}", gpu)
     return 0 if not misses else 1
 
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks of one short device lease, one process per step, in the order STEPS gives:
-#   a model name: benchmarks/compare.py on CUDA for that model (a failure or a timeout costs one model);
-#   cuda_check: benchmarks/cuda_check.py (plans measured on the GPU, run and no-run, verified there);
-#   peak_gap: benchmarks/peak_gap.py $PEAK_GAP_ARGS, at most 180 s (where measured and predicted peaks part; e.g.
+#   a model name: benchmarks/compare.py on CUDA for that model, every plan made with the default call
+#                 (a failure or a timeout costs one model);
+#   cuda_check: benchmarks/cuda_check.py (plans made with the default call and without running, on the
+#               real models and the grouped-query Llama, verified on the GPU);
+#   peak_gap: benchmarks/diagnostics/peak_gap.py $PEAK_GAP_ARGS, at most 180 s (where measured and predicted peaks part; e.g.
 #             PEAK_GAP_ARGS="--device cuda --compare gpt2,cnn --batch-scale 32" for compare.py's models).
 # It stops starting steps once DEADLINE_S seconds have passed (a compare step gets at most 120 s; its lower
 # bound's program 5 s per budget: GPT's took most of 120 s at compare's default).
@@ -23,15 +25,10 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-/tmp}
 LOGS=/tmp/gpu_check_logs
-# In a 15-minute lease, 520 s (run with the device's timeout at 590 s) left 343 s for a second,
-# warm call (2026-11-27: the machine's start took about 35 s).
+# A 15-minute lease: 520 s with the device's timeout at 590 s leaves time for a second, warm call.
 DEADLINE_S=${DEADLINE_S:-520}
-# The order of the fifth lease's plan: first where BERT's and ViT's predicted peaks part from the
-# measured ones on CUDA (BERT's graph read +37% in the third and fourth leases; peak_gap got no time
-# in either), then Llama, whose step-read per-tensor figure stayed high in the fourth (compare.py now
-# logs the fit's rows), then ViT (no time in the fourth), then the rest (GPT's compare needs more
-# than 120 s). 9 rounds: at 15, GPT-2's and Llama's runs took about 150 s (2026-11-27 19:14).
-STEPS=${STEPS:-peak_gap llama vit gpt2 cnn bert cuda_check gpt}
+# The default-call plans and the grouped-query Llama first (cuda_check), then the compare models.
+STEPS=${STEPS:-cuda_check llama gpt2 vit cnn bert peak_gap gpt}
 PEAK_GAP_ARGS=${PEAK_GAP_ARGS:---device cuda --compare bert,vit --batch-scale 32}
 BATCH_SCALE=${BATCH_SCALE:-32}
 rm -rf "$LOGS"; mkdir -p "$LOGS" "$OUT"
@@ -45,16 +42,16 @@ for step in $STEPS; do
     budget=$(left)
     if [ "$budget" -lt 60 ]; then echo "skipped $step: $budget s left" | tee -a "$LOGS/skipped.txt"; continue; fi
     case $step in
-        cuda_check) timeout "$budget" "$PYTHON" benchmarks/cuda_check.py > "$LOGS/cuda_check.log" 2>&1 ;;
+        cuda_check) timeout "$budget" "$PYTHON" -m benchmarks.cuda_check --results > "$LOGS/cuda_check.log" 2>&1 ;;
         peak_gap) [ "$budget" -gt 180 ] && budget=180
-                  timeout "$budget" "$PYTHON" benchmarks/peak_gap.py $PEAK_GAP_ARGS > "$LOGS/peak_gap.log" 2>&1 ;;
+                  timeout "$budget" "$PYTHON" -m benchmarks.diagnostics.peak_gap $PEAK_GAP_ARGS > "$LOGS/peak_gap.log" 2>&1 ;;
         *) [ "$budget" -gt 120 ] && budget=120
-           timeout "$budget" "$PYTHON" benchmarks/compare.py --device cuda --batch-scale "$BATCH_SCALE" --rounds 9 \
+           timeout "$budget" "$PYTHON" -m benchmarks.compare --device cuda --batch-scale "$BATCH_SCALE" --rounds 9 \
                --bound-time-limit 5 --models "$step" > "$LOGS/compare_$step.log" 2>&1 ;;
     esac
     echo "$step: exit $? after $((SECONDS - started)) s" | tee -a "$LOGS/status.txt"
 done
-tar czf "$OUT/gpu_check.tgz" benchmarks/RESULTS.md benchmarks/results/*_cuda.png benchmarks/results/*_cuda.json -C /tmp gpu_check_logs
+tar czf "$OUT/gpu_check.tgz" benchmarks/RESULTS.md benchmarks/results/*cuda* -C /tmp gpu_check_logs
 tail -n 3 "$LOGS"/compare_*.log "$LOGS/cuda_check.log" 2>/dev/null
 grep -v "^\[W" "$LOGS/peak_gap.log" 2>/dev/null
 cat "$LOGS/status.txt"
