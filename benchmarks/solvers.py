@@ -2,17 +2,17 @@
 
 For every graph and every budget (30/50/70/90% of the unplanned peak, static memory included)
 it prints each solver's recompute cost, status and solve time, and the ratio to sqrt's cost,
-then checks the targets of issue 4 and appends the table to benchmarks/RESULTS.md.
+then checks its targets (dp under 2 s on the 1000-node graph; ilp optimal or within 1% on graphs
+up to 300 nodes; dp and ilp never above sqrt).
 
 Usage:
-    .venv/bin/python benchmarks/solvers.py            # full run (about half an hour on 2 cores)
-    .venv/bin/python benchmarks/solvers.py --quick    # smoke run: small graphs, short limits
+    .venv/bin/python -m benchmarks.solvers --results   # full run (about half an hour on 2 cores)
+    .venv/bin/python -m benchmarks.solvers --quick     # smoke run: small graphs, short limits
 """
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +104,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small graphs and short time limits; no RESULTS.md")
     parser.add_argument("--time-limit-s", type=float, default=60.0, help="ilp time limit per solve (default 60)")
     parser.add_argument("--ilp-max-nodes", type=int, default=300, help="run ilp only up to this many nodes")
-    parser.add_argument("--no-write", action="store_true", help="print only, do not append to RESULTS.md")
+    parser.add_argument("--results", action="store_true", help="write the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -179,27 +179,13 @@ def main() -> int:
         *[f"- {miss}" for miss in misses],
     ]
     print("\n".join(summary))
-    if not args.quick and not args.no_write:
-        try:
-            sys.path.insert(0, str(Path(__file__).parent))
-            from benchmarks.results import append_results
-        except ImportError:  # the shared appender is missing: write the section ourselves
-            append_results = _append_results
-        append_results("Solvers", "python benchmarks/solvers.py", "\n".join(lines + summary))
+    if not args.quick:
+        from benchmarks.results import set_section, write_run
+
+        write_run("solvers", {"table": "\n".join(lines), "summary": summary})
+        if args.results:
+            set_section("solvers", "Solvers", "python -m benchmarks.solvers", "\n".join(lines + summary))
     return 0
-
-
-def _append_results(title: str, command: str, body: str) -> None:
-    import datetime
-    import os
-    import platform
-
-    path = Path(__file__).with_name("RESULTS.md")
-    if not path.exists():
-        path.write_text("# Benchmark results\n")
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    with path.open("a") as results:
-        results.write(f"\n## {title} ({stamp}; {platform.machine()}, {os.cpu_count()} cores)\n\n`{command}`\n\n{body}\n")
 
 
 if __name__ == "__main__":
