@@ -87,8 +87,8 @@ def overhead_ms(result: ModelResult, config: Config) -> float:
 
 
 def median_difference_ms(result: ModelResult, config: Config) -> float:
-    """The configuration's median step time less the unplanned one's (how runs stamped
-    before 2026-11-27 05:40 measured overhead; the report gives it for comparison)."""
+    """The configuration's median step time less the unplanned one's: the plain reading, which
+    the machine's drift between the two medians moves (the report gives it for comparison)."""
     return config.step_ms - result.configs[0].step_ms
 
 

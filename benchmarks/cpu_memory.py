@@ -2,12 +2,10 @@
 
 By default glibc's malloc serves large blocks with fresh `mmap`s and hands freed memory at the
 top of the heap back to the kernel, so every training step page-faults its activations in
-again: the cost grows with the step's peak. On this machine the unplanned GPT-2 step of
-`benchmarks/compare.py` took 462 ms that way and 421 ms with freed memory kept (RESULTS.md,
-2026-11-24 18:07 and 18:22), while its planned steps hardly changed, so the planner's overheads
-had measured 25-35 ms below what recomputation costs. A GPU keeps its memory in PyTorch's caching allocator and pays no such
-toll; timing benchmarks call `retain_freed_memory()` first so the CPU clock measures the same
-thing.
+again: the cost grows with the step's peak, so the unplanned step pays more of it than a
+planned one, and a plan's overhead measures below what its recomputation costs. A GPU keeps
+its memory in PyTorch's caching allocator and pays no such toll; timing benchmarks call
+`retain_freed_memory()` first so the CPU clock measures the same thing.
 
 Example:
     >>> retain_freed_memory()

@@ -13,8 +13,8 @@ With `--whole-only`, the plan alone is timed against the unplanned step (no spli
 one plan's prediction, away from the other configurations of a compare run.
 
 Usage:
-    .venv/bin/python benchmarks/additivity.py --model llama --fraction 0.8 --rounds 120
-    .venv/bin/python benchmarks/additivity.py --model vit --fraction 0.8 --rounds 60 --whole-only
+    .venv/bin/python -m benchmarks.diagnostics.additivity --model llama --fraction 0.8 --rounds 120
+    .venv/bin/python -m benchmarks.diagnostics.additivity --model vit --fraction 0.8 --rounds 60 --whole-only
 """
 from __future__ import annotations
 

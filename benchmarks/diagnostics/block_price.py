@@ -10,7 +10,7 @@ across-step reading of the same rounds (each checkpointed block against the same
 unplanned model, a third configuration in the rotation) is printed beside it. Price:
 `Problem.checkpoint_ms` per block.
 
-    .venv/bin/python benchmarks/block_price.py [--models gpt,gpt2,llama,bert] [--rounds 40] [--no-save]
+    .venv/bin/python -m benchmarks.diagnostics.block_price [--models gpt,gpt2,llama,bert] [--rounds 40] [--no-save]
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ Predicted figures only (the planner's measurements, solved by `dp`): where the c
 noisy to compare plans (this shared CPU), this shows what each decision space gives.
 
 Usage:
-    .venv/bin/python benchmarks/keep_gain.py [--models gpt gpt2 ...] [--no-save]
+    .venv/bin/python -m benchmarks.diagnostics.keep_gain [--models gpt gpt2 ...] [--no-save]
 """
 from __future__ import annotations
 

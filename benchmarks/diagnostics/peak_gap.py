@@ -4,8 +4,8 @@ of the measured unplanned peak, and for each step show the allocator's peak and 
 there (the largest allocations and the operators that made them), beside the planner's
 predicted peak and the node the simulation puts it at.
 
-    .venv/bin/python benchmarks/peak_gap.py [--device cuda] [--models llama,llama-mha,gpt2]
-    .venv/bin/python benchmarks/peak_gap.py --device cuda --compare gpt2,cnn --batch-scale 32
+    .venv/bin/python -m benchmarks.diagnostics.peak_gap [--device cuda] [--models llama,llama-mha,gpt2]
+    .venv/bin/python -m benchmarks.diagnostics.peak_gap --device cuda --compare gpt2,cnn --batch-scale 32
 
 `--compare` takes `benchmarks/compare.py`'s models (`compare_models.SPECS`) at its sizes, the
 batch repeated `--batch-scale` times, as `compare.py --device cuda` ran them.

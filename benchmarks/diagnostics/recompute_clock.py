@@ -13,7 +13,7 @@ step's noise.
 With `--keep`, each model also runs with every block keeping all its keepable nodes (a
 selective policy: `Problem.keepable_in`), whose recomputation skips them.
 
-    .venv/bin/python benchmarks/recompute_clock.py [--models gpt,gpt2,llama,bert,cnn,vit]
+    .venv/bin/python -m benchmarks.diagnostics.recompute_clock [--models gpt,gpt2,llama,bert,cnn,vit]
                                                    [--rounds 7] [--keep] [--no-save]
 """
 from __future__ import annotations

@@ -5,13 +5,11 @@ difference.
 
 A step's wall clock on this shared CPU moves by 20-30% within seconds, so a plan's overhead
 read off whole steps has a 95% interval tens of ms wide. Per op, the same ops in both steps
-cancel and what the plan adds stands out: on the CNN's 80% plan, two runs agreed to 0.2-0.5 ms
-on the recomputed BatchNorms (+35.6, +35.4 ms), on the Python that runs inside the unpacking
-backward node (checkpoint's and the recomputed modules' calls: `ConvolutionBackward0`'s own
-time, +5.3, +5.2 ms) and on the recomputed ReLUs (+4.9, +4.4 ms) (benchmarks/RESULTS.md,
-session notes of 2026-11-29 06:53).
+cancel and what the plan adds stands out: the recomputed ops, and the Python that runs inside
+the unpacking backward node (checkpoint's and the recomputed modules' calls, booked as the
+backward node's own time).
 
-    .venv/bin/python benchmarks/step_ops.py --model cnn --budget 0.8 [--rounds 16] [--steps 2]
+    .venv/bin/python -m benchmarks.diagnostics.step_ops --model cnn --budget 0.8 [--rounds 16] [--steps 2]
 
 `--budget` is a fraction of the unplanned peak (as compare.py's 40/60/80%).
 """
