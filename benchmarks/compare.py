@@ -92,6 +92,7 @@ from benchmarks.compare_steps import (
 )
 from benchmarks.cpu_memory import retain_freed_memory
 from benchmarks.decision_space import beyond_the_planner
+from benchmarks.results import set_section, write_run
 from benchmarks.retime import NodeRetimer
 
 HERE = Path(__file__).resolve().parent
@@ -390,10 +391,11 @@ def main() -> int:
             all_flags.setdefault(key, []).append(value)
         compile_times = ", ".join(f"b={c.name.split('=')[1]}: {c.compile_s:.0f} s" for c in result.configs
                                   if c.kind == "compile" and c.compile_s is not None)
+        opening = f"{result.description}. Unplanned step {none.step_ms:.0f} ms (median), measured peak {mib(none.peak)}."
         section = "\n".join([
             f"### {result.spec.title}",
             "",
-            f"{result.description}. Unplanned step {none.step_ms:.0f} ms (median), measured peak {mib(none.peak)}.",
+            opening,
             "",
             "\n".join(f"- {note}" for note in result.notes),
             f"- planner: measure + solve at 80 GiB (for the cost figures, the bounds and every block's prediction) "
@@ -407,7 +409,11 @@ def main() -> int:
             "",
             f"![{result.spec.title}](results/{image.name})",
         ])
-        sections.append(section)
+        # RESULTS.md gets the table and the verdict; the cost figures, the readings and the
+        # predictions from the rounds' node times stay in this output and the run's raw figures.
+        brief = [line for line in lines if not line.startswith(("- Predicted from node times", "- Timing noise"))]
+        sections.append("\n".join([opening, "", table(result, brief=True), "", "\n".join(brief), "",
+                                    f"![{result.spec.title}](results/{image.name})"]))
         print(section.replace(f"results/{image.name}", str(image)), flush=True)
         print(flush=True)
     summary = summary_lines(all_flags)
@@ -426,8 +432,6 @@ def main() -> int:
             + (f" --thorough \"{','.join(args.thorough)}\"" if args.thorough else "")
         if args.compile_budgets:
             command += " --compile-budgets " + ",".join(f"{budget:g}" for budget in args.compile_budgets)
-        from benchmarks.results import set_section, write_run
-
         device = "cpu" if args.device == "cpu" else args.device.split(":")[0]
         for result, section in zip(results, sections):
             set_section(f"compare_{result.spec.key}_{device}", f"Planner vs. today's options: {result.spec.title}"

@@ -62,17 +62,19 @@ def method_text(rounds: int, threads: int, retained: bool, device_text: str = ""
     )
 
 
-def table(result: ModelResult) -> str:
+def table(result: ModelResult, brief: bool = False) -> str:
+    """The run's table for one model; `brief` (for RESULTS.md) leaves out the step times' range
+    and the predictions from the rounds' node times."""
     none = result.configs[0]
     every = every_overhead_ms(result)
-    rows = ["| configuration | budget | peak | under budget | step: median [min-max] | overhead, measured "
-            "| overhead, predicted | predicted from the rounds' node times "
-            "| share of every block's, measured (predicted) | notes |",
-            "|" + "---|" * 10]
+    header = ["configuration", "budget", "peak", "under budget", "step: median [min-max]", "overhead, measured",
+              "overhead, predicted", "predicted from the rounds' node times",
+              "share of every block's, measured (predicted)", "notes"]
+    rows = []
     for c in result.configs:
         budget = f"{mib(c.budget_bytes)} ({c.budget_label})" if c.budget_bytes is not None else "-"
         if c.module is None:
-            rows.append(f"| {c.name} | {budget} | - | {c.infeasible} | - | - | - | - | - | |")
+            rows.append([c.name, budget, "-", c.infeasible, "-", "-", "-", "-", "-", ""])
             continue
         measured = overhead_ms(result, c)
         share = f"{measured / every:.2f}" if every > 0 and c is not none else "-"
@@ -91,10 +93,16 @@ def table(result: ModelResult) -> str:
             notes = f"predicted peak {mib(c.predicted_peak_bytes)}; {notes}{space_shares(result, c)}"
         if c.kind == "compile":
             notes = f"compile + first step {c.compile_s:.1f} s; {notes}"
-        rows.append(f"| {c.name} | {budget} | {mib(c.peak)} | {under} | {c.step_ms:.0f} ms "
-                    f"[{min(c.times_ms):.0f}-{max(c.times_ms):.0f}] | {measured:+.0f} ms | {predicted} "
-                    f"| {retimed} | {share} | {notes} |")
-    return "\n".join(rows)
+        step_ms = f"{c.step_ms:.0f} ms [{min(c.times_ms):.0f}-{max(c.times_ms):.0f}]"
+        rows.append([c.name, budget, mib(c.peak), under, step_ms, f"{measured:+.0f} ms", predicted, retimed, share,
+                     notes])
+    if brief:  # the median only; no retimed column; notes up to the solver's figures
+        header = [cell.replace(" [min-max]", "") for i, cell in enumerate(header) if i != 7]
+        rows = [[cell.split(" [")[0] if i == 4 else cell.split("; every keep subset")[0] if i == 9 else cell
+                 for i, cell in enumerate(row) if i != 7] for row in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def space_shares(result: ModelResult, config: Config) -> str:

@@ -21,10 +21,14 @@ HEADER = ("# Benchmark results\n\nThe latest run of each benchmark on current co
 
 
 def machine(gpu: str | None = None) -> str:
-    """This machine in a few words: architecture, cores, and the GPU or "torch CPU"."""
+    """This machine in a few words: architecture, cores, last-level cache (CPU timings depend on
+    what fits in it), and the GPU or "CPU", with the torch version."""
     import torch
 
-    return f"{platform.machine()}, {os.cpu_count()} cores, {gpu or 'CPU'}, torch {torch.__version__}"
+    cache = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")  # Linux: "307200K"
+    size = re.fullmatch(r"(\d+)([KM])", cache.read_text().strip()) if cache.exists() else None
+    l3 = f", {int(size[1]) // (1024 if size[2] == 'K' else 1)} MiB L3" if size else ""
+    return f"{platform.machine()}, {os.cpu_count()} cores{l3}, {gpu or 'CPU'}, torch {torch.__version__}"
 
 
 def commit() -> str:
@@ -34,6 +38,10 @@ def commit() -> str:
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"
     return head + ("+changes" if git("status", "--porcelain", "--", "planner", "solvers") else "")
+
+
+# The code a run measures is the code checked out when it started: a long run outlives commits.
+COMMIT_AT_START = commit()
 
 
 def write_run(bench: str, figures: dict[str, Any], device: str = "cpu") -> Path:
@@ -47,7 +55,7 @@ def write_run(bench: str, figures: dict[str, Any], device: str = "cpu") -> Path:
     now = datetime.datetime.now()
     RAW.mkdir(exist_ok=True)
     path = RAW / f"{bench}_{device}_{now:%Y-%m-%d}.json"
-    stamp = {"bench": bench, "device": device, "commit": commit(), "machine": machine(None if device == "cpu"
+    stamp = {"bench": bench, "device": device, "commit": COMMIT_AT_START, "machine": machine(None if device == "cpu"
                                                                                         else device),
              "time": now.isoformat(timespec="minutes")}
     path.write_text(json.dumps({**stamp, **figures}, indent=1, default=str) + "\n")
@@ -62,7 +70,7 @@ def set_section(bench: str, title: str, command: str, body: str, gpu: str | None
         >>> set_section("fuzz", "Fuzz: 400 random models", "python -m benchmarks.fuzz --seeds 400", table)
     """
     text = RESULTS.read_text() if RESULTS.exists() else HEADER
-    stamp = f"{datetime.datetime.now():%Y-%m-%d %H:%M}; commit {commit()}; {machine(gpu)}"
+    stamp = f"{datetime.datetime.now():%Y-%m-%d %H:%M}; commit {COMMIT_AT_START}; {machine(gpu)}"
     section = f"<!-- bench: {bench} -->\n## {title}\n\n`{command}` ({stamp})\n\n{body.rstrip()}\n"
     pattern = re.compile(rf"<!-- bench: {re.escape(bench)} -->\n.*?(?=<!-- bench: |\Z)", re.S)
     if pattern.search(text):
