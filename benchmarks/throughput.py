@@ -210,7 +210,7 @@ def main() -> int:
     sections, records = [], []
     for key in args.models.split(","):
         found = run_model(key.strip(), args.rounds, args.quick, args.share)
-        records.append({k: v for k, v in found.items() if k != "table"})
+        records.append(found)  # (with the planner's table, which RESULTS.md leaves out)
         rows = ["| configuration | batch | measured peak | samples/s (95%) | gradients |", "|---|---|---|---|---|"]
         for name, row in found["rows"].items():
             if row["batch"] is None:
@@ -222,9 +222,8 @@ def main() -> int:
                         f"| {'equal' if row['grads_ok'] else 'DIFFER'} |")
         body = (f"#### {found['description']}\n\nBudget {format_bytes(found['budget'])} ({args.share:g} of the unplanned "
                 f"peak at the reference batch, AdamW's state included); candidate batches {found['batches']}.\n\n"
-                + "\n".join(rows) + "\n\n" + "\n".join(f"- {line}" for line in verdict(found))
-                + "\n\nThe planner's table:\n\n```\n" + found["table"] + "\n```")
-        print(body, flush=True)
+                + "\n".join(rows) + "\n\n" + "\n".join(f"- {line}" for line in verdict(found)))
+        print(body + "\n\nThe planner's table:\n\n" + found["table"], flush=True)
         sections.append(body)
     write_run("throughput", {"records": records})
     if args.results:
