@@ -219,3 +219,19 @@ def counted_call(name: str) -> bool:
     saves some outputs without saved-tensor hooks (the planner's runs have hooks) and which
     replay needs no more than the tensor it aliases."""
     return not name.startswith("aten._assert") and name != "aten.detach.default"
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """Validate a keyword that takes one of a few names (`measure=`, `effort=`).
+
+    Example:
+        >>> check_choice("effort", "thorough", ("normal", "thorough"))
+        'thorough'
+    """
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; not {value!r}")
+    return value
+
+
+__all__ = ["GraphProfile", "ModuleCheckpoint", "NodeProfile", "check_choice", "counted_call", "output_leaves",
+           "run_forward", "sample_tensors", "split_sample", "training_loss", "training_step"]

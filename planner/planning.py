@@ -31,6 +31,7 @@ from torch import nn
 from planner.core import (
     GraphProfile,
     ModuleCheckpoint,
+    check_choice,
     sample_tensors,
     split_sample,
     training_loss,
@@ -193,9 +194,7 @@ def check_effort(effort: Any) -> str:
         >>> check_effort("thorough")
         'thorough'
     """
-    if effort not in EFFORTS:
-        raise ValueError(f"effort must be one of {', '.join(repr(e) for e in EFFORTS)}; not {effort!r}")
-    return effort
+    return check_choice("effort", effort, EFFORTS)
 
 
 def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_bytes: int,

@@ -229,6 +229,7 @@ def test_static_breakdown_follows_the_arithmetic():
     ("optimizer", "lion", "optimizer must be one of 'sgd', 'sgd-momentum', 'adam', 'adamw'"),
     ("optimizer", -1, "optimizer must be one of"),
     ("measure", "sometimes", "measure must be one of 'auto', 'run', 'no-run'"),
+    ("effort", "max", "effort must be one of 'normal', 'thorough'"),
 ])
 def test_bad_arguments_name_the_argument_and_the_accepted_values(argument, value, message):
     model, tokens = small_gpt()

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from planner.core import check_choice
 from planner.measure.targets import Target, local_target
 from planner.measure.targets import target as find_target
 
@@ -117,6 +118,4 @@ def check_measure(mode: Any) -> str:
         >>> check_measure("no-run")
         'no-run'
     """
-    if mode not in MEASURE_MODES:
-        raise ValueError(f"measure must be one of {', '.join(repr(m) for m in MEASURE_MODES)}; not {mode!r}")
-    return mode
+    return check_choice("measure", mode, MEASURE_MODES)
