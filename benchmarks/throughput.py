@@ -14,6 +14,9 @@ least the best baseline's (within the interval), its predicted samples/s within 
 and `plan_throughput` at most 3x one `plan()` call.
 
     .venv/bin/python -m benchmarks.throughput [--models gpt,gpt2,llama,bert,vit,cnn] [--rounds 10] [--results]
+
+With `--results`, each model's `tp.plot` (samples/s against batch) goes to
+`benchmarks/results/throughput_<model>.png`.
 """
 from __future__ import annotations
 
@@ -22,13 +25,14 @@ import copy
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from benchmarks.compare_models import SPECS, every_block, every_nth_block
-from benchmarks.results import set_section, write_run
+from benchmarks.results import RAW, set_section, write_run
 from planner import InfeasibleBudget, plan, plan_throughput
 from planner.api import GIB
 from planner.core import split_sample, training_loss
@@ -118,7 +122,8 @@ def timed_rounds(configs: dict[str, tuple[nn.Module, Any]], rounds: int) -> dict
     return times
 
 
-def run_model(key: str, rounds: int, quick: bool = False, share: float = 0.5) -> dict[str, Any]:
+def run_model(key: str, rounds: int, quick: bool = False, share: float = 0.5,
+              plot_to: Path | None = None) -> dict[str, Any]:
     spec = SPECS[key]
     torch.manual_seed(0)
     model, sample, description = spec.build(quick)
@@ -141,6 +146,8 @@ def run_model(key: str, rounds: int, quick: bool = False, share: float = 0.5) ->
     tp = plan_throughput(model, sample_for, budget / GIB, batches, optimizer="adamw")
     throughput_s = time.perf_counter() - started
     print(tp, flush=True)
+    if plot_to is not None:
+        tp.plot(plot_to / f"throughput_{key}.png")
 
     baselines: dict[str, nn.Module] = {"none": copy.deepcopy(model), "every block": every_block(spec, model)[0]}
     for n in STRIDES:
@@ -209,7 +216,8 @@ def main() -> int:
     transformers.logging.set_verbosity_error()
     sections, records = [], []
     for key in args.models.split(","):
-        found = run_model(key.strip(), args.rounds, args.quick, args.share)
+        found = run_model(key.strip(), args.rounds, args.quick, args.share,
+                          RAW if args.results and not args.quick else None)
         records.append(found)  # (with the planner's table, which RESULTS.md leaves out)
         rows = ["| configuration | batch | measured peak | samples/s (95%) | gradients |", "|---|---|---|---|---|"]
         for name, row in found["rows"].items():
