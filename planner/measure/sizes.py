@@ -151,6 +151,8 @@ class BackwardWindows:
             # The sum's own free ends its life: a later storage may reuse its id.
             end = next((i for i, (_, size, key) in enumerate(log) if i > made and key == result and size < 0),
                        len(log) - 1)
+            if freed > end:
+                continue  # the sum died first: it replaced nothing (a gradient others hold, summed anew)
             replayed.append((result, into, log[made][0], log[end][0]))
             log = [(t, size, into if key == result and made < i <= end else key)
                    for i, (t, size, key) in enumerate(log) if i not in (made, freed)]
