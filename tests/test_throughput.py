@@ -9,7 +9,7 @@ from planner import plan_throughput
 from planner.api import GIB
 from planner.examples import TinyGPT
 from planner.measure.steps import steady_peak
-from planner.throughput.search import fit_line
+from planner.throughput.search import StepTimes, fit_line
 
 
 def _gpt():
@@ -67,3 +67,12 @@ def test_step_time_is_fitted_as_a_line_in_the_batch():
     intercept, slope = fit_line([(1, 5.0), (2, 7.0), (4, 11.0)])
     assert intercept == pytest.approx(3.0) and slope == pytest.approx(2.0)
     assert fit_line([(4, 8.0)]) == (0.0, 2.0)
+
+
+def test_step_time_is_as_measured_where_timed_and_on_lines_between_and_beyond():
+    # Timed steps that are not one line: 10 ms at batch 2, 30 at 4, 40 at 8; fitted slope 4.
+    times = StepTimes(intercept_ms=5.0, per_sample_ms=4.0, optimizer_ms=0.0,
+                      measured=((2, 10.0), (4, 30.0), (8, 40.0)))
+    assert [times.step_ms(b) for b in (2, 4, 8)] == [10.0, 30.0, 40.0]
+    assert times.step_ms(3) == pytest.approx(20.0) and times.step_ms(6) == pytest.approx(35.0)
+    assert times.step_ms(16) == pytest.approx(40.0 + 4.0 * 8) and times.step_ms(1) == pytest.approx(6.0)

@@ -4,12 +4,14 @@
 A larger micro-batch spreads each step's fixed costs (the optimizer step, kernel launches,
 Python) over more samples; recomputing frees the memory that buys it, at the price of its
 recomputation. For each candidate batch:
-- memory comes from sizes on fake tensors at that batch (no memory used), and the cheapest plan
-  that fits is solved for it, priced with the node times measured at a reference batch scaled by
-  the batch (node times grow with the activations they compute);
+- memory comes from sizes on fake tensors at that batch (no memory used; at the reference batch,
+  from its measured step), and the cheapest plan that fits is solved for it, priced with the
+  node times measured at the reference batch scaled by the batch (node times grow with the
+  activations they compute);
 - the unplanned step's time (forward and backward) is measured at two or three batches the
-  device can run and fitted as a line, `a + b * batch`; the optimizer step is timed once on
-  copies of the parameters;
+  device can run, taken as measured there, on straight lines between them, and beyond them at
+  the slope of the line fitted to all (`StepTimes`); the optimizer step is timed once on copies
+  of the parameters;
 - its predicted time per optimizer step is the fitted step plus its plan's recompute, times the
   micro-batches per optimizer step, plus the optimizer step.
 The best two candidates are then planned for real (`plan_measured`: their own steps run where
@@ -46,7 +48,7 @@ from solvers.solution import format_bytes
 
 logger = logging.getLogger(__name__)
 
-TIMED_STEPS = 5  # steps timed (after one untimed) per batch the unplanned step is measured at
+TIMED_STEPS = 3  # steps timed (after one untimed) per batch the unplanned step is measured at
 COST_FIELDS = ("region_overhead_ms", "saved_tensor_ms", "keep_region_ms", "keep_call_ms", "kept_node_ms",
                "run_call_ms", "recorded_call_ms", "run_region_ms")
 
@@ -77,8 +79,14 @@ class BatchRow:
 
 @dataclass(frozen=True)
 class StepTimes:
-    """The unplanned step's time (forward and backward) as a line in the batch, `intercept_ms +
-    per_sample_ms * batch`, fitted to `measured` ((batch, ms) pairs), and the optimizer step's."""
+    """The unplanned step's time (forward and backward) at the batches it was timed at
+    (`measured`, (batch, ms) pairs), the line `intercept_ms + per_sample_ms * batch` fitted to
+    them, and the optimizer step's time.
+
+    Example:
+        >>> StepTimes(2.0, 4.0, 1.0, ((2, 9.0), (4, 19.0))).step_ms(3)
+        14.0
+    """
 
     intercept_ms: float
     per_sample_ms: float
@@ -86,7 +94,17 @@ class StepTimes:
     measured: tuple[tuple[int, float], ...]
 
     def step_ms(self, batch: int) -> float:
-        return self.intercept_ms + self.per_sample_ms * batch
+        """The step's time at `batch`: as measured where it was timed, on the straight line
+        between the two timed batches around it, and beyond them from the nearest one at the
+        fitted slope (step times need not be one line: caches, a kernel's tiling)."""
+        points = sorted(self.measured)
+        if not points:
+            return self.intercept_ms + self.per_sample_ms * batch
+        for (low, low_ms), (high, high_ms) in zip(points, points[1:]):
+            if low <= batch <= high:
+                return low_ms + (high_ms - low_ms) * (batch - low) / (high - low)
+        nearest, nearest_ms = points[0] if batch < points[0][0] else points[-1]
+        return max(0.0, nearest_ms + self.per_sample_ms * (batch - nearest))
 
 
 @dataclass
@@ -138,9 +156,10 @@ class ThroughputPlan:
         per = f"global batch {self.global_batch}" if self.global_batch else "optimizer step per micro-batch"
         lines = [f"Throughput plan: batch {self.batch_size} ({per}), budget {format_bytes(self.budget_bytes)}; "
                  f"planned in {self.seconds:.0f} s",
-                 f"  step time (forward + backward, unplanned): {self.times.intercept_ms:.1f} ms + "
-                 f"{self.times.per_sample_ms:.3f} ms per sample (fitted to batches "
-                 f"{', '.join(str(b) for b, _ in self.times.measured)}); optimizer step {self.times.optimizer_ms:.1f} ms",
+                 "  step time (forward + backward, unplanned): measured "
+                 + ", ".join(f"{ms:.1f} ms at batch {b}" for b, ms in self.times.measured)
+                 + f"; between them on straight lines, beyond at {self.times.per_sample_ms:.3f} ms per sample; "
+                 f"optimizer step {self.times.optimizer_ms:.1f} ms",
                  "",
                  f"  {'batch':>6} {'accum':>5} {'peak':>11} {'recompute':>10} {'step':>10} {'samples/s':>10} "
                  f"{'measured':>9}  {'none':>8} {'every block':>11}"]
@@ -305,6 +324,11 @@ def plan_throughput(model: nn.Module, sample_for: Callable[[int], Any], budget_g
         accumulation = 1 if global_batch is None else global_batch // b
         if b not in usable:
             rows[b] = BatchRow(b, why=f"{b} does not divide the global batch {global_batch}")
+            continue
+        if b == reference_batch:  # measured already, on real tensors
+            measured[b] = MeasuredProblem(reference.traced, reference.profile, reference.problem,
+                                          reference.static_breakdown, reference.wrapped)
+            rows[b] = BatchRow(b, accumulation)
             continue
         say(f"sizes at batch {b} on fake tensors")
         found = measure_problem(model, samples[b], where, reserved_bytes, optimizer, setup.world_size,
