@@ -65,7 +65,7 @@ def main() -> int:
             "|" + "---|" * (3 + len(KINDS))]
     seconds_rows = ["| model | planning (at 80 GB, every kind) | block readings (policy, recording) | "
                     + " | ".join(f"solve time of {kind}" for kind in KINDS) + " |", "|" + "---|" * (3 + len(KINDS))]
-    records, seconds = [], []
+    records, planning = [], []
     for key in args.models.split(","):
         spec = SPECS[key]
         torch.manual_seed(0)
@@ -94,7 +94,7 @@ def main() -> int:
             rows.append(f"| {key} | {label} | {full} | " + " | ".join(shares) + " |")
             records.append(record)
             print(rows[-1], flush=True)
-        seconds.append({"model": key, "planning_s": planning_s, "block_readings_s": block_s, "solve_s": solve_s})
+        planning.append({"model": key, "planning_s": planning_s, "block_readings_s": block_s, "solve_s": solve_s})
         seconds_rows.append(f"| {key} | {planning_s:.1f} s | {block_s:.1f} s | "
                             + " | ".join(f"{solve_s[kind]:+.2f} s" for kind in KINDS) + " |")
         print(seconds_rows[-1], flush=True)
@@ -102,7 +102,7 @@ def main() -> int:
              + "\n".join(rows) + "\n\nWhat each kind costs in planning time (solve time at both budgets, with "
              "the kind less without it; the block readings serve kept nodes and runs):\n\n" + "\n".join(seconds_rows))
     print(table)
-    print(f"records: {write_run('mechanisms', {'records': records, 'seconds': seconds})}")
+    print(f"records: {write_run('mechanisms', {'records': records, 'seconds': planning})}")
     if args.results:
         set_section("mechanisms", "What each region kind buys (predicted) and costs", "python -m benchmarks.mechanisms",
                     table)

@@ -143,7 +143,12 @@ def run_model(key: str, rounds: int, quick: bool = False, share: float = 0.5,
         pass
     plan_s = time.perf_counter() - started
     started = time.perf_counter()
-    tp = plan_throughput(model, sample_for, budget / GIB, batches, optimizer="adamw")
+    try:
+        tp = plan_throughput(model, sample_for, budget / GIB, batches, optimizer="adamw")
+    except InfeasibleBudget as error:  # (then no baseline fits either: they are plans too)
+        print(f"{key}: {error}", flush=True)
+        return {"model": key, "description": description, "budget": budget, "batches": batches, "rows": {},
+                "infeasible": str(error), "plan_s": plan_s, "throughput_s": time.perf_counter() - started}
     throughput_s = time.perf_counter() - started
     print(tp, flush=True)
     if plot_to is not None:
@@ -179,6 +184,9 @@ def run_model(key: str, rounds: int, quick: bool = False, share: float = 0.5,
 
 
 def verdict(found: dict[str, Any]) -> list[str]:
+    if "infeasible" in found:
+        return [f"no candidate batch fits: {found['infeasible']} (AdamW's state alone takes two fp32 copies of "
+                "the parameters)"]
     rows, best = found["rows"], found["best_baseline"]
     planner = rows["planner"]
     lines = []
@@ -230,8 +238,8 @@ def main() -> int:
                         f"| {'equal' if row['grads_ok'] else 'DIFFER'} |")
         body = (f"#### {found['description']}\n\nBudget {format_bytes(found['budget'])} ({args.share:g} of the unplanned "
                 f"peak at the reference batch, AdamW's state included); candidate batches {found['batches']}.\n\n"
-                + "\n".join(rows) + "\n\n" + "\n".join(f"- {line}" for line in verdict(found)))
-        print(body + "\n\nThe planner's table:\n\n" + found["table"], flush=True)
+                + ("\n".join(rows) + "\n\n" if found["rows"] else "") + "\n".join(f"- {line}" for line in verdict(found)))
+        print(body + "\n\nThe planner's table:\n\n" + found.get("table", "none"), flush=True)
         sections.append(body)
     write_run("throughput", {"records": records})
     if args.results:
