@@ -210,6 +210,45 @@ def verdict(found: dict[str, Any]) -> list[str]:
     return lines
 
 
+def summary(records: list[dict[str, Any]], share: float) -> str:
+    """RESULTS.md's section: one row per model (each configuration at its largest fitting batch:
+    batch, samples/s with its 95% interval) and the targets' ratios, then each miss's reason."""
+    header = ["model", "budget", "no checkpointing", "every block", "best every n-th block", "planner",
+              "planner / best baseline", "predicted / measured", "plan_throughput / plan()"]
+    lines = [f"Budget: {share:g} of the unplanned step's peak at the model's reference batch, AdamW's state "
+             "included. Cells: batch, samples/s (95% interval) of full training steps (AdamW's step included), "
+             "alternating rounds, medians. Every configuration is checked under the budget by allocator peak and "
+             "against the unplanned model's gradients.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    notes = []
+
+    def cell(row: dict[str, Any] | None) -> str:
+        if not row or row.get("batch") is None:
+            return "fits at no batch"
+        low_high = f" ({row['interval'][0]:.1f}-{row['interval'][1]:.1f})" if row.get("interval") else ""
+        return f"{row['batch']}: {row['samples_per_s']:.1f}{low_high}"
+
+    for found in records:
+        rows, key = found["rows"], found["model"]
+        if "infeasible" in found:
+            lines.append(f"| {key} | {format_bytes(found['budget'])} | " + " | ".join(["fits at no batch"] * 4)
+                         + " | - | - | - |")
+            notes.append(f"{key}: {verdict(found)[0]}")
+            continue
+        strided = [name for name in rows if name.startswith("every ") and name != "every block"
+                   and rows[name].get("samples_per_s") is not None]
+        best_strided = max(strided, key=lambda name: rows[name]["samples_per_s"], default=None)
+        planner, best = rows["planner"], found["best_baseline"]
+        ratio = f"{planner['samples_per_s'] / rows[best]['samples_per_s']:.2f} ({best})" if best else "-"
+        lines.append(f"| {key} | {format_bytes(found['budget'])} | {cell(rows.get('none'))} "
+                     f"| {cell(rows.get('every block'))} | "
+                     + (f"{best_strided}, {cell(rows[best_strided])}" if best_strided else "fits at no batch")
+                     + f" | {cell(planner)} | {ratio} | {planner['predicted'] / planner['samples_per_s']:.2f} "
+                     f"| {found['throughput_s'] / found['plan_s']:.1f} |")
+        notes += [f"{key}: {line}" for line in verdict(found) if "MISSED" in line or "OVER" in line or "differ" in line]
+    return "\n".join(lines + ([""] + [f"- {note}" for note in notes] if notes else ["", "Every target met."]))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="gpt,gpt2,llama,bert,vit,cnn")
@@ -218,15 +257,25 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     parser.add_argument("--share", type=float, default=0.5,
                         help="the budget, as a share of the unplanned peak at the reference batch (default 0.5)")
+    parser.add_argument("--render", metavar="JSON", help="write RESULTS.md's section from a run's raw figures")
     args = parser.parse_args()
+    command = "python -m benchmarks.throughput" + (f" --models {args.models}" if args.models != "gpt,gpt2,llama,bert,vit,cnn"
+                                                   else "")
+    if args.render:
+        import json
+
+        raw = json.loads(Path(args.render).read_text())
+        set_section("throughput", "Throughput within the budget (CPU)", raw.get("command", command),
+                    summary(raw["records"], raw.get("share", args.share)))
+        return 0
     import transformers
 
     transformers.logging.set_verbosity_error()
-    sections, records = [], []
+    records = []
     for key in args.models.split(","):
         found = run_model(key.strip(), args.rounds, args.quick, args.share,
                           RAW if args.results and not args.quick else None)
-        records.append(found)  # (with the planner's table, which RESULTS.md leaves out)
+        records.append(found)
         rows = ["| configuration | batch | measured peak | samples/s (95%) | gradients |", "|---|---|---|---|---|"]
         for name, row in found["rows"].items():
             if row["batch"] is None:
@@ -236,16 +285,14 @@ def main() -> int:
             spread = f" ({interval[0]:.1f}-{interval[1]:.1f})" if interval else ""
             rows.append(f"| {name} | {row['batch']} | {format_bytes(row['peak'])} | {row['samples_per_s']:.1f}{spread} "
                         f"| {'equal' if row['grads_ok'] else 'DIFFER'} |")
-        body = (f"#### {found['description']}\n\nBudget {format_bytes(found['budget'])} ({args.share:g} of the unplanned "
-                f"peak at the reference batch, AdamW's state included); candidate batches {found['batches']}.\n\n"
-                + ("\n".join(rows) + "\n\n" if found["rows"] else "") + "\n".join(f"- {line}" for line in verdict(found)))
-        print(body + "\n\nThe planner's table:\n\n" + found.get("table", "none"), flush=True)
-        sections.append(body)
-    write_run("throughput", {"records": records})
+        print(f"#### {found['description']}\n\nBudget {format_bytes(found['budget'])}; candidate batches "
+              f"{found['batches']}.\n\n" + ("\n".join(rows) + "\n\n" if found["rows"] else "")
+              + "\n".join(f"- {line}" for line in verdict(found))
+              + "\n\nThe planner's table:\n\n" + found.get("table", "none"), flush=True)
+    print(summary(records, args.share))
+    write_run("throughput", {"command": command, "share": args.share, "records": records})
     if args.results:
-        set_section("throughput", "Throughput within the budget (CPU)", "python -m benchmarks.throughput"
-                    + (f" --models {args.models}" if args.models != "gpt,gpt2,llama,bert,vit,cnn" else ""),
-                    "\n\n".join(sections))
+        set_section("throughput", "Throughput within the budget (CPU)", command, summary(records, args.share))
     return 0
 
 
