@@ -1,17 +1,19 @@
 """Throughput within a memory budget: samples per second of the planner's choice of batch and plan
 (`planner.plan_throughput`) against what people use, each at its largest batch that fits.
 
-For each compare model (`benchmarks/compare_models.py`) at a budget of half the unplanned step's
-peak at the model's reference batch, AdamW's state included (two fp32 tensors per parameter):
+For each compare model (`benchmarks/compare_models.py`), with candidate batches of 1, 2 and 4
+times its compare batch, at a budget of half the unplanned step's peak at the largest (the
+reference batch), AdamW's state included (two fp32 tensors per parameter):
 - no checkpointing, every block and every n-th block (n = 2, 3, 4), each at the largest
-  candidate batch (1/2, 1, 2 and 4 times the reference) whose measured peak fits the budget;
+  candidate batch whose measured peak fits the budget;
 - the planner's choice among the same candidates (`plan_throughput(..., optimizer="adamw")`).
 Every configuration is checked under the budget by allocator peak (plus the optimizer state) and
 gives the unplanned model's gradients at its batch; then all take full training steps (forward,
 backward, AdamW step), one each per round, in alternating rounds: samples per second is the
 batch over the median step, with a 95% interval. Targets on this CPU: the planner's samples/s at
 least the best baseline's (within the interval), its predicted samples/s within 10% of measured,
-and `plan_throughput` at most 3x one `plan()` call.
+and `plan_throughput` at most 3x one `plan()` call (at the middle candidate batch, which
+`plan_throughput` measures its node times at).
 
     .venv/bin/python -m benchmarks.throughput [--models gpt,gpt2,llama,bert,vit,cnn] [--rounds 10] [--results]
 
@@ -40,7 +42,7 @@ from planner.measure.clock import median_interval
 from planner.measure.steps import steady_peak
 from solvers.solution import format_bytes
 
-SCALES = (0.5, 1, 2, 4)  # candidate batches, times the model's reference batch
+SCALES = (1, 2, 4)  # candidate batches, times the model's compare batch
 STRIDES = (2, 3, 4)
 TOLERANCE = 0.10
 CPU = torch.device("cpu")
@@ -129,16 +131,16 @@ def run_model(key: str, rounds: int, quick: bool = False, share: float = 0.5,
     model, sample, description = spec.build(quick)
     model.train()
     sample_for = sampler(sample)
-    reference_batch = next(t for t in (*split_sample(sample)[0], *split_sample(sample)[1].values())
-                           if isinstance(t, torch.Tensor)).shape[0]
-    batches = sorted({max(1, int(scale * reference_batch)) for scale in SCALES})
+    compare_batch = next(t for t in (*split_sample(sample)[0], *split_sample(sample)[1].values())
+                         if isinstance(t, torch.Tensor)).shape[0]
+    batches = sorted({max(1, int(scale * compare_batch)) for scale in SCALES})
     state = adamw_bytes(model)
-    budget = int(share * (steady_peak(model, sample_for(reference_batch), CPU) + state))
+    budget = int(share * (steady_peak(model, sample_for(batches[-1]), CPU) + state))
     print(f"{key}: {description}; budget {format_bytes(budget)}; batches {batches}", flush=True)
 
     started = time.perf_counter()
     try:
-        plan(model, sample_for(reference_batch), budget_gb=budget / GIB, optimizer="adamw")
+        plan(model, sample_for(batches[len(batches) // 2]), budget_gb=budget / GIB, optimizer="adamw")
     except InfeasibleBudget:  # (a planning all the same: what one call takes)
         pass
     plan_s = time.perf_counter() - started
@@ -215,7 +217,7 @@ def summary(records: list[dict[str, Any]], share: float) -> str:
     batch, samples/s with its 95% interval) and the targets' ratios, then each miss's reason."""
     header = ["model", "budget", "no checkpointing", "every block", "best every n-th block", "planner",
               "planner / best baseline", "predicted / measured", "plan_throughput / plan()"]
-    lines = [f"Budget: {share:g} of the unplanned step's peak at the model's reference batch, AdamW's state "
+    lines = [f"Budget: {share:g} of the unplanned step's peak at the largest candidate batch, AdamW's state "
              "included. Cells: batch, samples/s (95% interval) of full training steps (AdamW's step included), "
              "alternating rounds, medians. Every configuration is checked under the budget by allocator peak and "
              "against the unplanned model's gradients.", "",
@@ -256,7 +258,7 @@ def main() -> int:
     parser.add_argument("--results", action="store_true", help="write the table to benchmarks/RESULTS.md")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     parser.add_argument("--share", type=float, default=0.5,
-                        help="the budget, as a share of the unplanned peak at the reference batch (default 0.5)")
+                        help="the budget, as a share of the unplanned peak at the largest batch (default 0.5)")
     parser.add_argument("--render", metavar="JSON", help="write RESULTS.md's section from a run's raw figures")
     args = parser.parse_args()
     command = "python -m benchmarks.throughput" + (f" --models {args.models}" if args.models != "gpt,gpt2,llama,bert,vit,cnn"

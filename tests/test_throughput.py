@@ -76,3 +76,15 @@ def test_step_time_is_as_measured_where_timed_and_on_lines_between_and_beyond():
     assert [times.step_ms(b) for b in (2, 4, 8)] == [10.0, 30.0, 40.0]
     assert times.step_ms(3) == pytest.approx(20.0) and times.step_ms(6) == pytest.approx(35.0)
     assert times.step_ms(16) == pytest.approx(40.0 + 4.0 * 8) and times.step_ms(1) == pytest.approx(6.0)
+
+
+def test_where_no_candidate_fits_the_refusal_names_the_smallest_batch_s_minimum():
+    from planner import InfeasibleBudget, plan
+
+    model, sample_for = _gpt()
+    with pytest.raises(InfeasibleBudget) as refused:
+        plan_throughput(model, sample_for, 1e-4, [2, 4], optimizer="adamw")
+    with pytest.raises(InfeasibleBudget) as alone:
+        plan(model, sample_for(2), budget_gb=1e-4, optimizer="adamw", measure="no-run")
+    # (sizes on fake tensors at batch 2, as plan_throughput sizes every batch but its reference)
+    assert refused.value.minimum_bytes == pytest.approx(alone.value.minimum_bytes, rel=0.01)

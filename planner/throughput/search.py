@@ -358,6 +358,7 @@ def plan_throughput(model: nn.Module, sample_for: Callable[[int], Any], budget_g
         total = accumulation * (times.step_ms(b) + recompute_ms) + times.optimizer_ms
         return total, accumulation * b * 1000 / total
 
+    refusals: dict[int, InfeasibleBudget] = {}
     for b, found in measured.items():
         problem = found.problem
         block_regions = _block_regions(found, blocks)
@@ -370,6 +371,7 @@ def plan_throughput(model: nn.Module, sample_for: Callable[[int], Any], budget_g
         try:
             solution = solve(problem, budget_bytes, method=plan_options.get("solver", "auto"))
         except InfeasibleBudget as error:
+            refusals[b] = error
             rows[b] = replace(rows[b], why=f"the smallest budget a plan fits is {format_bytes(error.minimum_bytes)}",
                               **extra)
             continue
@@ -378,10 +380,8 @@ def plan_throughput(model: nn.Module, sample_for: Callable[[int], Any], budget_g
                           samples_per_s=rate, **extra)
     ranked = sorted((row for row in rows.values() if row.samples_per_s is not None),
                     key=lambda row: (-row.samples_per_s, row.batch))
-    if not ranked:
-        smallest = min(candidates)
-        raise InfeasibleBudget(budget_bytes, peak_bytes(measured[smallest].problem) if smallest in measured else 0,
-                               measured[smallest].problem.static_bytes if smallest in measured else 0)
+    if not ranked:  # the smallest candidate's refusal, with the least budget a plan for it fits
+        raise refusals[min(refusals)] if refusals else ValueError(f"no candidate batch can be planned: {candidates}")
 
     # The best two are planned for real and their planned steps timed, and the largest batch that
     # needs no checkpointing (on a CPU, where larger batches buy less, it may win): measured beats
