@@ -10,7 +10,9 @@ reference batch), AdamW's state included (two fp32 tensors per parameter):
 Every configuration is checked under the budget by allocator peak (plus the optimizer state) and
 gives the unplanned model's gradients at its batch; then all take full training steps (forward,
 backward, AdamW step), one each per round, in alternating rounds: samples per second is the
-batch over the median step, with a 95% interval. Targets on this CPU: the planner's samples/s at
+batch over the median step, with a 95% interval. Freed memory is kept in the process, as CUDA's
+caching allocator keeps it (`benchmarks/cpu_memory.py`), for the planner's timings and the
+rounds alike. Targets on this CPU: the planner's samples/s at
 least the best baseline's (within the interval), its predicted samples/s within 10% of measured,
 and `plan_throughput` at most 3x one `plan()` call (at the middle candidate batch, which
 `plan_throughput` measures its node times at).
@@ -34,6 +36,7 @@ import torch
 from torch import nn
 
 from benchmarks.compare_models import SPECS, every_block, every_nth_block
+from benchmarks.cpu_memory import memory_kept, retain_freed_memory
 from benchmarks.results import RAW, set_section, write_run
 from planner import InfeasibleBudget, plan, plan_throughput
 from planner.api import GIB
@@ -212,7 +215,7 @@ def verdict(found: dict[str, Any]) -> list[str]:
     return lines
 
 
-def summary(records: list[dict[str, Any]], share: float) -> str:
+def summary(records: list[dict[str, Any]], share: float, retained: bool | None = None) -> str:
     """RESULTS.md's section: one row per model (each configuration at its largest fitting batch:
     batch, samples/s with its 95% interval) and the targets' ratios, then each miss's reason."""
     header = ["model", "budget", "no checkpointing", "every block", "best every n-th block", "planner",
@@ -220,7 +223,7 @@ def summary(records: list[dict[str, Any]], share: float) -> str:
     lines = [f"Budget: {share:g} of the unplanned step's peak at the largest candidate batch, AdamW's state "
              "included. Cells: batch, samples/s (95% interval) of full training steps (AdamW's step included), "
              "alternating rounds, medians. Every configuration is checked under the budget by allocator peak and "
-             "against the unplanned model's gradients.", "",
+             "against the unplanned model's gradients." + ("" if retained is None else " " + memory_kept(retained)), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     notes = []
 
@@ -268,11 +271,12 @@ def main() -> int:
 
         raw = json.loads(Path(args.render).read_text())
         set_section("throughput", "Throughput within the budget (CPU)", raw.get("command", command),
-                    summary(raw["records"], raw.get("share", args.share)))
+                    summary(raw["records"], raw.get("share", args.share), raw.get("retained")))
         return 0
     import transformers
 
     transformers.logging.set_verbosity_error()
+    retained = retain_freed_memory()  # (as compare.py: a CPU step then pays no page faults a GPU would not)
     records = []
     for key in args.models.split(","):
         found = run_model(key.strip(), args.rounds, args.quick, args.share,
@@ -292,9 +296,10 @@ def main() -> int:
               + "\n".join(f"- {line}" for line in verdict(found))
               + "\n\nThe planner's table:\n\n" + found.get("table", "none"), flush=True)
     print(summary(records, args.share))
-    write_run("throughput", {"command": command, "share": args.share, "records": records})
+    write_run("throughput", {"command": command, "share": args.share, "retained": retained, "records": records})
     if args.results:
-        set_section("throughput", "Throughput within the budget (CPU)", command, summary(records, args.share))
+        set_section("throughput", "Throughput within the budget (CPU)", command,
+                    summary(records, args.share, retained))
     return 0
 
 
