@@ -379,7 +379,7 @@ def main() -> int:
     save = not (args.no_save or args.quick)
     image_dir = HERE / "results" if save else Path(tempfile.mkdtemp(prefix="compare-plots-"))
     image_dir.mkdir(exist_ok=True)
-    sections = []
+    sections, plots = [], []
     all_flags: dict[str, list[bool | None]] = {}
     for result in results:
         suffix = "" if args.device == "cpu" else f"_{args.device.split(':')[0]}"
@@ -411,9 +411,12 @@ def main() -> int:
         ])
         # RESULTS.md gets the table and the verdict; the cost figures, the readings and the
         # predictions from the rounds' node times stay in this output and the run's raw figures.
-        brief = [line for line in lines if not line.startswith(("- Predicted from node times", "- Timing noise"))]
-        sections.append("\n".join([opening, "", table(result, brief=True), "", "\n".join(brief), "",
-                                    f"![{result.spec.title}](results/{image.name})"]))
+        # (every run under budget is said once, in the targets)
+        brief = [line for line in lines if not line.startswith(("- Predicted from node times", "- Timing noise"))
+                 and not line.startswith("- Under budget: every planner run")]
+        sections.append("\n".join([f"### {result.spec.title}", "", opening, "", table(result, brief=True), "",
+                                    "\n".join(brief)]))
+        plots.append(f"[{result.spec.title}](results/{image.name})")
         print(section.replace(f"results/{image.name}", str(image)), flush=True)
         print(flush=True)
     summary = summary_lines(all_flags)
@@ -433,17 +436,17 @@ def main() -> int:
         if args.compile_budgets:
             command += " --compile-budgets " + ",".join(f"{budget:g}" for budget in args.compile_budgets)
         device = "cpu" if args.device == "cpu" else args.device.split(":")[0]
-        for result, section in zip(results, sections):
-            set_section(f"compare_{result.spec.key}_{device}", f"Planner vs. today's options: {result.spec.title}"
-                        f" ({device})", command, section, device_name(args.device))
+        for result in results:
             write_run(f"compare_{result.spec.key}", {"command": command, "configs": [
                 {"name": c.name, "budget": c.budget_bytes, "peak": c.peak, "predicted_peak": c.predicted_peak_bytes,
                  "times_ms": c.times_ms, "overheads_ms": c.overheads_ms, "predicted_overhead_ms": c.predicted_overhead_ms,
                  "plan_s": c.plan_s, "note": c.note or c.infeasible} for c in result.configs]}, device)
-        set_section(f"compare_{device}", f"Planner vs. today's options: method and targets ({device})", command,
-                    "\n\n".join([method_text(args.rounds, args.threads, args.retained, device_text(args)),
-                                 "Allocator vs tensor tracker on eager configurations:", validation(results),
-                                 "Targets:", summary, f"Wall time of the run: {wall / 60:.1f} min."]),
+        # One section for the run: how it measured, each model's table and verdict, the targets.
+        set_section(f"compare_{device}", f"Planner vs. today's options ({device})", command,
+                    "\n\n".join([method_text(args.rounds, args.threads, args.retained, device_text(args)), *sections,
+                                 "Targets:", "\n".join(line for line in summary.splitlines()
+                                                       if "the rounds' node times" not in line),
+                                 f"Plots: {', '.join(plots)}. Wall time of the run: {wall / 60:.1f} min."]),
                     device_name(args.device))
     return 0
 

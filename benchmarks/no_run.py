@@ -157,7 +157,7 @@ def part_flat(steps: int, seeds: int = 30) -> tuple[str, str]:
     return "\n".join(rows) + "\n\n" + verdict, summary + verdict
 
 
-def part_small(steps: int, rounds: int = 11) -> str:
+def part_small(steps: int, rounds: int = 11) -> tuple[str, str]:
     rows = ["| model | budget | path | regions | predicted peak | measured peak | error | under budget "
             "| recompute (measured costs) | vs run path | measured overhead | vs run path | gradients match |",
             "|" + "---|" * 13]
@@ -214,7 +214,9 @@ def part_small(steps: int, rounds: int = 11) -> str:
             if not record.gradients_match:
                 misses.append(f"{where}: gradients differ")
     verdict = "All targets met." if not misses else "Misses:\n" + "\n".join(f"- {m}" for m in misses)
-    return "\n".join(rows) + "\n\n" + verdict
+    # RESULTS.md: the no-run plans, each beside the run path's plan by its ratios (the run path's rows: output)
+    brief = [row for row in rows if "| run |" not in row]
+    return "\n".join(rows) + "\n\n" + verdict, "\n".join(brief) + "\n\n" + verdict
 
 
 # ---------------------------------------------------------------------------------------------
