@@ -47,8 +47,9 @@ scratch is checked against it.
 Each model's notes also keep the planner's cost figures and the readings its planning took off
 the model's steps (`compare_results.PlanningReadings`), so that runs can be read together.
 
-Prints a table per model and, unless --no-save or --quick, appends them to
-benchmarks/RESULTS.md and writes benchmarks/results/compare_<model>.png. `--quick` uses tiny
+Prints a table per model and, unless --no-save or --quick, writes the run's one section of
+benchmarks/RESULTS.md, each model's raw figures to benchmarks/results/ and its plot to
+benchmarks/results/compare_<model>.png. `--quick` uses tiny
 sizes and one round (a smoke run; its plots go to a temporary folder).
 """
 from __future__ import annotations

@@ -78,13 +78,3 @@ def set_section(bench: str, title: str, command: str, body: str, gpu: str | None
     else:
         text = text.rstrip() + "\n\n" + section
     RESULTS.write_text(text)
-
-
-def append_results(title: str, command: str, body: str, gpu: str | None = None) -> None:
-    """`set_section` under a benchmark key made from `title`'s first words (the older scripts' call).
-
-    Example:
-        >>> append_results("Memory accuracy", "python -m benchmarks.memory_accuracy", table)
-    """
-    key = re.sub(r"[^a-z0-9]+", "_", title.split(":")[0].split("(")[0].strip().lower()).strip("_")
-    set_section(key, title, command, body, gpu)

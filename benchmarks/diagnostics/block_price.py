@@ -10,7 +10,7 @@ across-step reading of the same rounds (each checkpointed block against the same
 unplanned model, a third configuration in the rotation) is printed beside it. Price:
 `Problem.checkpoint_ms` per block.
 
-    .venv/bin/python -m benchmarks.diagnostics.block_price [--models gpt,gpt2,llama,bert] [--rounds 40] [--no-save]
+    .venv/bin/python -m benchmarks.diagnostics.block_price [--models gpt,gpt2,llama,bert] [--rounds 40]
 """
 from __future__ import annotations
 
@@ -88,7 +88,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="gpt,gpt2,llama,bert", help=f"comma-separated subset of {','.join(SPECS)}")
     parser.add_argument("--rounds", type=int, default=40, help="timed rounds (default 40)")
-    parser.add_argument("--no-save", action="store_true", help="print only, do not append to RESULTS.md")
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (an interval needs two readings)")
@@ -107,10 +106,6 @@ def main() -> int:
         "halves averaged. Across steps: each checkpointed block against the unplanned model's. One intra-op "
         "thread. " + memory_kept(retained))
     print(body)
-    if not args.no_save:
-        from benchmarks.results import append_results
-
-        append_results("Checkpoint's cost per block, within one step", "python benchmarks/block_price.py", body)
     return 0
 
 

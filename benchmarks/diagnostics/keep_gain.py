@@ -20,7 +20,7 @@ Predicted figures only (the planner's measurements, solved by `dp`): where the c
 noisy to compare plans (this shared CPU), this shows what each decision space gives.
 
 Usage:
-    .venv/bin/python -m benchmarks.diagnostics.keep_gain [--models gpt gpt2 ...] [--no-save]
+    .venv/bin/python -m benchmarks.diagnostics.keep_gain [--models gpt gpt2 ...]
 """
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ from benchmarks.decision_space import (
     every_keep_subset,
     without_keeps,
 )
-from benchmarks.results import append_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +71,6 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(SPECS), choices=list(SPECS))
-    parser.add_argument("--no-save", action="store_true", help="print only, do not append to RESULTS.md")
     args = parser.parse_args()
     retain_freed_memory()  # node times measured as the timing benchmarks measure steps
     torch.set_num_threads(1)
@@ -111,8 +109,7 @@ def main() -> int:
         f"{EVERY_KEEP_LIMIT} keepable nodes too (`decision_space.every_keep_subset`), with whole submodule calls only, and with whole regions on any run of nodes; the lower bound is "
         "`solvers.bound.recompute.recompute_lower_bound` (an integer program relaxing every plan of whole graph nodes: recomputation and each region's checkpoint call); budgets are every block's predicted peak and fractions of the unplanned predicted "
         f"peak. {time.perf_counter() - started:.0f} s.")
-    if not args.no_save:
-        append_results("What each decision space buys (predicted)", "python benchmarks/keep_gain.py", body)
+    print(body)
     return 0
 
 

@@ -14,7 +14,7 @@ With `--keep`, each model also runs with every block keeping all its keepable no
 selective policy: `Problem.keepable_in`), whose recomputation skips them.
 
     .venv/bin/python -m benchmarks.diagnostics.recompute_clock [--models gpt,gpt2,llama,bert,cnn,vit]
-                                                   [--rounds 7] [--keep] [--no-save]
+                                                   [--rounds 7] [--keep]
 """
 from __future__ import annotations
 
@@ -158,7 +158,6 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(SPECS), help=f"comma-separated subset of {','.join(SPECS)}")
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds (default 7)")
     parser.add_argument("--keep", action="store_true", help="also every block keeping all its keep candidates")
-    parser.add_argument("--no-save", action="store_true", help="print only, do not append to RESULTS.md")
     parser.add_argument("--return-freed-memory", action="store_true",
                         help="leave glibc's malloc as it is (default: keep freed memory, as CUDA's caching "
                              "allocator does; see benchmarks/cpu_memory.py)")
@@ -195,10 +194,6 @@ def main() -> int:
         "call and per tensor saved in it (`Problem.checkpoint_ms`). "
         + memory_kept(retained))
     print(body)
-    if not args.no_save:
-        from benchmarks.results import append_results
-
-        append_results("Recompute time against the clock", "python benchmarks/recompute_clock.py", body)
     return 0
 
 
