@@ -48,7 +48,7 @@ from solvers.solution import format_bytes
 
 logger = logging.getLogger(__name__)
 
-TIMED_STEPS = 3  # steps timed (after one untimed) per batch the unplanned step is measured at
+TIMED_STEPS = 5  # steps timed (after one untimed) per batch the unplanned step is measured at
 COST_FIELDS = ("region_overhead_ms", "saved_tensor_ms", "keep_region_ms", "keep_call_ms", "kept_node_ms",
                "run_call_ms", "recorded_call_ms", "run_region_ms")
 
