@@ -67,8 +67,8 @@ def table(result: ModelResult, brief: bool = False) -> str:
     and the predictions from the rounds' node times."""
     none = result.configs[0]
     every = every_overhead_ms(result)
-    header = ["configuration", "budget", "peak", "under budget", "step: median [min-max]", "overhead, measured",
-              "overhead, predicted", "predicted from the rounds' node times",
+    header = ["configuration", "budget", "peak", "under budget", "step: median" if brief else "step: median [min-max]",
+              "overhead, measured", "overhead, predicted", "predicted from the rounds' node times",
               "share of every block's, measured (predicted)", "notes"]
     rows = []
     for c in result.configs:
@@ -89,17 +89,15 @@ def table(result: ModelResult, brief: bool = False) -> str:
             f"{c.retimed_ms:.0f} ms" + ("" if prediction_ok(result, c, c.retimed_ms) else " (off)"))
         under = "-" if c.budget_bytes is None else ("yes" if c.peak <= c.budget_bytes else "NO")
         notes = c.note
-        if c.kind == "planner":
-            notes = f"predicted peak {mib(c.predicted_peak_bytes)}; {notes}{space_shares(result, c)}"
+        if c.kind == "planner":  # (brief: without the solver's figures for other decision spaces)
+            notes = f"predicted peak {mib(c.predicted_peak_bytes)}; {notes}" + ("" if brief else space_shares(result, c))
         if c.kind == "compile":
             notes = f"compile + first step {c.compile_s:.1f} s; {notes}"
-        step_ms = f"{c.step_ms:.0f} ms [{min(c.times_ms):.0f}-{max(c.times_ms):.0f}]"
+        step_ms = f"{c.step_ms:.0f} ms" + ("" if brief else f" [{min(c.times_ms):.0f}-{max(c.times_ms):.0f}]")
         rows.append([c.name, budget, mib(c.peak), under, step_ms, f"{measured:+.0f} ms", predicted, retimed, share,
                      notes])
-    if brief:  # the median only; no retimed column; notes up to the solver's figures
-        header = [cell.replace(" [min-max]", "") for i, cell in enumerate(header) if i != 7]
-        rows = [[cell.split(" [")[0] if i == 4 else cell.split("; every keep subset")[0] if i == 9 else cell
-                 for i, cell in enumerate(row) if i != 7] for row in rows]
+    if brief:  # no column of predictions from the rounds' node times
+        header, rows = header[:7] + header[8:], [row[:7] + row[8:] for row in rows]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)

@@ -298,7 +298,8 @@ def part_memory() -> tuple[str, str]:
     verdict = (f"plan() added at most the budget plus the stated margin ({MEASURE_MARGIN:.0%}, "
                "`planner.measure.device.MEASURE_MARGIN`)." if planned["added"] <= allowed
                else f"MISS: plan() added more than the budget plus the stated margin ({MEASURE_MARGIN:.0%}).")
-    took = next((line.strip() for line in planned["report"].splitlines() if line.strip().startswith("planning took")),
+    took = next((" ".join(line.split()) for line in planned["report"].splitlines()
+                 if line.strip().startswith("planning took")),
                 "")
     table = "\n".join(rows) + "\n\n" + verdict
     return table + "\n\n```\n" + planned["report"] + "\n```", table + (f" The report: {took}." if took else "")
@@ -360,7 +361,7 @@ def part_llama() -> tuple[str, str]:
         terms = "\n".join(f"  {term}: {got[term]:,} bytes (arithmetic: {expected.get(term, got[term]):,})"
                           for term in got)
         reports.append(f"### {name}\n\n```\n{result['report']}\n```\n\nStatic terms per rank:\n```\n{terms}\n```")
-        brief.append(f"- {name}: " + "; ".join(line.strip() for line in result["report"].splitlines()
+        brief.append(f"- {name}: " + "; ".join(" ".join(line.split()) for line in result["report"].splitlines()
                                                   if line.strip().startswith(("Checkpoint plan for", "planning took"))))
     table = "\n".join(rows)
     return table + "\n\n" + "\n\n".join(reports), table + "\n\n" + "\n".join(brief)
@@ -381,8 +382,7 @@ def main() -> int:
     for key in args.parts.split(","):
         title, run = parts[key]
         started = time.perf_counter()
-        found = run()
-        body, brief = found if isinstance(found, tuple) else (found, found)  # (RESULTS.md gets the brief one)
+        body, brief = run()  # (the output gets the whole body, RESULTS.md the brief one)
         print(f"\n## {title} ({time.perf_counter() - started:.0f} s)\n{body}\n", flush=True)
         write_run(f"no_run_{key}", {"command": f"python -m benchmarks.no_run --parts {key}", "table": body})
         if args.results:

@@ -3,7 +3,7 @@
 
 For each compare model (`benchmarks/compare_models.py`), with candidate batches of 1, 2 and 4
 times its compare batch, at a budget of half the unplanned step's peak at the largest (the
-reference batch), AdamW's state included (two fp32 tensors per parameter):
+reference batch), AdamW's state included (two tensors per parameter, as `plan()` counts it):
 - no checkpointing, every block and every n-th block (n = 2, 3, 4), each at the largest
   candidate batch whose measured peak fits the budget;
 - the planner's choice among the same candidates (`plan_throughput(..., optimizer="adamw")`).
@@ -42,6 +42,7 @@ from planner import InfeasibleBudget, plan, plan_throughput
 from planner.api import GIB
 from planner.core import split_sample, training_loss
 from planner.measure.clock import median_interval
+from planner.measure.static import static_breakdown
 from planner.measure.steps import steady_peak
 from solvers.solution import format_bytes
 
@@ -78,7 +79,8 @@ def sampler(sample: Any) -> Callable[[int], Any]:
 
 
 def adamw_bytes(model: nn.Module) -> int:
-    return 2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    """AdamW's state, as `plan(..., optimizer="adamw")` counts it (`planner.measure.static`)."""
+    return static_breakdown(model, 0, 0, CPU, "adamw")["optimizer state"]
 
 
 def largest_fitting(module: nn.Module, sample_for: Callable[[int], Any], batches: list[int], budget: int,
@@ -296,6 +298,8 @@ def main() -> int:
               + "\n".join(f"- {line}" for line in verdict(found))
               + "\n\nThe planner's table:\n\n" + found.get("table", "none"), flush=True)
     print(summary(records, args.share))
+    if args.quick:  # (a smoke run's figures replace no run's)
+        return 0
     write_run("throughput", {"command": command, "share": args.share, "retained": retained, "records": records})
     if args.results:
         set_section("throughput", "Throughput within the budget (CPU)", command,

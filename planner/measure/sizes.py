@@ -15,7 +15,8 @@ of every allocation and free, cut into windows by autograd pre-hooks on the node
 node created, and read by the allocator's window algorithm
 (`planner.measure.allocations.window_temporaries`). Where a tensor feeds several consumers, real
 tensors are summed in place into autograd's buffer and fake tensors out of place: those sums are
-replayed in place.
+replayed in place, except a sum freed before the buffer it read (a gradient others still hold,
+summed into a new tensor on real tensors too).
 
 Example:
     >>> with torch.device("meta"):

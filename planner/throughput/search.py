@@ -37,6 +37,7 @@ from torch import nn
 
 from planner.api import GIB, Plan, plan, plan_measured
 from planner.core import sample_tensors
+from planner.measure.clock import elapsed_ms
 from planner.measure.device import measurable_bytes, plan_device
 from planner.measure.static import check_optimizer, fsdp_blocks
 from planner.measure.steps import step_ms
@@ -222,8 +223,9 @@ def _scaled_times(problem: Problem, scale: float) -> Callable[[Any], str]:
     return set_times
 
 
-def _timed_unplanned(model: nn.Module, sample: Any, device: torch.device) -> float:
-    """Median forward+backward step time of `model` on `sample` (one untimed step first)."""
+def _timed_step(model: nn.Module, sample: Any, device: torch.device) -> float:
+    """Median forward+backward step time of `model` (unplanned or planned) on `sample`, one
+    untimed step first; its gradients are dropped after."""
     step_ms(model, sample, device)
     times = [step_ms(model, sample, device) for _ in range(TIMED_STEPS)]
     for parameter in model.parameters():
@@ -249,16 +251,7 @@ def optimizer_step_ms(model: nn.Module, optimizer: str | float | None, device: t
     options = {"momentum": 0.9} if optimizer == "sgd-momentum" else {}
     stepper = kinds[optimizer](copies, lr=1e-3, **options)
     stepper.step()  # (allocates its state)
-    times = []
-    for _ in range(TIMED_STEPS):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        stepper.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+    return statistics.median(elapsed_ms(device, stepper.step) for _ in range(TIMED_STEPS))
 
 
 def fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
@@ -346,7 +339,7 @@ def plan_throughput(model: nn.Module, sample_for: Callable[[int], Any], budget_g
     points = []
     for b in chosen_for_times:
         say(f"timing the unplanned step at batch {b}")
-        points.append((b, _timed_unplanned(model, samples[b], where.device)))
+        points.append((b, _timed_step(model, samples[b], where.device)))
     if not points:
         raise ValueError(f"no candidate batch's unplanned step can run on {where.name} to be timed "
                          "(a model on meta, or another target): plan_throughput measures step times here")
@@ -397,18 +390,18 @@ def plan_throughput(model: nn.Module, sample_for: Callable[[int], Any], budget_g
                                      replace(setup, static_breakdown=measured[b].breakdown), budget_bytes, reserved_bytes,
                                      solver=plan_options.get("solver", "auto"))
         except InfeasibleBudget as error:  # (its own step held more than predicted)
+            refusals[b] = error
             rows[b] = replace(rows[b], peak_bytes=None, samples_per_s=None, why=f"its measured step: {error}")
             notes.append(f"batch {b}: {error}")
             continue
         if where.local and plans[b].model is not None:
-            planned_ms = _timed_unplanned(plans[b].module(), samples[b], where.device)
+            planned_ms = _timed_step(plans[b].module(), samples[b], where.device)
             total = rows[b].accumulation * planned_ms + times.optimizer_ms
             rows[b] = replace(rows[b], measured_step_ms=total,
                               measured_samples_per_s=rows[b].accumulation * b * 1000 / total)
-    timed = [row for row in (rows[b] for b in plans) if row.peak_bytes is not None]
-    if not timed:
-        raise InfeasibleBudget(budget_bytes, min(p.predicted_peak_bytes for p in plans.values()) if plans else 0, 0)
-    best = max(timed, key=lambda row: (row.measured_samples_per_s or row.samples_per_s, -row.batch))
+    if not plans:  # every candidate's own step held more than predicted: the smallest one's refusal
+        raise refusals[min(refusals)]
+    best = max((rows[b] for b in plans), key=lambda row: (row.measured_samples_per_s or row.samples_per_s, -row.batch))
     if not plans[best.batch].solution.regions:
         notes.append(f"batch {best.batch} needs no checkpointing and measures fastest: the plan recomputes nothing")
     return ThroughputPlan(best.batch, plans[best.batch], tuple(rows[b] for b in candidates), times, budget_bytes,
