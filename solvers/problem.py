@@ -104,11 +104,6 @@ class NodeCost:
     # write it again), or reads one that is written in place at or after it (checkpoint would
     # keep that input for recomputation, and autograd would see it modified).
     recomputable: bool = True
-    # Of `output_bytes`: tensors saved for a backward that never runs (its output does not reach
-    # the loss). They die with its output; a region holding the node drops them at once, as
-    # checkpoint keeps no saved tensor. The simulator counts that drop; the solvers' searches
-    # count them held (conservative: their plans fit, and the simulator prices them exactly).
-    dead_saved_bytes: int = 0
 
     @property
     def stop_cost_ms(self) -> float:

@@ -275,11 +275,10 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
             hold(j, "saved", node.saved_bytes, j, backward_step[j])  # cached from forward to its backward
             first_copy_until[j] = last[j]
             continue
+        hold(j, "output", node.output_bytes, j, last[j])
         if j in region_of:
-            hold(j, "output", node.output_bytes - node.dead_saved_bytes, j, last[j])
-            transient[j] += node.saved_bytes + node.dead_saved_bytes  # created, then dropped by checkpoint
+            transient[j] += node.saved_bytes  # created, then dropped by checkpoint
         else:
-            hold(j, "output", node.output_bytes, j, last[j])
             hold(j, "saved", node.saved_bytes, j, backward_step[j])
 
     # Recomputation: a second copy of each region's outputs and saved tensors, and the RNG

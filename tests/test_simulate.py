@@ -159,21 +159,3 @@ def test_recomputation_stopping_before_a_kernel_holds_only_the_temporaries_made_
     unmeasured = Problem((nodes[0], dataclasses.replace(nodes[1], stop_transient_bytes=None), nodes[2]))
     buffers = plan_buffers(unmeasured, (range(0, 3),))
     assert buffers.transient[buffers.labels.index("recompute conv")] == 100  # all of it, where not measured
-
-
-def test_a_region_drops_what_a_dead_node_saved_but_not_its_output():
-    # b's output does not reach the loss: its backward never runs, so the 7 bytes it saved die
-    # with its output (held by c's code), counted in output_bytes. Checkpoint keeps no saved
-    # tensor: in a region they exist only while b runs.
-    problem = Problem((
-        NodeCost("a", 1.0, output_bytes=10),
-        NodeCost("b", 1.0, output_bytes=17, dead_saved_bytes=7, uses=(0,)),
-        NodeCost("c", 1.0, output_bytes=10, uses=(0,), saves=(0,), holds=(1,), is_output=True),
-    ))
-    unplanned = simulate(problem, ())
-    planned = simulate(problem, (range(1, 2),))
-    assert unplanned.live_bytes[:3] == (10, 27, 37)
-    assert planned.live_bytes[:3] == (10, 20, 30)
-    assert planned.peak_bytes == 30 and unplanned.peak_bytes == 37
-    b_in_forward = plan_buffers(problem, (range(1, 2),)).transient[1]
-    assert b_in_forward == 7  # created, then dropped by checkpoint

@@ -218,7 +218,6 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 aten_calls=len(record.aten_calls),
                 saved_tensors=record.saved_tensors,
                 recomputable=i not in fixed,
-                dead_saved_bytes=0 if runs else record.saved_bytes,
                 # (a run's replay writes buffers on copies, `planner.apply.runs`)
                 replayable=_replayable(record.call_span, i, spans),
             )
