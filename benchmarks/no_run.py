@@ -268,6 +268,17 @@ def _child(code: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def report_lines(report: str, *starts: str) -> list[str]:
+    """The lines of a plan's report that start with one of `starts`, their spacing collapsed: what
+    RESULTS.md quotes of reports the output prints whole.
+
+    Example:
+        >>> report_lines("Checkpoint plan for M: 2 regions\\n  planning took   3.1 s", "planning took")
+        ['planning took 3.1 s']
+    """
+    return [" ".join(line.split()) for line in report.splitlines() if line.strip().startswith(starts)]
+
+
 def part_memory() -> tuple[str, str]:
     config = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024, bos_token_id=0,
                   eos_token_id=0)
@@ -298,9 +309,7 @@ def part_memory() -> tuple[str, str]:
     verdict = (f"plan() added at most the budget plus the stated margin ({MEASURE_MARGIN:.0%}, "
                "`planner.measure.device.MEASURE_MARGIN`)." if planned["added"] <= allowed
                else f"MISS: plan() added more than the budget plus the stated margin ({MEASURE_MARGIN:.0%}).")
-    took = next((" ".join(line.split()) for line in planned["report"].splitlines()
-                 if line.strip().startswith("planning took")),
-                "")
+    took = "; ".join(report_lines(planned["report"], "planning took"))
     table = "\n".join(rows) + "\n\n" + verdict
     return table + "\n\n```\n" + planned["report"] + "\n```", table + (f" The report: {took}." if took else "")
 
@@ -361,8 +370,7 @@ def part_llama() -> tuple[str, str]:
         terms = "\n".join(f"  {term}: {got[term]:,} bytes (arithmetic: {expected.get(term, got[term]):,})"
                           for term in got)
         reports.append(f"### {name}\n\n```\n{result['report']}\n```\n\nStatic terms per rank:\n```\n{terms}\n```")
-        brief.append(f"- {name}: " + "; ".join(" ".join(line.split()) for line in result["report"].splitlines()
-                                                  if line.strip().startswith(("Checkpoint plan for", "planning took"))))
+        brief.append(f"- {name}: " + "; ".join(report_lines(result["report"], "Checkpoint plan for", "planning took")))
     table = "\n".join(rows)
     return table + "\n\n" + "\n\n".join(reports), table + "\n\n" + "\n".join(brief)
 
