@@ -102,7 +102,8 @@ class NodeCost:
     replayable: bool = True
     # False: it may lie in no region. It writes a graph input in place (recomputing it would
     # write it again), or reads one that is written in place at or after it (checkpoint would
-    # keep that input for recomputation, and autograd would see it modified).
+    # keep that input for recomputation, and autograd would see it modified). Or its backward
+    # never runs and it saves something (dropped at once in a region; the problem holds it).
     recomputable: bool = True
 
     @property

@@ -182,7 +182,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     released = _released_with_outputs(nodes, index)
     # A kept output must not be written in place later: the cached copy would be stale.
     written = {index[name] for node in nodes for name in node.meta[META_KEY].mutates}
-    fixed = _touching_written_inputs(nodes)
+    fixed = _touching_written_inputs(nodes) | _dead_with_saved(nodes)
     no_runs = {*segments, *sequentials}
     spans = tuple(span for span in run_spans(nodes, allowed_regions) if span not in no_runs)
     buffer_sizes = {name: buffer.numel() * buffer.element_size() for name, buffer in gm.named_buffers()}
@@ -303,6 +303,17 @@ def _touching_written_inputs(nodes: list[fx.Node]) -> set[int]:
     return {i for i, node in enumerate(nodes)
             if node.meta[META_KEY].input_writes
             or any(last_write.get(name, -1) >= i for name in node.meta[META_KEY].input_reads)}
+
+
+def _dead_with_saved(nodes: list[fx.Node]) -> set[int]:
+    """Nodes no region may hold because their backward never runs (`NodeProfile.backward_runs`:
+    a dead branch, whose output no loss reads) and they save something for it. Outside a
+    region what they save lives as long as their output, which the problem counts; inside one,
+    checkpoint would drop it at once, which the memory model does not count: the prediction
+    would err high (a dropout's mask on a dead branch, 6% of one fuzzed model's peak).
+    Recomputing such a node buys no gradient."""
+    return {i for i, node in enumerate(nodes)
+            if not (record := node.meta[META_KEY]).backward_runs and (record.saved_bytes or record.saves)}
 
 
 def _released_with_outputs(nodes: list[fx.Node], index: dict[str, int]) -> dict[int, set[int]]:
