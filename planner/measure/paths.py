@@ -143,8 +143,9 @@ def keep_attention_saves(gm: fx.GraphModule, model_saved: list[int]) -> None:
             raised.append(f"{node.name} (+{format_bytes(saved - record.saved_bytes)})")
             record.saved_bytes = saved
     if raised:
-        warnings.warn("the model's own attention calls save more than the traced graph's (another kernel: a "
-                      "grouped-query call on the math path, say); the plan counts the model's at "
+        warnings.warn("the model's own attention calls save more than the traced graph's (on fake tensors its code "
+                      "cannot read the tokens' values and may build a mask that real batches skip, or it picks "
+                      "another kernel: a grouped-query call on the math path); the plan counts the model's at "
                       + ", ".join(raised[:4]) + (" ..." if len(raised) > 4 else ""), stacklevel=4)
 
 
