@@ -103,7 +103,7 @@ class NodeCost:
     # False: it may lie in no region. It writes a graph input in place (recomputing it would
     # write it again), or reads one that is written in place at or after it (checkpoint would
     # keep that input for recomputation, and autograd would see it modified). Or its backward
-    # never runs and it saves something (dropped at once in a region; the problem holds it).
+    # never runs and it saves storages of its own (dropped at once in a region; the problem holds them).
     recomputable: bool = True
 
     @property

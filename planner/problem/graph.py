@@ -307,13 +307,14 @@ def _touching_written_inputs(nodes: list[fx.Node]) -> set[int]:
 
 def _dead_with_saved(nodes: list[fx.Node]) -> set[int]:
     """Nodes no region may hold because their backward never runs (`NodeProfile.backward_runs`:
-    a dead branch, whose output no loss reads) and they save something for it. Outside a
-    region what they save lives as long as their output, which the problem counts; inside one,
-    checkpoint would drop it at once, which the memory model does not count: the prediction
-    would err high (a dropout's mask on a dead branch, 6% of one fuzzed model's peak).
-    Recomputing such a node buys no gradient."""
+    a dead branch, whose output no loss reads) and they save storages of their own for it.
+    Outside a region those live as long as the node's output, which the problem counts; inside
+    one, checkpoint would drop them at once, which the memory model does not count: the
+    prediction would err high (a dropout's mask on a dead branch, 6% of one fuzzed model's
+    peak). Recomputing such a node buys no gradient. (What such a node saves of its inputs is
+    held as `_released_with_outputs` says, in a region or not.)"""
     return {i for i, node in enumerate(nodes)
-            if not (record := node.meta[META_KEY]).backward_runs and (record.saved_bytes or record.saves)}
+            if not (record := node.meta[META_KEY]).backward_runs and record.saved_bytes}
 
 
 def _released_with_outputs(nodes: list[fx.Node], index: dict[str, int]) -> dict[int, set[int]]:
