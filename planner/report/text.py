@@ -115,7 +115,8 @@ def format_report(record: PlanRecord, verbose: bool = False) -> str:
         f"  its own step      {own_step(record)}",
         f"  without a plan    {format_bytes(record.baseline_peak_bytes)} (predicted)",
         f"  static memory     {_static(record)}",
-        f"  step overhead     {solution.recompute_ms:.2f} ms{estimate or ' (predicted)'}{share}: recomputation and checkpoint's own work",
+        f"  step overhead     {solution.recompute_ms:.2f} ms{estimate or ' (predicted)'}{share}: recomputation and "
+        "checkpoint's own work",
         f"  measured          {measured(record)}",
         *([f"  planning took     {planning_time(record)}"] if (record.planned_for or {}).get("seconds") else []),
     ]
