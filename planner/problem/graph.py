@@ -311,8 +311,8 @@ def _dead_with_saved(nodes: list[fx.Node]) -> set[int]:
     Outside a region those live as long as the node's output, which the problem counts; inside
     one, checkpoint would drop them at once, which the memory model does not count: the
     prediction would err high (a dropout's mask on a dead branch). Recomputing such a node buys
-    no gradient. (What such a node saves of its inputs is
-    held as `_released_with_outputs` says, in a region or not.)"""
+    no gradient. (What it saves of its inputs is held as `_released_with_outputs` says, in a
+    region or not.)"""
     return {i for i, node in enumerate(nodes)
             if not (record := node.meta[META_KEY]).backward_runs and record.saved_bytes}
 
