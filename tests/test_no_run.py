@@ -318,3 +318,23 @@ def test_the_models_own_attention_is_counted_where_it_saves_more_than_the_graphs
     assert any(node.name in str(w.message) for w in caught)
     keep_attention_saves(traced.gm, [0])  # saving less than the graph lowers nothing
     assert node.meta[META_KEY].saved_bytes == before + 4096
+
+
+def test_a_decoders_own_attention_on_fake_tensors_saves_what_it_saves_on_real_ones():
+    # Without position ids or a mask, a real Hugging Face call never packs sequences and passes
+    # no mask (SDPA's causal kernel); on fake tensors its code cannot read the position ids
+    # and, left alone, builds a causal mask: each attention call then saves 2 MiB more here.
+    pytest.importorskip("transformers")
+    from models_hf import llama
+
+    from planner.measure.holds import AttentionSaves, fake_eager_holds
+
+    torch.manual_seed(0)
+    model, sample = llama()
+    sample = {**sample, "input_ids": torch.randint(0, 100, (2, 512)), "labels": None}
+    traced = trace(model.train(), sample)
+    inputs = traced.graph_inputs(*split_sample(sample))
+    with AttentionSaves() as real:
+        model(**sample)
+    fake = fake_eager_holds(traced.gm, inputs, model, (), sample, torch.device("cpu"))
+    assert len(real.saved) == 2 and fake.attention_saved == real.saved

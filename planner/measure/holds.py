@@ -39,6 +39,7 @@ Example:
 """
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Sequence
@@ -58,6 +59,7 @@ from planner.measure.profile import tensors_in
 from planner.measure.targets import ATTENTION_TARGETS
 from planner.trace.fake import fake_like, fake_model_state
 from planner.trace.structure import COMPUTE_OPS, ModuleCall, compute_nodes, module_calls
+from planner.trace.tracing import bind_arguments, eager_attention_masks
 
 logger = logging.getLogger(__name__)
 
@@ -512,9 +514,11 @@ def fake_eager_holds(gm: fx.GraphModule, inputs: list[torch.Tensor], model: torc
     # (the graph's parameters are the model's, reparametrised twice: an fx graph holds some through modules
     # of its own)
     attention_saves = AttentionSaves(attention)
+    # (the masks real tensors would give, as the graph was traced: fake ones cannot be read)
+    masks = eager_attention_masks(bind_arguments(inspect.signature(model.forward), args, kwargs))
 
     def run_model() -> Any:
-        with attention_saves:
+        with attention_saves, masks:
             return model(*fake_args, **fake_kwargs)
 
     with fake_model_state(gm, mode, device), fake_model_state(model, mode, device), mode:

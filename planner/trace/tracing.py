@@ -240,13 +240,13 @@ def _trace_export(
     """The torch.export frontend: an ATen-level graph whose inputs are the tensor arguments."""
     try:
         if fake_device is None:
-            with _eager_attention_masks(bound):
+            with eager_attention_masks(bound):
                 exported = torch.export.export(model, (), dict(bound), strict=False)
         else:
             mode = FakeTensorMode(allow_non_fake_inputs=False)
             fake_bound = {name: fake_like(value, mode, fake_device) if isinstance(value, torch.Tensor) else value
                           for name, value in bound.items()}
-            with fake_model_state(model, mode, fake_device), _eager_attention_masks(bound):
+            with fake_model_state(model, mode, fake_device), eager_attention_masks(bound):
                 exported = torch.export.export(model, (), fake_bound, strict=False)
     except Exception as error:
         raise TraceError(f"torch.export cannot trace {type(model).__name__}: {_export_error(error)}") from error
@@ -277,13 +277,20 @@ def _trace_export(
 
 
 @contextlib.contextmanager
-def _eager_attention_masks(bound: dict[str, Any]) -> Iterator[None]:
-    """Trace attention masks as the eager run builds them. While torch.export traces, Hugging
-    Face models cannot read tensor values, so they build an explicit causal mask (and a packed-
-    sequence mask from the position ids) where an eager call without padding passes none and
-    lets SDPA apply causality, a kernel that saves less (on Llama, 8% of the step's peak). The
-    plan runs in the model's own eager forward, so the graph takes eager's branch: no mask
-    where the sample has no attention mask and no position ids (then none are packed)."""
+def eager_attention_masks(bound: dict[str, Any]) -> Iterator[None]:
+    """Build attention masks as the eager run on real tensors builds them. While torch.export
+    traces, or a forward runs on fake tensors, Hugging Face models cannot read tensor values, so
+    they build an explicit causal mask (and a packed-sequence mask from the position ids) where
+    an eager call without padding passes none and lets SDPA apply causality, a kernel that saves
+    less (on Llama, 8% of the step's peak). The plan runs in the model's own eager forward, so
+    the graph, and the forward followed on fake tensors, take eager's branch: no mask where
+    the call (`bound`: forward's arguments by name) has no attention mask and no position ids
+    (then none are packed).
+
+    Example:
+        >>> with eager_attention_masks({"input_ids": ids, "attention_mask": None}):
+        ...     exported = torch.export.export(model, (), {"input_ids": ids}, strict=False)
+    """
     masking = sys.modules.get("transformers.masking_utils")
     eager_skips = bound.get("attention_mask") is None and bound.get("position_ids") is None
     if masking is None or not eager_skips or not hasattr(masking, "find_packed_sequence_indices"):
