@@ -120,3 +120,24 @@ def test_a_transformer_encoder_in_a_sequential_is_planned_layer_by_layer():
     torch.testing.assert_close(output, expected_output)
     for key in expected:
         torch.testing.assert_close(grads[key], expected[key], msg=key)
+
+
+def test_a_sample_with_an_attention_mask_is_planned_for_padded_batches():
+    # Hugging Face skips an all-ones mask on real tensors but builds it for a padded batch; the
+    # traced graph cannot read the mask, so the plan counts the padded batch's step, which then
+    # peaks at the prediction, under the budget.
+    from models_hf import llama
+
+    torch.manual_seed(0)
+    model, sample = llama()
+    ids = torch.randint(0, 100, (2, 256))
+    ones = {**sample, "input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids)}
+    padded = {**ones, "attention_mask": ones["attention_mask"].clone()}
+    padded["attention_mask"][0, -40:] = 0
+    unplanned = plan(model.train(), ones, budget_gb=80)
+    p = plan(model, ones, budget_gb=0.7 * unplanned.baseline_peak_bytes / GIB)
+    assert p.checkpoints
+    record = p.verify(padded, steps=1)
+    assert record.within_budget and record.gradients_match, str(record)
+    assert abs(record.peak_error) <= 0.01, str(record)
+    assert p.verify(ones, steps=1).planned_peak_bytes < record.planned_peak_bytes
