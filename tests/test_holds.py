@@ -42,8 +42,35 @@ def test_a_local_kept_until_return_and_an_unread_argument_are_found():
     assert lifetimes.arguments == {"b": {"relu"}, "inner_fc": {"a", "b"}}
 
 
-def test_different_calls_report_nothing():
+def test_calls_of_the_models_own_are_matched_around_and_work_it_does_not_do_reports_nothing():
     model, x = Holding(), torch.randn(4, 8)
     gm = torch.fx.symbolic_trace(model)
-    lifetimes = eager_holds(gm, [x], lambda: model(x) + 1)  # one more ATen call than the graph
-    assert lifetimes.holds == {} and lifetimes.arguments == {}
+    alone = eager_holds(gm, [x], lambda: model(x))
+    extra = eager_holds(gm, [x], lambda: model(x) + 1)  # one more ATen call than the graph
+    assert (extra.holds, extra.arguments) == (alone.holds, alone.arguments)
+    fewer = eager_holds(gm, [x], lambda: model.inner(model.b(torch.relu(model.a(x))), x))  # no mul
+    assert fewer.holds == {} and fewer.arguments == {}
+
+
+class _ConstantScaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc1(x))  # held by this local to the end of forward
+        out = self.fc2(h * torch.tensor(2.0).to(h.dtype))
+        return self.fc3(out)
+
+
+def test_holds_are_measured_where_an_exported_graph_makes_its_calls_a_little_differently():
+    # torch.export makes the constant `lift_fresh_copy` (the model: `lift_fresh`) and adds an
+    # `_assert_tensor_metadata` call; the two runs are matched around those.
+    from planner.trace.tracing import trace
+
+    model, x = _ConstantScaled(), torch.randn(4, 8, requires_grad=True)
+    traced = trace(model, (x,), frontend="export")
+    targets = [str(node.target) for node in traced.gm.graph.nodes]
+    assert "aten.lift_fresh_copy.default" in targets and "aten._assert_tensor_metadata.default" in targets
+    lifetimes = eager_holds(traced.gm, traced.graph_inputs((x,), {}), lambda: model(x))
+    assert lifetimes.holds == {"tanh": "linear_2"}

@@ -113,11 +113,15 @@ def test_calls_are_found_per_region_where_the_whole_runs_differ(caplog):
     gm = torch.fx.symbolic_trace(model)
     same = eager_holds(gm, [x], lambda: model(x))
     assert same.calls["_0"].keepable and same.calls["_2"].keepable
-    # A call outside every region: no lifetimes (they need every call matched), but each
-    # region still makes the graph's matrix products, at the same occurrences.
+    # A call of the model's own outside every region (a loss, a check on values): the other
+    # calls are matched around it, lifetimes as without it, and each region still makes the
+    # graph's matrix products, at the same occurrences.
     extra = eager_holds(gm, [x], lambda: model(x) + 1)
-    assert extra.holds == {} and extra.arguments == {}
+    assert same.arguments and (extra.holds, extra.arguments) == (same.holds, same.arguments)
     assert extra.calls == same.calls
+    # Work the graph does that the model's forward does not: no lifetimes.
+    fewer = eager_holds(gm, [x], lambda: model[2](model[1](x)))
+    assert fewer.holds == {} and fewer.arguments == {}
     # A region that makes other matrix products, or that the model calls twice, keeps nothing.
     changed = copy.deepcopy(model)  # the graph runs the traced model's modules
     changed[2].forward = lambda h: F.linear(F.linear(h, model[2].weight), model[2].weight, model[2].bias)

@@ -39,6 +39,7 @@ Example:
 """
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 from dataclasses import dataclass, field, replace
@@ -56,7 +57,7 @@ from planner.measure.memory import (
     written_arguments,
 )
 from planner.measure.profile import tensors_in
-from planner.measure.targets import ATTENTION_TARGETS
+from planner.measure.targets import ATTENTION_TARGETS, NO_KERNEL_OPS
 from planner.trace.fake import fake_like, fake_model_state
 from planner.trace.structure import COMPUTE_OPS, ModuleCall, compute_nodes, module_calls
 from planner.trace.tracing import bind_arguments, eager_attention_masks
@@ -283,7 +284,7 @@ class _GraphRun(fx.Interpreter):
         super().__init__(gm)
         self.log = log
         self.constant = constant  # makes a graph constant (not a parameter or buffer) fake
-        self.node_of_call: list[str] = []
+        self.node_of_call: list[str] = []  # per call of the log ("": before any compute node)
         self.output_of: dict[int, str] = {}  # allocation index -> node whose output it is
         self.calls_of: dict[str, NodeCalls] = {}
 
@@ -294,8 +295,12 @@ class _GraphRun(fx.Interpreter):
         return value
 
     def run_node(self, n: fx.Node) -> Any:
-        if n.op not in COMPUTE_OPS:
-            return super().run_node(n)
+        if n.op not in COMPUTE_OPS:  # (its calls, a constant made fake, count as the last compute node's)
+            first_call = len(self.log.calls)
+            result = super().run_node(n)
+            last = self.node_of_call[-1] if self.node_of_call else ""
+            self.node_of_call += [last] * (len(self.log.calls) - first_call)
+            return result
         first_call, first_allocation = len(self.log.calls), len(self.log.allocated)
         result = super().run_node(n)
         stop_call = len(self.log.calls)
@@ -456,13 +461,10 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
                            span=matched_span(order[name], regions, differing, {}),
                            run_span=matched_span(order[name], regions, differing, starts))
              for name, record in runner.calls_of.items()}
-    if graph_log.calls != eager_log.calls:
-        mismatch = next((i for i, (a, b) in enumerate(zip(graph_log.calls, eager_log.calls)) if a != b),
-                        min(len(graph_log.calls), len(eager_log.calls)))
-        logger.info("eager lifetimes not measured: the model's ATen calls differ from the graph's at call %d "
-                    "(%s in the model, %s in the graph); the graph's lifetimes are used", mismatch,
-                    eager_log.calls[mismatch] if mismatch < len(eager_log.calls) else "none",
-                    graph_log.calls[mismatch] if mismatch < len(graph_log.calls) else "none")
+    aligned = CallAlignment.of(eager_log, graph_log)
+    if aligned is None:
+        logger.info("eager lifetimes not measured: the model's ATen calls differ from the graph's (%s); the graph's "
+                    "lifetimes are used", first_difference("call", eager_log.calls, graph_log.calls))
         return EagerLifetimes(calls=calls)
     # The graph's own lifetime of an output: up to its last reader (as the simulator has it).
     last_read = {node.name: max([order[node.name], *(order[u.name] for u in node.users if u.name in order)])
@@ -470,21 +472,96 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
     last_call = len(eager_log.calls)
     holds: dict[str, str] = {}
     for index, name in runner.output_of.items():
-        eager_freed = eager_log.freed.get(index, last_call)
+        eager_index = aligned.eager_allocation.get(index)
+        if eager_index is None:
+            continue
+        eager_freed = eager_log.freed.get(eager_index, last_call)
         if eager_freed == 0:
             continue
-        holder = runner.node_of_call[eager_freed - 1]
-        if order[holder] > last_read[name]:
+        holder = runner.node_of_call[-1 if eager_freed == last_call else aligned.graph_call_at(eager_freed - 1)]
+        if holder in order and order[holder] > last_read[name]:
             holds[name] = holder
+    graph_allocation = {eager: graph for graph, eager in aligned.eager_allocation.items()}
     arguments: dict[str, set[str]] = {}
     for position, indices in passed:
-        if position < len(runner.node_of_call):
-            first = runner.node_of_call[position]
-            before = {runner.output_of[i] for i in indices if i in runner.output_of}
-            before = {name for name in before if order[name] < order[first]}
+        at = aligned.graph_call_from(position)
+        if at is not None and at < len(runner.node_of_call):
+            first = runner.node_of_call[at]
+            before = {runner.output_of[graph_allocation[i]] for i in indices
+                      if graph_allocation.get(i) in runner.output_of}
+            before = {name for name in before if first in order and order[name] < order[first]}
             if before:
                 arguments.setdefault(first, set()).update(before)
     return EagerLifetimes(holds, arguments, calls)
+
+
+# A constant made in the model's code (`torch.tensor(...)`) is `lift_fresh` there and `lift_fresh_copy`
+# in an exported graph: the same call for the alignment.
+_SAME_CALL = {"aten.lift_fresh_copy.default": "aten.lift_fresh.default"}
+
+
+@dataclass(frozen=True)
+class CallAlignment:
+    """The graph run's ATen calls matched to the model's own forward's, and their allocations.
+    The two make the same calls in order where the model was traced faithfully; an exported
+    graph may add calls that do no work (`_assert_tensor_metadata`) and leave out the model's
+    checks on a tensor's values (`any` then `_local_scalar_dense`), which the alignment skips.
+    `graph_call`: per model call, the graph call it is (None: the model's own); `eager_allocation`:
+    graph allocation index -> the model's, for allocations of matched calls.
+
+    Example:
+        >>> aligned = CallAlignment.of(eager_log, graph_log)
+        >>> aligned.graph_call_at(12), aligned.eager_allocation[3]
+        (13, 3)
+    """
+
+    graph_call: tuple[int | None, ...]
+    eager_allocation: dict[int, int]
+
+    @staticmethod
+    def of(eager: _CallLog, graph: _CallLog) -> CallAlignment | None:
+        """The alignment of the two logs, or None where the graph makes calls that do work and the
+        model does not make (another computation: its lifetimes cannot be compared)."""
+        model_calls = [_SAME_CALL.get(call, call) for call in eager.calls]
+        graph_calls = [_SAME_CALL.get(call, call) for call in graph.calls]
+        graph_call: list[int | None] = [None] * len(model_calls)
+        if model_calls == graph_calls:
+            graph_call = list(range(len(model_calls)))
+        else:
+            matcher = difflib.SequenceMatcher(a=model_calls, b=graph_calls, autojunk=False)
+            for tag, eager_start, eager_stop, graph_start, graph_stop in matcher.get_opcodes():
+                if tag == "equal":
+                    graph_call[eager_start:eager_stop] = range(graph_start, graph_stop)
+                elif any(call.split(".")[1] not in NO_KERNEL_OPS for call in graph_calls[graph_start:graph_stop]):
+                    return None
+        made_by_eager = _allocations_by_call(eager)
+        made_by_graph = _allocations_by_call(graph)
+        eager_allocation: dict[int, int] = {}
+        for eager_index, graph_index in enumerate(graph_call):
+            if graph_index is None:
+                continue
+            made_in_model, made_in_graph = made_by_eager.get(eager_index, []), made_by_graph.get(graph_index, [])
+            if len(made_in_model) == len(made_in_graph):
+                eager_allocation.update(zip(made_in_graph, made_in_model))
+        return CallAlignment(tuple(graph_call), eager_allocation)
+
+    def graph_call_at(self, eager_index: int) -> int:
+        """The graph call matched to the model's call `eager_index`, or to the last matched one
+        before it (0 where none is)."""
+        return next((self.graph_call[i] for i in range(eager_index, -1, -1) if self.graph_call[i] is not None), 0)
+
+    def graph_call_from(self, eager_index: int) -> int | None:
+        """The graph call matched to the model's call `eager_index` or to the first matched one after it."""
+        return next((self.graph_call[i] for i in range(eager_index, len(self.graph_call))
+                     if self.graph_call[i] is not None), None)
+
+
+def _allocations_by_call(log: _CallLog) -> dict[int, list[int]]:
+    """Call index -> the indices of the allocations it made, in order."""
+    made: dict[int, list[int]] = {}
+    for index, call in enumerate(log.allocation_call):
+        made.setdefault(call, []).append(index)
+    return made
 
 
 def fake_eager_holds(gm: fx.GraphModule, inputs: list[torch.Tensor], model: torch.nn.Module, args: tuple[Any, ...],
@@ -515,7 +592,7 @@ def fake_eager_holds(gm: fx.GraphModule, inputs: list[torch.Tensor], model: torc
     # of its own)
     attention_saves = AttentionSaves(attention)
     # (the masks real tensors would give, as the graph was traced: fake ones cannot be read)
-    masks = eager_attention_masks(bind_arguments(inspect.signature(model.forward), args, kwargs))
+    masks = eager_attention_masks(bind_arguments(inspect.signature(model.forward), args, kwargs), check_packing=True)
 
     def run_model() -> Any:
         with attention_saves, masks:
@@ -527,5 +604,5 @@ def fake_eager_holds(gm: fx.GraphModule, inputs: list[torch.Tensor], model: torc
     return lifetimes
 
 
-__all__ = ["AttentionSaves", "EagerLifetimes", "KEEPABLE_OPS", "NodeCalls", "checked_calls", "eager_holds", "fake_eager_holds",
+__all__ = ["AttentionSaves", "CallAlignment", "EagerLifetimes", "KEEPABLE_OPS", "NodeCalls", "checked_calls", "eager_holds", "fake_eager_holds",
            "first_difference", "keepable_calls", "matched_from", "matched_span", "unmatched_regions"]

@@ -277,7 +277,7 @@ def _trace_export(
 
 
 @contextlib.contextmanager
-def eager_attention_masks(bound: dict[str, Any]) -> Iterator[None]:
+def eager_attention_masks(bound: dict[str, Any], check_packing: bool = False) -> Iterator[None]:
     """Build attention masks as the eager run on real tensors builds them. While torch.export
     traces, or a forward runs on fake tensors, Hugging Face models cannot read tensor values, so
     they build an explicit causal mask (and a packed-sequence mask from the position ids) where
@@ -285,7 +285,9 @@ def eager_attention_masks(bound: dict[str, Any]) -> Iterator[None]:
     less (on Llama, 8% of the step's peak). The plan runs in the model's own eager forward, so
     the graph, and the forward followed on fake tensors, take eager's branch: no mask where
     the call (`bound`: forward's arguments by name) has no attention mask and no position ids
-    (then none are packed).
+    (then none are packed). With `check_packing`, the check for packed sequences still makes
+    its calls, as the real call does (on fake tensors, for a forward matched call by call with
+    the real one), and its answer is ignored.
 
     Example:
         >>> with eager_attention_masks({"input_ids": ids, "attention_mask": None}):
@@ -296,7 +298,13 @@ def eager_attention_masks(bound: dict[str, Any]) -> Iterator[None]:
     if masking is None or not eager_skips or not hasattr(masking, "find_packed_sequence_indices"):
         yield
         return
-    patched = {"is_torchdynamo_exporting": lambda: False, "find_packed_sequence_indices": lambda *a, **k: None}
+    check = masking.find_packed_sequence_indices
+
+    def not_packed(*args: Any, **kwargs: Any) -> None:
+        if check_packing:
+            check(*args, **kwargs)
+
+    patched = {"is_torchdynamo_exporting": lambda: False, "find_packed_sequence_indices": not_packed}
     originals = {name: getattr(masking, name) for name in patched if hasattr(masking, name)}
     for name in originals:
         setattr(masking, name, patched[name])
