@@ -39,7 +39,6 @@ Example:
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 import logging
 from dataclasses import dataclass, field, replace
@@ -57,7 +56,7 @@ from planner.measure.memory import (
     written_arguments,
 )
 from planner.measure.profile import tensors_in
-from planner.measure.targets import ATTENTION_TARGETS, NO_KERNEL_OPS
+from planner.measure.targets import ATTENTION_TARGETS
 from planner.trace.fake import fake_like, fake_model_state
 from planner.trace.structure import COMPUTE_OPS, ModuleCall, compute_nodes, module_calls
 from planner.trace.tracing import bind_arguments, eager_attention_masks
@@ -496,8 +495,9 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
 
 
 # A constant made in the model's code (`torch.tensor(...)`) is `lift_fresh` there and `lift_fresh_copy`
-# in an exported graph: the same call for the alignment.
+# in an exported graph: the same call for the alignment. torch.export adds metadata checks that do no work.
 _SAME_CALL = {"aten.lift_fresh_copy.default": "aten.lift_fresh.default"}
+_TRACE_ADDED = frozenset({"aten._assert_tensor_metadata.default"})
 
 
 @dataclass(frozen=True)
@@ -520,20 +520,13 @@ class CallAlignment:
 
     @staticmethod
     def of(eager: _CallLog, graph: _CallLog) -> CallAlignment | None:
-        """The alignment of the two logs, or None where the graph makes calls that do work and the
-        model does not make (another computation: its lifetimes cannot be compared)."""
+        """The alignment of the two logs, or None where the graph makes calls the model does not
+        (beyond the checks a trace adds: another computation, whose lifetimes cannot be compared)."""
         model_calls = [_SAME_CALL.get(call, call) for call in eager.calls]
         graph_calls = [_SAME_CALL.get(call, call) for call in graph.calls]
-        graph_call: list[int | None] = [None] * len(model_calls)
-        if model_calls == graph_calls:
-            graph_call = list(range(len(model_calls)))
-        else:
-            matcher = difflib.SequenceMatcher(a=model_calls, b=graph_calls, autojunk=False)
-            for tag, eager_start, eager_stop, graph_start, graph_stop in matcher.get_opcodes():
-                if tag == "equal":
-                    graph_call[eager_start:eager_stop] = range(graph_start, graph_stop)
-                elif any(call.split(".")[1] not in NO_KERNEL_OPS for call in graph_calls[graph_start:graph_stop]):
-                    return None
+        graph_call = _matched_calls(model_calls, graph_calls)
+        if graph_call is None:
+            return None
         made_by_eager = _allocations_by_call(eager)
         made_by_graph = _allocations_by_call(graph)
         eager_allocation: dict[int, int] = {}
@@ -554,6 +547,46 @@ class CallAlignment:
         """The graph call matched to the model's call `eager_index` or to the first matched one after it."""
         return next((self.graph_call[i] for i in range(eager_index, len(self.graph_call))
                      if self.graph_call[i] is not None), None)
+
+
+# After calls of the model's own, the two are matched again where the next this many calls agree:
+# a check of the model's whose first call happens to be the graph's next one is not taken for it.
+_AGREEING_CALLS = 4
+
+
+def _matched_calls(model: list[str], graph: list[str]) -> list[int | None] | None:
+    """Per model call, the graph call it is (None: the model's own), in one pass: a check the
+    trace added (`_TRACE_ADDED`) that the model does not make next is skipped;
+    where the model's next call is not the graph's, the model's calls up to where the next
+    ones agree again are its own. None where a graph call that does work is left unmatched."""
+    matched: list[int | None] = [None] * len(model)
+    at = 0
+    for position, call in enumerate(graph):
+        if call in _TRACE_ADDED and (at >= len(model) or model[at] != call):
+            continue
+        if at < len(model) and model[at] != call:
+            while at < len(model) and not _agree(model, at, graph, position):
+                at += 1
+        if at == len(model):
+            return None
+        matched[at] = position
+        at += 1
+    return matched
+
+
+def _agree(model: list[str], at: int, graph: list[str], position: int) -> bool:
+    """Whether the model's calls from `at` are the graph's from `position` (the checks the trace
+    added aside), for `_AGREEING_CALLS` calls or to the end."""
+    compared = 0
+    while compared < _AGREEING_CALLS and position < len(graph):
+        if at < len(model) and model[at] == graph[position]:
+            at, compared = at + 1, compared + 1
+        elif graph[position] in _TRACE_ADDED:
+            pass
+        else:
+            return False
+        position += 1
+    return compared > 0
 
 
 def _allocations_by_call(log: _CallLog) -> dict[int, list[int]]:
