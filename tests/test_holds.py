@@ -74,3 +74,19 @@ def test_holds_are_measured_where_an_exported_graph_makes_its_calls_a_little_dif
     assert "aten.lift_fresh_copy.default" in targets and "aten._assert_tensor_metadata.default" in targets
     lifetimes = eager_holds(traced.gm, traced.graph_inputs((x,), {}), lambda: model(x))
     assert lifetimes.holds == {"tanh": "linear_2"}
+
+
+def test_calls_are_matched_around_the_models_own_checks_and_the_traces_metadata_checks():
+    from planner.measure.holds import _matched_calls
+
+    layer = ["aten.view.default", "aten.mm.default", "aten.add.Tensor", "aten.view.default"]
+    graph = layer + ["aten._assert_tensor_metadata.default"] + layer * 3
+    check = ["aten.select.int", "aten.eq.Scalar", "aten.all.default", "aten._local_scalar_dense.default"]
+    model = layer + check + layer * 3  # a check of the model's own where the graph checks metadata
+    matched = _matched_calls(model, graph)
+    assert matched is not None
+    assert [matched[i] for i in range(4)] == [0, 1, 2, 3]
+    assert all(matched[i] is None for i in range(4, 8))  # the check
+    assert [matched[i] for i in range(8, 20)] == list(range(5, 17))
+    assert _matched_calls(layer * 4, layer * 4) == list(range(16))
+    assert _matched_calls(layer, layer + ["aten.mul.Tensor"]) is None  # work the model does not do

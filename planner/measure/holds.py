@@ -558,7 +558,8 @@ def _matched_calls(model: list[str], graph: list[str]) -> list[int | None] | Non
     """Per model call, the graph call it is (None: the model's own), in one pass: a check the
     trace added (`_TRACE_ADDED`) that the model does not make next is skipped;
     where the model's next call is not the graph's, the model's calls up to where the next
-    ones agree again are its own. None where a graph call that does work is left unmatched."""
+    ones agree again are its own (a call of its own that is the graph's next one is taken for
+    it). None where a graph call that does work is left unmatched."""
     matched: list[int | None] = [None] * len(model)
     at = 0
     for position, call in enumerate(graph):
