@@ -18,9 +18,8 @@ import warnings
 import torch
 
 from benchmarks.hf_families import BATCH, FAMILIES, LENGTH
+from benchmarks.memory_accuracy import planned_at
 from benchmarks.results import set_section, write_run
-from planner import InfeasibleBudget, plan
-from planner.api import GIB
 from planner.measure.steps import steady_peak
 
 SHARE = 0.7  # of the unplanned step's measured peak: the budget
@@ -35,22 +34,16 @@ def plan_and_verify(family: str, measure: str) -> dict:
     model.train()
     sample = make(BATCH, LENGTH)
     unplanned = steady_peak(model, sample, torch.device("cpu"))
-    budget = SHARE * unplanned
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        try:
-            p = plan(model, sample, budget_gb=budget / GIB, measure=measure)
-            at_minimum = False
-        except InfeasibleBudget as error:
-            budget, at_minimum = error.minimum_bytes, True
-            p = plan(model, sample, budget_gb=budget / GIB, measure=measure)
+        p, budget, asked = planned_at(model, sample, int(SHARE * unplanned), measure=measure)
     seconds = time.perf_counter() - start
     record = p.verify(steps=1)
     return {"family": family, "model": type(model).__name__, "measure": measure, "unplanned": unplanned,
-            "budget": int(budget), "at_minimum": at_minimum, "seconds": seconds, "regions": len(p.checkpoints),
+            "budget": budget, "at_minimum": asked is not None, "seconds": seconds, "regions": len(p.checkpoints),
             "predicted": record.predicted_peak_bytes, "measured": record.planned_peak_bytes,
-            "error": record.peak_error, "over": record.planned_peak_bytes / int(budget) - 1,
+            "error": record.peak_error, "over": record.planned_peak_bytes / budget - 1,
             "gradients_match": record.gradients_match,
             "warnings": sorted({str(w.message).split(":")[0][:80] for w in caught})}
 

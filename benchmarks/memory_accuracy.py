@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -39,10 +40,11 @@ TOLERANCE = 0.01
 CNN_REACH_BYTES = int(37.03 * 2**20)  # the replacement graph's smallest budget for the CNN example
 
 
-def planned_at(model: torch.nn.Module, sample: torch.Tensor, budget: int, replan_from=None):
-    """(plan, budget, asked) at `budget`, else at the minimum its refusal names (asked: the first)."""
+def planned_at(model: torch.nn.Module, sample: Any, budget: int, replan_from=None, **options: Any):
+    """(plan, budget, asked) at `budget`, else at the minimum its refusal names (asked: the first);
+    `options` go to `plan()`."""
     make = (lambda size: replan_from.replan(budget_gb=size / GIB)) if replan_from is not None else (
-        lambda size: plan(model, sample, budget_gb=size / GIB))
+        lambda size: plan(model, sample, budget_gb=size / GIB, **options))
     try:
         return make(budget), budget, None
     except InfeasibleBudget as error:

@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from planner import InfeasibleBudget, TraceError, plan
-from planner.api import GIB
+from planner import TraceError, plan
 from planner.core import training_loss
 from planner.measure.steps import steady_peak
 
 pytest.importorskip("transformers")
 from benchmarks.hf_families import BATCH, FAMILIES, LENGTH, MissingFamily, falcon, half_shape  # noqa: E402
+from benchmarks.memory_accuracy import planned_at  # noqa: E402
 
 pytestmark = pytest.mark.slow  # (planning takes 10-60 s a family on a CPU)
 
@@ -48,15 +48,6 @@ def _assert_trains_like(planned: nn.Module, reference: nn.Module, sample: dict[s
         torch.testing.assert_close(grads[key], expected[key], msg=lambda m, key=key: f"{what}: {key}\n{m}")
 
 
-def _planned(model: nn.Module, sample: dict[str, Any], budget_gb: float) -> tuple[Any, float, bool]:
-    """The default plan at `budget_gb`, else at the minimum the planner names: (plan, budget, at minimum)."""
-    try:
-        return plan(model, sample, budget_gb=budget_gb), budget_gb, False
-    except InfeasibleBudget as error:
-        budget_gb = error.minimum_bytes / GIB
-        return plan(model, sample, budget_gb=budget_gb), budget_gb, True
-
-
 def _built(family: str) -> tuple[nn.Module, Callable[[int, int], dict[str, Any]]]:
     torch.manual_seed(0)
     try:
@@ -72,13 +63,13 @@ def test_default_plan_fits_and_trains_like_the_original(family: str) -> None:
     sample = make(BATCH, LENGTH)
     unplanned = steady_peak(model, sample, torch.device("cpu"))
     start = time.perf_counter()
-    p, budget_gb, at_minimum = _planned(model, sample, SHARE * unplanned / GIB)
+    p, budget, asked = planned_at(model, sample, int(SHARE * unplanned))
     seconds = time.perf_counter() - start
     assert p.verified, f"{family}: planning measured the plan's own step at {p.own_step_peak_bytes} B"
 
     record = p.verify(steps=1)
     print(f"\n{family} ({type(model).__name__}): planned in {seconds:.1f} s, {len(p.checkpoints)} regions; "
-          f"unplanned {unplanned} B, budget {int(budget_gb * GIB)} B{' (the minimum named)' if at_minimum else ''}, "
+          f"unplanned {unplanned} B, budget {budget} B{' (the minimum named)' if asked is not None else ''}, "
           f"predicted {record.predicted_peak_bytes} B, measured {record.planned_peak_bytes} B")
     assert record.within_budget, (f"{family}: the planned step peaked at {record.planned_peak_bytes} B, "
                                   f"over the budget of {record.budget_bytes} B")

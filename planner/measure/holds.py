@@ -282,8 +282,8 @@ class _GraphRun(fx.Interpreter):
                  constant: Callable[[torch.Tensor], torch.Tensor] | None = None):
         super().__init__(gm)
         self.log = log
-        self.constant = constant  # makes a graph constant (not a parameter or buffer) fake
-        self.node_of_call: list[str] = []  # per call of the log ("": before any compute node)
+        self.constant = constant  # makes a graph constant (not a parameter or buffer) fake, the same each time
+        self.node_of_call: list[str] = []
         self.output_of: dict[int, str] = {}  # allocation index -> node whose output it is
         self.calls_of: dict[str, NodeCalls] = {}
 
@@ -293,13 +293,16 @@ class _GraphRun(fx.Interpreter):
             return self.constant(value)
         return value
 
+    def make_constants(self) -> None:
+        """Make the graph's constants fake before the run is logged: that is no call of the graph's."""
+        if self.constant is not None:
+            for node in self.graph.nodes:
+                if node.op == "get_attr":
+                    self.fetch_attr(str(node.target))
+
     def run_node(self, n: fx.Node) -> Any:
-        if n.op not in COMPUTE_OPS:  # (its calls, a constant made fake, count as the last compute node's)
-            first_call = len(self.log.calls)
-            result = super().run_node(n)
-            last = self.node_of_call[-1] if self.node_of_call else ""
-            self.node_of_call += [last] * (len(self.log.calls) - first_call)
-            return result
+        if n.op not in COMPUTE_OPS:
+            return super().run_node(n)
         first_call, first_allocation = len(self.log.calls), len(self.log.allocated)
         result = super().run_node(n)
         stop_call = len(self.log.calls)
@@ -430,6 +433,7 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
     with torch.enable_grad(), discard:
         graph_log = _CallLog()
         runner = _GraphRun(gm, graph_log, constant)
+        runner.make_constants()
         with graph_log:
             output = runner.run(*inputs)
         del output
@@ -478,7 +482,7 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
         if eager_freed == 0:
             continue
         holder = runner.node_of_call[-1 if eager_freed == last_call else aligned.graph_call_at(eager_freed - 1)]
-        if holder in order and order[holder] > last_read[name]:
+        if order[holder] > last_read[name]:
             holds[name] = holder
     graph_allocation = {eager: graph for graph, eager in aligned.eager_allocation.items()}
     arguments: dict[str, set[str]] = {}
@@ -488,7 +492,7 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
             first = runner.node_of_call[at]
             before = {runner.output_of[graph_allocation[i]] for i in indices
                       if graph_allocation.get(i) in runner.output_of}
-            before = {name for name in before if first in order and order[name] < order[first]}
+            before = {name for name in before if order[name] < order[first]}
             if before:
                 arguments.setdefault(first, set()).update(before)
     return EagerLifetimes(holds, arguments, calls)
