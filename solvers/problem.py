@@ -64,6 +64,10 @@ class NodeCost:
     # owners whose gradient this node's backward hands on without copying: the gradient of its
     # output itself (an add) or a view of it (a cat); they then share one storage
     grad_aliases: tuple[int, ...] = ()
+    # (owner, view, bytes) per view of an owner's output it reads, where it is the view's last
+    # reader and `view` the first node of the view (a transpose, a slice): its backward's
+    # gradient for the view is a storage of that size until the view's backward passes it on
+    view_grads: tuple[tuple[int, int, int], ...] = ()
     # owners whose output the model's own code still references while this node runs, though
     # it does not read them (a local variable, a list of tensors): they stay alive through its
     # forward, and through its recomputation where both lie in one region

@@ -52,8 +52,10 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
     is freed after v's own backward. Where that reader is v's only one and hands its result's
     gradient on unchanged (`grad_aliases`: an add, a cat, an in-place add), the two share one
     storage, held until the later of them is done (with other readers autograd sums into a new
-    tensor, always where the shared storage is larger: a cat's). A shared parameter's gradient
-    lives from its last user's backward to its first's.
+    tensor, always where the shared storage is larger: a cat's). A reader's gradient for a view
+    it read (`NodeCost.view_grads`) is a storage of its own until the view's backward; where
+    that view changes the size (a slice), the owner's gradient is made there. A shared
+    parameter's gradient lives from its last user's backward to its first's.
 
     Example:
         >>> gradient_spans(Problem(nodes=(NodeCost("a", 1.0, grad_bytes=8),)))
@@ -66,10 +68,14 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
     owner_of = list(range(n))  # version -> the owner whose storage it is
     current = list(range(n))  # owner -> its latest version so far in forward
     readers: list[list[int]] = [[] for _ in range(n)]  # per version, in forward order
+    through: dict[tuple[int, int], tuple[int, int]] = {}  # (version, reader) -> (its view, gradient bytes)
     for k, node in enumerate(nodes):
         for owner in set(node.uses):
             if owner < k:
                 readers[current[owner]].append(k)
+        for owner, view, view_bytes in node.view_grads:
+            if owner < view < k and owner not in node.grad_aliases:
+                through[current[owner], k] = (view, view_bytes)
         if not node.output_bytes:  # a node with outputs of its own keeps its index for them
             for owner in node.mutates:
                 if owner < k:
@@ -91,6 +97,17 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
         first[r] = min(first.get(r, v), v)
         size[r] = max(size.get(r, 0), _version_grad_bytes(nodes, v, owner_of[v], consumer[v], current))
     last_consumer = [c if c >= 0 else n - 1 for c in consumer]
+    # A reader's gradient for a view it read is a storage of its own until the view's backward
+    # hands it on: to the owner's gradient, as a view of it (a transpose) or, where the sizes
+    # differ (a slice, an expand), into a new storage of the owner's size made there; else
+    # summed into the owner's gradient there.
+    view_spans = []
+    for (v, reader), (view, view_bytes) in through.items():
+        if reader != consumer[v]:
+            view_spans.append((view, reader, view_bytes))
+        elif view_bytes != _version_grad_bytes(nodes, v, owner_of[v], reader, current):
+            view_spans.append((view, reader, view_bytes))
+            last_consumer[v] = view  # (the reader hands nothing on uncopied: v is its own root)
     # A version read several times whose last reader hands it a shared gradient holds that
     # storage until the next reader's gradient arrives; autograd then sums out of place into a
     # new storage, unless nothing else holds the shared one any more (it sums in place).
@@ -113,7 +130,7 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
                 first[shared] = min(first[shared], first.pop(v))
                 size[shared] = max(size[shared], size.pop(v))
                 merged[v] = shared
-    spans = [(first[r], last_consumer[r], size[r]) for r in sorted(first)]
+    spans = [(first[r], last_consumer[r], size[r]) for r in sorted(first)] + view_spans
     spans += [(user, k, shared) for k, node in enumerate(nodes) for user, shared in node.shared_grads]
     return spans
 

@@ -10,7 +10,7 @@ from test_hazards import _assert_unchanged, _fingerprint
 from torch import nn
 from torch._subclasses import FakeTensorMode
 
-from planner import load_plan, plan
+from planner import InfeasibleBudget, load_plan, plan
 from planner.api import GIB
 from planner.core import split_sample, training_loss
 from planner.examples import TinyGPT
@@ -338,3 +338,51 @@ def test_a_decoders_own_attention_on_fake_tensors_saves_what_it_saves_on_real_on
         model(**sample)
     fake = fake_eager_holds(traced.gm, inputs, model, (), sample, torch.device("cpu"))
     assert len(real.saved) == 2 and fake.attention_saved == real.saved
+
+
+class ViewedReads(nn.Module):
+    """Gradients for views: a convolution reads a transposed linear output that an add reads
+    too (its gradient for the view is a storage of its own until the transpose's backward),
+    and a GELU reads a slice of the padded convolution's output (the slice's backward copies
+    the GELU's gradient into a new one of the convolution's size), as wav2vec2's positional
+    convolution does; then halves of a slice are negated and concatenated, as rotary
+    embeddings do."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.conv = nn.Conv1d(width, width, 4, padding=2, groups=4)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        c = self.conv(h.transpose(1, 2))[:, :, :-1]
+        h = h + nn.functional.gelu(c).transpose(1, 2)
+        half = h.shape[-1] // 2
+        rotated = torch.cat((-h[..., half:], h[..., :half]), dim=-1)
+        return x + self.out(h * 2 + rotated)
+
+
+def test_gradients_for_views_are_derived_as_the_whole_step_measures_them():
+    import dataclasses
+
+    from solvers.simulate import gradient_spans
+
+    torch.manual_seed(0)
+    model, x = nn.Sequential(*(ViewedReads() for _ in range(4))), torch.randn(8, 32, 64)
+    measured = plan(model, x, budget_gb=80, repeats=1)
+    problem = measured.problem
+    derived = gradient_spans(dataclasses.replace(problem, measured_gradients=None))
+    assert sorted(s for s in derived if s[2]) == sorted(s for s in problem.measured_gradients if s[2])
+    # without the views' own storages, two of them are missing
+    unviewed = dataclasses.replace(problem, measured_gradients=None,
+                                   nodes=tuple(dataclasses.replace(n, view_grads=()) for n in problem.nodes))
+    assert sorted(s for s in gradient_spans(unviewed) if s[2]) != sorted(s for s in derived if s[2])
+    try:
+        no_run = plan(model, x, budget_gb=0.75 * measured.baseline_peak_bytes / GIB, measure="no-run", repeats=1)
+    except InfeasibleBudget as error:
+        no_run = plan(model, x, budget_gb=error.minimum_bytes / GIB, measure="no-run", repeats=1)
+    assert no_run.checkpoints
+    record = no_run.verify(steps=1)
+    assert record.within_budget and record.gradients_match, str(record)
+    assert abs(record.peak_error) <= 0.001, str(record)

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from solvers import NodeCost, Problem, peak_bytes, simulate
-from solvers.simulate import plan_buffers, validate_regions
+from solvers.simulate import gradient_spans, plan_buffers, validate_regions
 
 
 def node(name, size, uses=(), saves=(), **extra):
@@ -106,6 +106,26 @@ def test_shared_parameter_gradient_lives_from_last_to_first_user():
     assert timeline.peak_bytes == 90
     # In a region, the hold is the same: it does not depend on the plan.
     assert simulate(problem, (range(1, 2),)).live_bytes[-1] == 50
+
+
+def test_gradients_for_views_live_until_the_views_backward():
+    # a (16 B) is read by c through view b (a transpose), then by d: c's gradient for the view
+    # is a storage of its own from B2 until B1, where it is summed into a's (made at B3). d is
+    # read by f through slice s (8 B): f's gradient for the slice lives from B5 to B4, where
+    # the slice's backward makes d's (16 B), which lives until B3.
+    problem = Problem((
+        node("a", 16),
+        node("b", 0, uses=(0,)),
+        node("c", 16, uses=(0,), view_grads=((0, 1, 16),)),
+        node("d", 16, uses=(0, 2)),
+        node("s", 0, uses=(3,)),
+        node("f", 8, uses=(3,), view_grads=((3, 4, 8),), is_output=True),
+    ))
+    spans = gradient_spans(problem)
+    assert (1, 2, 16) in spans and (3, 4, 16) in spans and (4, 5, 8) in spans
+    assert (3, 5, 16) not in spans
+    assert (1, 2, 16) not in gradient_spans(dataclasses.replace(problem, nodes=tuple(
+        dataclasses.replace(n, view_grads=()) for n in problem.nodes)))
 
 
 def test_regions_must_be_disjoint_sorted_and_startable():

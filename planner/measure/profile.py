@@ -37,6 +37,7 @@ from planner.measure.allocations import (
 )
 from planner.measure.clock import ahead_for, queue_ahead
 from planner.measure.memory import LiveBytesTracker, storage_bytes, storage_key
+from planner.measure.view_gradients import ViewGradients
 from planner.trace.structure import COMPUTE_OPS
 
 
@@ -232,6 +233,7 @@ class ProfileInterpreter(fx.Interpreter):
         self.parameter_names = {id(p): name for name, p in gm.named_parameters()}  # tied: one name
         self.autograd_owners: dict[Any, str] = {}  # autograd node -> fx node that created it
         self.input_names: dict[int, str] = {}  # storage key of a graph input -> its placeholder
+        self.views = ViewGradients(self.autograd_owners, lambda t: self.owner.get(storage_key(t)))
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op == "placeholder":
@@ -301,6 +303,10 @@ class ProfileInterpreter(fx.Interpreter):
         record.stops_before_output = bool(saved) and bool(made_after_last_save) and all(made_after_last_save)
         if record.output_bytes or record.mutates:
             record.grad_aliases = self._gradient_aliases(n, result, inputs, producers)
+        elif not record.mutates:
+            self.views.made(n.name, tensors_in(result), inputs)
+        # (a view's or an in-place write's gradient for what it read is its readers')
+        self.views.read(record, inputs, producers, makes_gradients=bool(record.output_bytes and not record.mutates))
         record.saved_bytes = sum(
             nbytes for key, nbytes in saved.items() if key not in self.owner and key not in self.static_keys
         )

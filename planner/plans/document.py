@@ -201,6 +201,7 @@ def cost_record(cost: NodeCost, names: list[str]) -> dict[str, Any]:
     for key in _NODE_REFERENCES:
         record[key] = [names[index] for index in record[key]]
     record["shared_grads"] = [[names[user], size] for user, size in cost.shared_grads]
+    record["view_grads"] = [[names[owner], names[view], size] for owner, view, size in cost.view_grads]
     del record["name"]
     return record
 
@@ -211,6 +212,7 @@ def cost_from_record(name: str, record: dict[str, Any], index: dict[str, int]) -
     for key in _NODE_REFERENCES:
         values[key] = tuple(index[owner] for owner in values.get(key, ()))
     values["shared_grads"] = tuple((index[user], size) for user, size in values.get("shared_grads", ()))
+    values["view_grads"] = tuple((index[owner], index[view], size) for owner, view, size in values.get("view_grads", ()))
     if values.get("keep_span") is not None:
         values["keep_span"] = tuple(values["keep_span"])
     return NodeCost(name=name, **values)
@@ -224,7 +226,7 @@ def profile_delta(profile: dict[str, Any], cost: dict[str, Any]) -> dict[str, An
     """The profiler's record less what the cost record already says (same field, same value)
     and less defaults: usually the forward time and the buffers the node writes."""
     def plain(value: Any) -> Any:
-        return list(value) if isinstance(value, tuple) else value
+        return [plain(item) for item in value] if isinstance(value, (tuple, list)) else value
 
     defaults = _profile_defaults()
     return {

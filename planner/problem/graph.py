@@ -204,6 +204,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 saves=tuple(index[name] for name in record.saves) if runs else (),
                 mutates=tuple(index[name] for name in record.mutates),
                 grad_aliases=tuple(index[name] for name in record.grad_aliases),
+                view_grads=tuple((index[owner], index[view], size) for owner, view, size in record.view_grads),
                 holds=tuple(sorted({index[name] for name in record.holds} | released.get(i, set()))),
                 arguments=tuple(index[name] for name in record.arguments),
                 shared_grads=tuple(shared.get(i, ())),
