@@ -413,8 +413,8 @@ def main() -> int:
         # RESULTS.md gets the table and the verdict; the cost figures, the readings and the
         # predictions from the rounds' node times stay in this output and the run's raw figures.
         # (every run under budget is said once, in the targets)
-        brief = [line for line in lines if not line.startswith(("- Predicted from node times", "- Timing noise"))
-                 and not line.startswith("- Under budget: every planner run")]
+        brief = [line for line in verdict(result, brief=True)[0]
+                 if not line.startswith("- Under budget: every planner run")]
         sections.append("\n".join([f"### {result.spec.title}", "", opening, "", table(result, brief=True), "",
                                     "\n".join(brief)]))
         plots.append(f"[{result.spec.title}](results/{image.name})")

@@ -38,27 +38,19 @@ NOT_SHOWN_OFF = (": no plan's prediction shown off (each measured overhead's 95%
 def method_text(rounds: int, threads: int, retained: bool, device_text: str = "") -> str:
     """How the run measured: the paragraph that opens its section in RESULTS.md."""
     return (
-        "Peak: static storages (parameters, gradients, buffers, inputs) + the highest point of what one "
-        "forward+backward step allocates, gradients already allocated, as `p.verify()` measures it: "
-        "`planner.measure.memory.PeakMemory`, the allocator's events from the profiler, kernel scratch included, for "
-        "eager and compiled code alike; *under budget* uses it. Step time: median over "
-        f"{rounds} rounds, configurations alternating, {threads} intra-op thread(s), the garbage "
-        "collector off during each step, "
-        + ("freed memory kept in the process as CUDA's caching allocator keeps it (`benchmarks/cpu_memory.py`: "
-           "otherwise each step page-faults its activations in again, which makes the unplanned step slower)"
-           if retained else "glibc's malloc as it is (freed memory goes back to the OS)")
-        + ". Overhead, "
-        "measured = median over rounds of step time - the mean of the two steps of none just before and after it (each configuration's step runs between two of none's, which neighbours share) (for compiled configurations it also holds the compiler's speed-up "
-        "or slow-down); overhead, predicted = the plan's `recompute_ms` (the nodes it recomputes, less the "
-        "nodes its regions keep, plus checkpoint's measured cost per call and, for regions that keep "
-        "nodes, their selective policy's, and for runs their recording's), *(off)* where it is more than "
-        "10% and 2 ms from the measured one; for *every block*, the planner's prediction for the same "
-        "regions. Predicted from the rounds' node times: the same cost model with each node's time measured once per round between the steps "
-        "(mean over rounds, as `plan()` takes them: `planner.costs.node_rounds`; `benchmarks/retime.py`), so that the machine's drift between planning and "
-        "timing is not counted as the model's error. Share = overhead / every "
-        "block's, measured (predicted in brackets). Batch sizes were picked for about one second per "
-        "unplanned step on this machine with one thread; each model's *none* row gives what this run "
-        "measured (the machine was shared)." + device_text
+        "Peak: static storages (parameters, gradients, buffers, inputs) + the highest point of one "
+        "forward+backward step's allocations, kernel scratch included, as `p.verify()` measures it; *under "
+        f"budget* uses it. Step time: median over {rounds} rounds, configurations alternating, {threads} intra-op "
+        "thread(s), the garbage collector off, "
+        + ("freed memory kept in the process as CUDA's caching allocator keeps it (`benchmarks/cpu_memory.py`)"
+           if retained else "glibc's malloc as it is")
+        + ". Overhead, measured: the step's median less the mean of the unplanned steps run just before and "
+        "after it; predicted: the plan's `recompute_ms`, *(off)* where more than 10% and 2 ms from the measured. "
+        "Share: overhead / every block's, measured (predicted). A missed share gives the plan's predicted share, "
+        "whether that is the cheapest plan the planner searches (proven optimal over its regions, keeps and runs), "
+        "and a lower bound for any plan of whole graph nodes (`solvers.bound.recompute`). Batch sizes give about "
+        "one second per unplanned step; the *none* rows give what this run measured (a shared machine)."
+        + device_text
     )
 
 
@@ -133,12 +125,13 @@ def strides_text(result: ModelResult) -> str:
     return "; ".join(parts) or "-"
 
 
-def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
+def verdict(result: ModelResult, brief: bool = False) -> tuple[list[str], dict[str, bool | None]]:
     """Lines for the targets and, per target, met (True), missed (False) or not applicable
     (None): every plan under budget; the share of every block's overhead at most
     `SHARE_TARGETS` at each budget; every predicted overhead within 10% (or 2 ms) of measured.
     A missed share says why: the cheapest plan the solver can choose is predicted above it
-    (its decision space is the limit), or the prediction is below it and the clock is not."""
+    (its decision space is the limit), or the prediction is below it and the clock is not.
+    `brief` (RESULTS.md): each line its figures only, what they mean said once (`BRIEF_LEGEND`)."""
     planner = [c for c in result.configs if c.kind == "planner"]
     ran = [c for c in planner if c.module is not None]
     lines: list[str] = []
@@ -176,7 +169,16 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
             flags[key + OUT_OF_WRAPPING] = config.every_keep_ms / result.every_predicted_ms > target
         shown = f"{share:.3f}" if share > target >= round(share, 2) else f"{share:.2f}"  # (0.604, not 0.60, missed)
         line = f"- Share at {label} (target {target}): {shown}"
-        if share > target:
+        if share > target and brief:
+            predicted = (config.predicted_overhead_ms / result.every_predicted_ms
+                         if result.every_predicted_ms else None)
+            bound = (config.bound_ms / result.every_predicted_ms
+                     if config.bound_ms is not None and result.every_predicted_ms else None)
+            line += " missed" + ("" if predicted is None else f"; predicted {predicted:.2f}"
+                                 + (" (the cheapest plan searched)" if config.optimal else ""))
+            line += "" if bound is None else f"; lower bound {bound:.2f}"
+            line += "" if overhead_ms(result, config) - target * every > noise_ms else " (within the timing noise)"
+        elif share > target:
             predicted = (config.predicted_overhead_ms / result.every_predicted_ms
                          if result.every_predicted_ms else None)
             if predicted is not None and predicted > target and config.optimal:
@@ -202,6 +204,9 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
         verdicts = [interval_verdict(result, c, predictions[c.name]) for c in configs]
         shown_off = [c.name for c, v in zip(configs, verdicts) if v == "off"]
         flags[key + NOT_SHOWN_OFF] = not shown_off if configs else None
+        if brief:
+            return f" (95% intervals: {verdicts.count('within')} within, {len(shown_off)} off, " \
+                   f"{verdicts.count('undecided')} undecided)"
         return (f"; the rounds' 95% intervals show {verdicts.count('within')} within, {len(shown_off)} off"
                 + (f" ({', '.join(shown_off)})" if shown_off else "")
                 + f", and leave {verdicts.count('undecided')} undecided (the timing noise wider than the tolerance)")
@@ -209,6 +214,11 @@ def verdict(result: ModelResult) -> tuple[list[str], dict[str, bool | None]]:
     predicted = [c for c in ran if c.predicted_overhead_ms is not None]
     off = [c for c in predicted if not prediction_ok(result, c)]
     flags["predicted overhead within 10% or 2 ms"] = not off if predicted else None
+    if brief:
+        lines.append(f"- Predicted overhead within {100 * PREDICTION_TOLERANCE:.0f}% or {PREDICTION_SLACK_MS:g} ms of "
+                     f"measured: {len(predicted) - len(off)}/{len(predicted)}"
+                     + told(predicted, {c.name: c.predicted_overhead_ms for c in predicted}, "predicted overhead") + ".")
+        return lines, flags
     lines.append(
         f"- Predicted overhead within {100 * PREDICTION_TOLERANCE:.0f}% or {PREDICTION_SLACK_MS:g} ms of measured: "
         f"{len(predicted) - len(off)}/{len(predicted)}"
