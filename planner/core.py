@@ -37,9 +37,9 @@ class NodeProfile:
     saves: tuple[str, ...] = ()
     mutates: tuple[str, ...] = ()
     grad_aliases: tuple[str, ...] = ()  # owners whose gradient its backward hands on uncopied
-    # (owner, first view node, bytes) per view of an owner's output it reads, where it is the
-    # view's last reader: its gradient for the view is a storage of its own until the view's
-    # backward hands it to the owner (planner.measure.profile.ProfileInterpreter._views_read)
+    # (owner, view node, bytes) per view of an owner's output it reads, where it is the view's
+    # last reader: its gradient for the view is a storage of its own until that view node's
+    # backward (planner.measure.view_gradients)
     view_grads: tuple[tuple[str, str, int], ...] = ()
     mutated_buffers: tuple[str, ...] = ()  # qualified names of buffers written (BatchNorm statistics)
     backward_transient_bytes: int = 0  # temporaries of this node's backward (freed when it ends)

@@ -65,8 +65,8 @@ class NodeCost:
     # output itself (an add) or a view of it (a cat); they then share one storage
     grad_aliases: tuple[int, ...] = ()
     # (owner, view, bytes) per view of an owner's output it reads, where it is the view's last
-    # reader and `view` the first node of the view (a transpose, a slice): its backward's
-    # gradient for the view is a storage of that size until the view's backward passes it on
+    # reader: its backward's gradient for the view is a storage of that size until the backward
+    # of node `view` (a transpose passes it on to the owner, a slice copies it into a new one)
     view_grads: tuple[tuple[int, int, int], ...] = ()
     # owners whose output the model's own code still references while this node runs, though
     # it does not read them (a local variable, a list of tensors): they stay alive through its

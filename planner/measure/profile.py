@@ -303,7 +303,7 @@ class ProfileInterpreter(fx.Interpreter):
         record.stops_before_output = bool(saved) and bool(made_after_last_save) and all(made_after_last_save)
         if record.output_bytes or record.mutates:
             record.grad_aliases = self._gradient_aliases(n, result, inputs, producers)
-        elif not record.mutates:
+        else:
             self.views.made(n.name, tensors_in(result), inputs)
         # (a view's or an in-place write's gradient for what it read is its readers')
         self.views.read(record, inputs, producers, makes_gradients=bool(record.output_bytes and not record.mutates))

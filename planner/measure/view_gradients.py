@@ -92,8 +92,10 @@ class ViewGradients:
     def _down_from(self, function: Any, tensor: torch.Tensor) -> _Storage | None:
         """The storage a reader of `tensor` (made by view autograd node `function`) gets for it."""
         owner = self.owner_of(tensor)
+        if owner is None:
+            return None
         sender = _THE_READER  # the node whose backward hands the storage to the tensor at `key`
-        storage = _Storage(owner or "", "", tensor.numel() * tensor.element_size())
+        storage = _Storage(owner, "", tensor.numel() * tensor.element_size())
         key: TensorKey = (id(function), tensor.output_nr)
         while (view := self.autograd_owners.get(function)) in self.resizing:
             if not storage.end:
@@ -105,7 +107,7 @@ class ViewGradients:
                 return None
             function, number = function.next_functions[0]
             key = (id(function), number)
-        if owner is None or function not in self.autograd_owners:
+        if function not in self.autograd_owners:
             return None  # a view of a parameter or a graph input: no owner's gradient to meet
         storage.end = storage.end or sender
         return storage
