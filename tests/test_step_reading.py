@@ -17,6 +17,7 @@ from planner.measure.clock import (
     reading_or_price,
     timed_rounds,
 )
+from solvers import Problem
 
 pytestmark = pytest.mark.full_timing_rounds  # (the block's fake rounds are as many as a planning's)
 
@@ -173,6 +174,34 @@ def test_a_blocks_checkpoint_cost_inside_its_noise_leaves_the_tiny_modules_figur
 
     assert saved_tensor_ms((-5.0, 40.0)) == pytest.approx(0.01)
     assert saved_tensor_ms((15.0, 25.0)) > 0.01
+
+
+def test_a_block_whose_forward_dwarfs_what_the_prices_add_is_not_timed(monkeypatch, planned_gpt):
+    # A block whose node times are a thousand times the tiny GPT's (GPT-2 124M at 4 x 1024 tokens:
+    # a round of its steps takes about 40 s) stakes far under a percent of its forward on the
+    # tiny modules' prices: its rounds could not tell a reading from them, so they are not run.
+    from planner.costs import block as block_costs
+    from planner.costs.overhead import selective_overhead_ms
+    from planner.problem.graph import saved_calls
+
+    model, tokens, p = planned_gpt
+    timed: list[str] = []
+    cost = block_costs.SelectiveCost(1.0, 0.0, 1.0, 1.0, None)
+    monkeypatch.setattr(block_costs, "selective_costs_in_model", lambda *args, **kwargs: timed.append("block") or cost)
+
+    def costs(problem: Problem) -> block_costs.MeasuredCosts:
+        timed.clear()
+        return block_costs.selective_overhead_for_plan(
+            model, problem, p.wrapped, torch.device("cpu"), True, lambda: model(tokens),
+            lambda region, kept: saved_calls(p.traced.gm, region, kept))
+
+    tiny_call = selective_overhead_ms(torch.device("cpu"))[1]
+    assert costs(p.problem).keep_call_ms == 1.0 and timed == ["block"]
+    slow = replace(p.problem, nodes=tuple(replace(node, compute_ms=1000 * node.compute_ms) for node in p.problem.nodes))
+    read = costs(slow)
+    assert timed == []
+    assert (read.keep_call_ms, read.run_call_ms, read.recorded_call_ms) == pytest.approx((tiny_call,) * 3)
+    assert read.saved_tensor_ms == slow.saved_tensor_ms
 
 
 def test_a_blocks_policy_and_recording_figures_inside_their_noise_leave_their_prices(

@@ -122,6 +122,12 @@ _FORWARDS = 4  # forwards per timed step where a dispatch mode's cost is read of
 # twice the tiny modules', a difference `FINE_ROUNDS` rounds often leave undecided, and the tiny
 # price standing for it prices plans that keep many nodes far below what they measure.
 MAX_BLOCK_ROUNDS = 3 * FINE_ROUNDS
+# A block's rounds tell its figures from the tiny modules' only where what those prices add to its
+# checkpointed step (its calls under the policy, its saved tensors) is at least this share of its
+# forward: paired steps on a CPU differ by about a percent of their time from round to round. The
+# benchmark models' blocks stake 2-30% of their forward; a GPT-2 124M block at 4 x 1024 tokens
+# stakes 0.2%, and a round of its steps takes about 40 s.
+READABLE_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -343,6 +349,23 @@ def selective_costs_in_model(model: nn.Module, path: str, run_model: Callable[[]
                               replayed_share, undecided, max_rounds)
 
 
+def readable_on(problem: Problem, region: range, per_call_ms: float) -> bool:
+    """Whether rounds of `region`'s steps can read the policy's and checkpoint's costs there: what
+    the prices so far (`per_call_ms` per ATen call of its forward and recomputation,
+    `Problem.saved_tensor_ms` per tensor it saves) add is at least `READABLE_SHARE` of its
+    forward's node time. Where it is not, no number of rounds tells a reading from those prices
+    and the block's steps are not timed.
+
+    Example:
+        >>> readable_on(problem, range(0, 39), 0.011)
+        True
+    """
+    calls = 2 * sum(problem.nodes[i].aten_calls for i in region)
+    saved = sum(problem.nodes[i].saved_tensors for i in region)
+    forward_ms = sum(problem.nodes[i].compute_ms for i in region)
+    return per_call_ms * calls + problem.saved_tensor_ms * saved >= READABLE_SHARE * forward_ms
+
+
 def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dict[range, ModuleCheckpoint],
                                 device: torch.device, runs_here: bool, run_model: Callable[[], Any],
                                 calls_of: Callable[[range, tuple[int, ...]], tuple[tuple[str, int], ...]],
@@ -360,7 +383,8 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     nothing; per call counted or recorded, the policy's cost per call (the block's, where read),
     which also stands in for both where no block is measured. The block is timed in more rounds, up
     to `MAX_BLOCK_ROUNDS`, while its policy's cost per call cannot be told from the tiny modules'
-    figure, on which the other prices hang. (Where the model's whole step runs here,
+    figure, on which the other prices hang. A block too big for its rounds to read these costs
+    (`readable_on`) is not timed. (Where the model's whole step runs here,
     `planner.costs.step` reads the cost per call and per saved tensor off that step instead, and
     what a run costs beyond them, `Problem.run_region_ms`.)
 
@@ -383,6 +407,10 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     candidates = [r for r in candidates if classes[wrapped[r].module_class] > 1] or candidates
     if runs_here and candidates:
         region = max(candidates, key=lambda r: (len(problem.keepable_in(r)), len(r)))
+        if not readable_on(problem, region, per_call):
+            logger.info("%s is too big for its steps to read a selective policy's and checkpoint's costs: the tiny "
+                        "modules' prices stand", wrapped[region].module)
+            return MeasuredCosts(per_region, per_call, per_kept, per_counted, per_recorded, per_saved_tensor)
         nodes = tuple(problem.keepable_in(region))
         kept = KeptCalls(nodes, calls_of(region, nodes),
                          problem.region_recompute_ms(region) - problem.region_recompute_ms(region, nodes))
@@ -419,6 +447,6 @@ def selective_overhead_for_plan(model: nn.Module, problem: Problem, wrapped: dic
     return MeasuredCosts(per_region, per_call, per_kept, per_counted, per_recorded, per_saved_tensor)
 
 
-__all__ = ["KeptCalls", "MAX_BLOCK_ROUNDS", "MeasuredCosts", "SelectiveCost", "backward_from", "captured_call",
-           "clear_grads", "fresh_inputs", "recomputed_share", "selective_costs_in_model", "selective_costs_on",
-           "selective_overhead_for_plan"]
+__all__ = ["KeptCalls", "MAX_BLOCK_ROUNDS", "MeasuredCosts", "READABLE_SHARE", "SelectiveCost", "backward_from",
+           "captured_call", "clear_grads", "fresh_inputs", "readable_on", "recomputed_share",
+           "selective_costs_in_model", "selective_costs_on", "selective_overhead_for_plan"]
