@@ -158,7 +158,8 @@ class Problem:
     # from its forward to its backward: this many bytes.
     rng_state_bytes: int = 0
     # Gradients in flight as measured (first, last, bytes): alive at the backward of nodes
-    # first..last. None: derived from the graph (`gradient_spans`).
+    # first..last (last n: from before the first node's, the loss's backward made it). None:
+    # derived from the graph (`gradient_spans`).
     measured_gradients: tuple[tuple[int, int, int], ...] | None = None
     # A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that
     # costs this much per region and per ATen call it sees (forward and recomputation).

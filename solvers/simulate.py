@@ -42,13 +42,15 @@ from solvers.solution import Solution, Status
 
 def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
     """(first, last, bytes) of every gradient storage: alive at the backward of nodes
-    first..last, whatever the plan.
+    first..last, whatever the plan; last n (the number of nodes): made by the loss's backward,
+    before any node's (a returned tensor's gradient: it is alive while the last node's region
+    recomputes).
 
     Autograd keeps one gradient per *version* of a tensor: an in-place write (`x += y`,
     `relu_`) at node m makes a new version of its owner, which later readers read, and m's
     backward turns the new version's gradient into the old one's. So the gradient of version v
     (an owner j, or the mutator m that made it) appears at the backward of v's last reader
-    (n - 1 if none and the tensor is returned; none at all for an unread mutated version) and
+    (n, the loss's, if none and the tensor is returned; none at all for an unread mutated version) and
     is freed after v's own backward. Where that reader is v's only one and hands its result's
     gradient on unchanged (`grad_aliases`: an add, a cat, an in-place add), the two share one
     storage, held until the later of them is done (with other readers autograd sums into a new
@@ -96,7 +98,7 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
         r = root[v]
         first[r] = min(first.get(r, v), v)
         size[r] = max(size.get(r, 0), _version_grad_bytes(nodes, v, owner_of[v], consumer[v], current))
-    last_consumer = [c if c >= 0 else n - 1 for c in consumer]
+    last_consumer = [c if c >= 0 else n if nodes[owner_of[v]].is_output else n - 1 for v, c in enumerate(consumer)]
     # A reader's gradient for a view it read is a storage of its own until the view's backward
     # hands it on: to the owner's gradient, as a view of it (a transpose) or, where the sizes
     # differ (a slice, an expand), into a new storage of the owner's size made there; else
@@ -338,8 +340,8 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
             transient[recompute_step[j]] += node.transient_bytes if made else node.stop_transient
 
     # Gradients (see `gradient_spans`), and what each node's backward adds while it runs.
-    for first, last_node, size in gradient_spans(problem):
-        hold(-1, "gradient", size, backward_step[last_node], backward_step[first])
+    for first, last_node, size in gradient_spans(problem):  # (last n: from backward's first step on)
+        hold(-1, "gradient", size, backward_step.get(last_node, n), backward_step[first])
     for j, node in enumerate(nodes):
         transient[backward_step[j]] += node.param_grad_bytes + node.backward_transient_bytes
 

@@ -164,9 +164,9 @@ def _build(problem: Problem) -> Structure:
         keep_until.append(max([-1, *consumers[j], *savers[j]]))
     last_ref = [max(f, k) for f, k in zip(forward_until, keep_until)]
 
-    # Gradients: j's lives from the backward of its last consumer (n - 1 if none) to its own, a
+    # Gradients: j's lives from the backward of its last consumer (the loss's if none) to its own, a
     # shared parameter's from the backward of its last user to that of its first.
-    grad_delta = [0] * (n + 1)  # over backward positions i: alive for first <= i <= last
+    grad_delta = [0] * (n + 2)  # over backward positions i: alive for first <= i <= last (<= n)
     spans = gradient_spans(problem)
     for first, last, size in spans:
         grad_delta[first] += size

@@ -5,13 +5,13 @@ import torch
 from torch import nn
 
 from planner import plan
-from planner.measure.allocations import AllocationEvent, window_memory
+from planner.measure.allocations import LOSS_BACKWARD, AllocationEvent, window_memory
 
 
 def test_window_memory_finds_gradients_in_flight_and_temporaries():
     events = [
         AllocationEvent(0, 100, 1, None),  # forward: not a gradient
-        AllocationEvent(2, 8, 2, None),  # made after backward began, before the first window
+        AllocationEvent(2, 8, 2, None),  # made after backward began, before the first window: the loss's
         AllocationEvent(4, 16, 3, None),  # made by "add", freed by "relu": in flight
         AllocationEvent(5, 32, 4, None),  # a temporary of "add"
         AllocationEvent(6, -32, 4, None),
@@ -21,7 +21,7 @@ def test_window_memory_finds_gradients_in_flight_and_temporaries():
         AllocationEvent(12, -100, 1, None),
     ]
     memory = window_memory(events, [(3, "add"), (8, "relu")], backward_start=1)
-    assert sorted(memory.gradients) == [("add", "relu", 8), ("add", "relu", 16)]
+    assert sorted(memory.gradients) == [(LOSS_BACKWARD, "relu", 8), ("add", "relu", 16)]
     assert memory.temporaries == {"add": 32, "relu": 0}
     assert window_memory(events, [(3, "add"), (8, "relu")]).gradients == [("add", "relu", 16)]
 

@@ -3,7 +3,8 @@
 Conventions of the hand computations: steps are forward 0..n-1, then backward n-1..0, with a
 region's recomputation just before the backward of its last node. An output lives from its
 node until its last forward use, its last saver's backward, or (as a region input) the end of
-that region's backward. A gradient lives from its last consumer's backward to its owner's.
+that region's backward. A gradient lives from its last consumer's backward to its owner's; a
+returned tensor's from backward's first step (the loss's backward makes it, before any node's).
 """
 import dataclasses
 
@@ -44,9 +45,11 @@ def test_chain_with_one_region():
 
 
 def test_region_whose_input_is_another_regions_output():
-    # Regions {a, b} and {c, d}: b is the second region's input, held until B2.
+    # Regions {a, b} and {c, d}: b is the second region's input, held until B2. d's gradient
+    # (10) is alive while {c, d} recomputes: the loss's backward made it before d's backward.
     timeline = simulate(chain4(), (range(0, 2), range(2, 4)))
-    assert timeline.live_bytes == (10, 20, 20, 30, 20, 30, 40, 30, 20, 30, 30, 10)
+    assert timeline.labels[4:7] == ("recompute c", "recompute d", "backward d")
+    assert timeline.live_bytes == (10, 20, 20, 30, 30, 40, 40, 30, 20, 30, 30, 10)
     assert timeline.peak_bytes == 40
 
 

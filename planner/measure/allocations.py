@@ -231,14 +231,19 @@ def _marks_under(operator: Any, mark: str) -> list[int]:
     return times
 
 
+# The owner `BackwardMemory.gradients` names for storages made in backward before the first
+# owned backward: the loss's backward made them (the gradient of what the graph returns).
+LOSS_BACKWARD = "(the loss's backward)"
+
+
 @dataclass(frozen=True)
 class BackwardMemory:
     """What each graph node's backward does to memory, measured: `temporaries` per owner (the
     most its backward raises memory above what it started with and leaves behind), and
     `gradients`, every storage one backward leaves for a later one (gradients in flight) as
     (owner that allocated it, owner whose backward freed it, bytes). Storages made before the
-    first owned backward (the output's gradient) count as the first owner's; storages never
-    freed (parameters' `.grad`) are not gradients in flight."""
+    first owned backward (the output's gradient) were allocated by `LOSS_BACKWARD`; storages
+    never freed (parameters' `.grad`) are not gradients in flight."""
 
     temporaries: dict[str, int]
     gradients: list[tuple[str, str, int]]
@@ -299,7 +304,7 @@ def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
                   backward_start: int | None = None) -> BackwardMemory:
     """`window_temporaries`, and the gradients in flight between windows: storages a window
     allocates and a later one frees, and, where `backward_start` (the time backward began) is
-    given, those allocated between it and the first window.
+    given, those allocated between it and the first window (named `LOSS_BACKWARD`).
 
     Example:
         >>> window_memory([AllocationEvent(2, 64, 1, None), AllocationEvent(5, -64, 1, None)],
@@ -327,7 +332,8 @@ def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
         if made_in == window and window >= 0:
             kept -= size
         elif freed and gradient_of is not None and window >= 0:
-            gradients.append((windows[gradient_of][1], windows[window][1], size))
+            made_by = windows[gradient_of][1] if gradient_of >= 0 else LOSS_BACKWARD
+            gradients.append((made_by, windows[window][1], size))
         return size
 
     for event in events:
@@ -340,7 +346,7 @@ def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
             live_bytes += event.size_bytes - forget(event.pointer, False)  # seen twice: a free was missed
             in_backward = window >= 0 or (backward_start is not None and event.time_ns >= backward_start
                                           and bool(windows))
-            live[event.pointer] = (event.size_bytes, window, max(window, 0) if in_backward else None)
+            live[event.pointer] = (event.size_bytes, window, window if in_backward else None)
             kept += event.size_bytes if window >= 0 else 0
             peak = max(peak, live_bytes)
         else:
@@ -370,6 +376,6 @@ def _scratch_extra(events: list[AllocationEvent]) -> int:
     return replay(events)[0] - replay(events, skip_scratch=True)[0]
 
 
-__all__ = ["AllocationEvent", "BackwardMemory", "ProfiledPeakMemory", "allocation_events", "backward_memory",
-           "backward_temporaries", "forward_scratch", "memory_profile", "replay", "scratch_before_mark",
-           "window_memory", "window_temporaries"]
+__all__ = ["LOSS_BACKWARD", "AllocationEvent", "BackwardMemory", "ProfiledPeakMemory", "allocation_events",
+           "backward_memory", "backward_temporaries", "forward_scratch", "memory_profile", "replay",
+           "scratch_before_mark", "window_memory", "window_temporaries"]

@@ -30,6 +30,7 @@ import torch.fx as fx
 from torch import nn
 
 from planner.core import ModuleCheckpoint, NodeProfile, split_sample
+from planner.measure.allocations import LOSS_BACKWARD
 from planner.measure.steps import Verification
 from planner.trace.structure import compute_nodes, module_path
 from planner.trace.tracing import bind_arguments
@@ -343,7 +344,7 @@ def problem_record(problem: Problem, names: list[str]) -> dict[str, Any]:
         "kept_node_ms": problem.kept_node_ms,
         "rng_state_bytes": problem.rng_state_bytes,
         "measured_gradients": (None if problem.measured_gradients is None
-                               else [[names[first], names[last], size]
+                               else [[names[first], names[last] if last < len(names) else LOSS_BACKWARD, size]
                                      for first, last, size in problem.measured_gradients]),
         "allowed_regions": (None if problem.allowed_regions is None
                             else [[region.start, region.stop] for region in problem.allowed_regions]),
@@ -365,6 +366,7 @@ def problem_from_record(data: dict[str, Any], index: dict[str, int]) -> Problem:
         >>> problem_from_record(json.loads(text), index).static_bytes
         13946880
     """
+    position = {**index, LOSS_BACKWARD: len(data["nodes"])}  # (the loss's backward made the output's gradient)
     return Problem(
         nodes=tuple(cost_from_record(node["name"], node["cost"], index) for node in data["nodes"]),
         static_bytes=data["static_bytes"],
@@ -383,7 +385,7 @@ def problem_from_record(data: dict[str, Any], index: dict[str, int]) -> Problem:
         max_run_nodes=data.get("max_run_nodes"),
         segment_regions=tuple(range(start, stop) for start, stop in data.get("segment_regions", ())),
         measured_gradients=(None if data.get("measured_gradients") is None
-                            else tuple((index[first], index[last], size)
+                            else tuple((position[first], position[last], size)
                                        for first, last, size in data["measured_gradients"])),
     )
 

@@ -16,6 +16,7 @@ from typing import Collection, Sequence
 import torch.fx as fx
 
 from planner.core import ModuleCheckpoint, counted_call
+from planner.measure.allocations import LOSS_BACKWARD
 from planner.measure.profile import META_KEY
 from planner.trace.structure import ModuleCall, compute_nodes
 from solvers import NodeCost, Problem
@@ -225,8 +226,10 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
         )
     measured = None
     if gradients is not None:
-        # A storage lives from the backward that made it (the later node) to the one that freed it.
-        measured = tuple(sorted((min(index[made], index[freed]), max(index[made], index[freed]), size)
+        # A storage lives from the backward that made it (the later node; the loss's: after
+        # every node) to the one that freed it.
+        position = {**index, LOSS_BACKWARD: len(nodes)}
+        measured = tuple(sorted((min(position[made], position[freed]), max(position[made], position[freed]), size)
                                 for made, freed, size in gradients))
     return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
                    region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes,
