@@ -22,6 +22,9 @@ from solvers.structure import Structure
 logger = logging.getLogger(__name__)
 
 
+_BELOW_PROBES = 3  # probes a byte under the last plan found, in a row, before bisecting
+
+
 def minimum_peak_dp(problem: Problem, above: int | None = None, **options: object) -> tuple[int, bool]:
     """Smallest peak (static included) that dp can reach, and whether that is proven minimal.
 
@@ -65,16 +68,20 @@ def minimum_peak_plan_dp(problem: Problem, above: int | None = None, tables: DpT
         low = max(low, min(above, high - 1))
     exact = settings.complete and structure.saves_only_what_it_reads
     step = max(1, high // 50)
-    # probe just above `low` first (checks at small budgets are cheap); then a byte under each plan found
-    galloping, just_below = True, False
+    # Probe just above `low` first (checks at small budgets are cheap); then a byte under each
+    # plan found, often the minimum: a plan found there is probed under again, up to
+    # `_BELOW_PROBES` in a row, before bisection takes over (which needs some 25 searches to
+    # prove a minimum the probe under it proves in one).
+    galloping, below_in_a_row = True, 0
     while high - low > 1:
         if not exact and high - low <= high // 50:
             break
+        just_below = 0 < below_in_a_row <= _BELOW_PROBES
         middle = high - 1 if just_below else min(low + step, high - 1) if galloping else (low + high) // 2
         step *= 2
         found, middle_exact = search.run(middle, feasibility_only=True)
         exact = exact and middle_exact
-        just_below = found is not None and middle != high - 1
+        below_in_a_row = below_in_a_row + 1 if found is not None else 0
         if found is not None:
             best, best_kept = found.regions(), found.kept()
             high = peak_bytes(problem, best, best_kept) - problem.static_bytes  # may land below middle
