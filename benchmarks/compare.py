@@ -78,6 +78,7 @@ from benchmarks.compare_models import (
 from benchmarks.compare_plot import plot
 from benchmarks.compare_report import (
     method_text,
+    overview,
     summary_lines,
     table,
     validation,
@@ -416,7 +417,7 @@ def main() -> int:
         brief = [line for line in verdict(result, brief=True)[0]
                  if not line.startswith("- Under budget: every planner run")]
         sections.append("\n".join([f"### {result.spec.title}", "", opening, "", table(result, brief=True), "",
-                                    "\n".join(brief)]))
+                                    "\n".join(brief)]))  # (in the model's raw figures; RESULTS.md has the overview)
         plots.append(f"[{result.spec.title}](results/{image.name})")
         print(section.replace(f"results/{image.name}", str(image)), flush=True)
         print(flush=True)
@@ -437,14 +438,18 @@ def main() -> int:
         if args.compile_budgets:
             command += " --compile-budgets " + ",".join(f"{budget:g}" for budget in args.compile_budgets)
         device = "cpu" if args.device == "cpu" else args.device.split(":")[0]
-        for result in results:
-            write_run(f"compare_{result.spec.key}", {"command": command, "configs": [
+        for result, model_section in zip(results, sections):
+            write_run(f"compare_{result.spec.key}", {
+                "command": command, "section": model_section, "configs": [
                 {"name": c.name, "budget": c.budget_bytes, "peak": c.peak, "predicted_peak": c.predicted_peak_bytes,
                  "times_ms": c.times_ms, "overheads_ms": c.overheads_ms, "predicted_overhead_ms": c.predicted_overhead_ms,
                  "plan_s": c.plan_s, "note": c.note or c.infeasible} for c in result.configs]}, device)
-        # One section for the run: how it measured, each model's table and verdict, the targets.
+        # One section for the run: how it measured, one row per model, the targets; each model's
+        # table and verdict go to its raw figures.
+        raw = f"`benchmarks/results/compare_<model>_{device}_<date>.json` (`section`)"
         set_section(f"compare_{device}", f"Planner vs. today's options ({device})", command,
-                    "\n\n".join([method_text(args.rounds, args.threads, args.retained, device_text(args)), *sections,
+                    "\n\n".join([method_text(args.rounds, args.threads, args.retained, device_text(args)),
+                                 overview(results), f"Each model's table and verdicts: {raw}.",
                                  "Targets:", "\n".join(line for line in summary.splitlines()
                                                        if "the rounds' node times" not in line),
                                  f"Plots: {', '.join(plots)}. Wall time of the run: {wall / 60:.1f} min."]),

@@ -95,6 +95,39 @@ def table(result: ModelResult, brief: bool = False) -> str:
     return "\n".join(lines)
 
 
+OVERVIEW_BUDGETS = ("every block's peak", "40%", "60%", "80%")
+
+
+def overview(results: list[ModelResult]) -> str:
+    """One row per model, for RESULTS.md: the unplanned step's peak and time, every block's peak and
+    overhead, and the planner's at each of `OVERVIEW_BUDGETS` (its share of every block's
+    overhead in brackets; "refused" where the budget is infeasible), and how long planning took.
+    Each model's full table is in its raw figures (`section`)."""
+    lines = ["| model | unplanned | every block | " + " | ".join(f"planner @ {b}" for b in OVERVIEW_BUDGETS)
+             + " | planning |", "|" + "---|" * (4 + len(OVERVIEW_BUDGETS))]
+    for result in results:
+        none, every = result.configs[0], every_overhead_ms(result)
+        by_name = {c.name: c for c in result.configs}
+        cells = [f"{mib(none.peak)}, {none.step_ms:.0f} ms"]
+        block = by_name.get("every block")
+        cells.append("-" if block is None else f"{mib(block.peak)}, {overhead_ms(result, block):+.0f} ms")
+        planners = [c for c in result.configs if c.kind == "planner"]
+        for label in OVERVIEW_BUDGETS:
+            c = next((c for c in planners if c.budget_label == label), None)
+            if c is None:
+                cells.append("-")
+            elif c.module is None:
+                cells.append(c.infeasible.replace("infeasible: minimum", "refused: needs"))
+            else:
+                measured = overhead_ms(result, c)
+                share = f" ({measured / every:.2f})" if every > 0 else ""
+                cells.append(f"{mib(c.peak)}, {measured:+.0f} ms{share}")
+        times = [c.plan_s for c in planners if c.plan_s is not None]
+        cells.append(f"{min(times):.0f}-{max(times):.0f} s" if times else "-")
+        lines.append(f"| {result.spec.title} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def space_shares(result: ModelResult, config: Config) -> str:
     """The shares (of every block's predicted overhead) of the cheapest plan with every keep
     subset (`Config.every_keep_ms`), of the cheapest with regions on any run of nodes, and of the
