@@ -29,6 +29,7 @@ verifies the predicted peak against the measured one (`Plan.verify`). It returns
 from __future__ import annotations
 
 import copy
+import json
 import random
 import traceback
 from dataclasses import replace
@@ -268,7 +269,9 @@ def _plan_predicted(make_plan: Any, reference: nn.Module, sample: torch.Tensor, 
     """A plan that does not run its own step (`measure="no-run"`, or the model on `meta`), at
     `budget`: saved, loaded and applied to a copy of `reference`, whose steady peak and
     gradients are then measured. Its record: predicted, measured, over (the measured peak's
-    excess over the budget, a share of it), grads_ok; or infeasible and minimum."""
+    excess over the budget, a share of it), grads_ok, and where it is over by more than
+    OVER_TOLERANCE or its gradients differ, the saved plan (`plan`, for `replay_plan`); or
+    infeasible and minimum."""
     import tempfile
 
     from planner import load_plan
@@ -280,16 +283,41 @@ def _plan_predicted(make_plan: Any, reference: nn.Module, sample: torch.Tensor, 
     except InfeasibleBudget as error:
         return {"infeasible": True, "minimum": error.minimum_bytes}
     model = copy.deepcopy(reference)
-    if meta:  # (applied to the real model through its saved plan, as a user of a meta plan would)
-        with tempfile.TemporaryDirectory() as folder:
-            path = p.save(f"{folder}/plan.json")
-            load_plan(path).apply(model)
-    else:
-        p.apply(model)
+    with tempfile.TemporaryDirectory() as folder:
+        document = p.save(f"{folder}/plan.json").read_text()
+        if meta:  # (applied to the real model through its saved plan, as a user of a meta plan would)
+            load_plan(f"{folder}/plan.json").apply(model)
+        else:
+            p.apply(model)
     measured = steady_peak(model, sample, torch.device("cpu"))
     grads_problem = _step_mismatches(reference, model, sample)[1]
-    return {"predicted": p.predicted_peak_bytes, "measured": measured, "over": measured / budget - 1,
-            "regions": len(p.checkpoints), "verified": p.verified, "grads_ok": grads_problem is None}
+    found = {"predicted": p.predicted_peak_bytes, "measured": measured, "over": measured / budget - 1,
+             "regions": len(p.checkpoints), "verified": p.verified, "grads_ok": grads_problem is None}
+    if found["over"] > OVER_TOLERANCE or grads_problem is not None:
+        found["plan"] = json.loads(document)  # to replay it: `replay_plan`
+    return found
+
+
+def replay_plan(seed: int, flat: bool, document: dict[str, Any]) -> int:
+    """The measured steady peak of the seed's model under a plan a fuzz record kept (`plan` in
+    its no-run or meta record, where that plan failed), without planning again.
+
+    Example:
+        >>> record = json.load(open("benchmarks/results/fuzz_cpu_....json"))["records"][291]
+        >>> peak = replay_plan(291, record["flat"], record["no_run"]["plan"])
+    """
+    import tempfile
+    from pathlib import Path
+
+    from planner import load_plan
+    from planner.measure.steps import steady_peak
+
+    model, sample = random_model(seed, flat)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "plan.json"
+        path.write_text(json.dumps(document))
+        load_plan(path).apply(model)
+    return steady_peak(model, sample, torch.device("cpu"))
 
 
 def check_seed(seed: int, flat: bool = False, replan: bool = False) -> dict[str, Any]:

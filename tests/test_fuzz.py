@@ -119,3 +119,21 @@ def test_a_runs_replay_holds_what_its_calls_read_and_no_more():
     finally:
         torch.set_num_threads(threads)
     assert 0 <= record.predicted_peak_bytes - record.planned_peak_bytes <= 64, str(record)
+
+
+def test_a_failing_plan_kept_in_a_record_replays_to_the_same_peak():
+    # A no-run or meta plan over the tolerance keeps its saved document in the fuzz record
+    # (`plan`); `replay_plan` applies it to the seed's model, rebuilt, and measures it again.
+    import json
+    import tempfile
+
+    from benchmarks.fuzz_models import replay_plan
+    from planner.measure.steps import steady_peak
+
+    model, sample = random_model(1, flat=True)
+    p = plan(model.to("meta"), sample.to("meta"), budget_gb=80, repeats=1).with_regions([("fc1", "proj2")])
+    with tempfile.TemporaryDirectory() as folder:
+        document = json.loads(p.save(f"{folder}/plan.json").read_text())
+    applied, sample = random_model(1, flat=True)
+    p.apply(applied)
+    assert replay_plan(1, True, document) == steady_peak(applied, sample, torch.device("cpu"))
