@@ -202,7 +202,7 @@ class DpSearch:
                 pending[b].setdefault(new_key, []).append(
                     (front, lo, hi, held_released + rng + kept_saved, region_ms + run_ms, (t, b, keep)))
                 if b == n and not feasibility_only:
-                    bound = min(bound, front.entries[hi - 1].cost + region_ms + run_ms + slack)
+                    bound = min(bound, front.cost(hi - 1) + region_ms + run_ms + slack)
         return bound
 
     def run(
@@ -222,7 +222,7 @@ class DpSearch:
         exact = True
         bucket_bytes = 0 if self.max_front is None else max(1, live_budget // self.max_front)
         pending: list[dict[int, list[Stair]] | None] = [{} for _ in range(n + 1)]
-        pending[0][0] = [(Front([Entry(0, 0.0, None, None)]), 0, 1, 0, 0.0, None)]
+        pending[0][0] = [(Front.start(), 0, 1, 0, 0.0, None)]
         # The cheapest state that needed no further region (`outside_need`): its plan is complete.
         # A bounded search (merged sets, thinned fronts) may lose its path after it lowered the
         # bound, so it stands as a plan of its own.
@@ -243,13 +243,13 @@ class DpSearch:
             fronts = {}
             for key in sorted(states):
                 front = merge_fronts(states[key], bound, feasibility_only, bucket_bytes, held_limit)
-                if front.entries:
+                if len(front):
                     fronts[key] = front
             if not feasibility_only:  # a state that fits without further regions is a plan already
                 for key, front in fronts.items():
                     fitting = bisect_right(front.helds, live_budget - tables.outside_need(t, key))
-                    if fitting and (completed is None or front.entries[fitting - 1].cost < completed.cost):
-                        completed = front.entries[fitting - 1]
+                    if fitting and (completed is None or front.cost(fitting - 1) < completed.cost):
+                        completed = front.entry(fitting - 1)
                         # (with room for its own cost: later merges keep only costs below the bound)
                         bound = min(bound, completed.cost + max(slack, 1e-9 * max(1.0, abs(completed.cost))))
             next_states = pending[t + 1]
@@ -276,7 +276,7 @@ class DpSearch:
                 mask_bytes[new_key] = kept_bytes - resolved
                 next_states.setdefault(new_key, []).append((front, 0, hi, resolved + saved[t], 0.0, None))
                 if t + 1 == n and not feasibility_only:
-                    bound = min(bound, front.entries[hi - 1].cost + slack)
+                    bound = min(bound, front.cost(hi - 1) + slack)
             # A region [t, b), keeping what it may.
             if not structure.useful_start[t] or not self.boundary[t]:
                 continue
@@ -293,11 +293,10 @@ class DpSearch:
             for front, lo, hi, held, cost, region in finals[key]:
                 if lo >= hi:
                     continue
-                entry = front.entries[hi - 1]
-                rank = (entry.cost + cost, entry.held + held, key)
+                rank = (front.cost(hi - 1) + cost, front.helds[hi - 1] + held, key)
                 if best_rank is None or rank < best_rank:
                     best_rank = rank
-                    best = Entry(entry.held + held, entry.cost + cost, entry, region)
+                    best = Entry(front.helds[hi - 1] + held, front.cost(hi - 1) + cost, front.entry(hi - 1), region)
         if completed is not None and (best is None or completed.cost < best.cost):
             best = completed
         return best, exact
