@@ -123,9 +123,8 @@ def merge_fronts(stairs: list[Stair], cost_limit: float, feasibility_only: bool,
     survives (a thinner front: fewer options, never a wrong one).
 
     The entries are sorted by held bytes at once and the survivors read off a running minimum of
-    cost (with numpy past `SMALL_MERGE` entries in longer slices): the merge of a deep model's
-    fronts sees about 30 entries for each one that survives, which a heap of the slices walked
-    one by one.
+    cost (with numpy past `SMALL_MERGE` entries in longer slices): a deep model's merges see many
+    entries for each one that survives.
 
     Example:
         >>> front = merge_fronts([(Front.start(), 0, 1, 0, 5.0, None), (Front.start(), 0, 1, 8, 1.0, None)], 9.0, False)

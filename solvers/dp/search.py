@@ -226,7 +226,7 @@ class DpSearch:
         # The cheapest state that needed no further region (`outside_need`): its plan is complete.
         # A bounded search (merged sets, thinned fronts) may lose its path after it lowered the
         # bound, so it stands as a plan of its own.
-        completed: Entry | None = None
+        completed: tuple[float, Front, int] | None = None  # (its cost, its front, its point there)
         tables.mask_bytes_table[0] = 0
         for t in range(n):
             states = pending[t]
@@ -248,10 +248,10 @@ class DpSearch:
             if not feasibility_only:  # a state that fits without further regions is a plan already
                 for key, front in fronts.items():
                     fitting = bisect_right(front.helds, live_budget - tables.outside_need(t, key))
-                    if fitting and (completed is None or front.cost(fitting - 1) < completed.cost):
-                        completed = front.entry(fitting - 1)
+                    if fitting and (completed is None or front.cost(fitting - 1) < completed[0]):
+                        completed = (front.cost(fitting - 1), front, fitting - 1)
                         # (with room for its own cost: later merges keep only costs below the bound)
-                        bound = min(bound, completed.cost + max(slack, 1e-9 * max(1.0, abs(completed.cost))))
+                        bound = min(bound, completed[0] + max(slack, 1e-9 * max(1.0, abs(completed[0]))))
             next_states = pending[t + 1]
             # Node t outside every region.
             forward_need = structure.forward_fixed[t]
@@ -286,20 +286,22 @@ class DpSearch:
             for keep, stop, only_last in tables.region_keeps(t, last):
                 bound = self._regions_from(t, keep, stop, fronts, pending, live_budget, bound, slack,
                                            feasibility_only, only_last)
-        best: Entry | None = None
-        best_rank: tuple[float, int, int] | None = None
+        # (a point becomes an Entry, its whole path made, only once it has won)
+        best: tuple[tuple[float, int, int], Stair] | None = None
         finals = pending[n] or {}
         for key in sorted(finals):
-            for front, lo, hi, held, cost, region in finals[key]:
-                if lo >= hi:
-                    continue
-                rank = (front.cost(hi - 1) + cost, front.helds[hi - 1] + held, key)
-                if best_rank is None or rank < best_rank:
-                    best_rank = rank
-                    best = Entry(front.helds[hi - 1] + held, front.cost(hi - 1) + cost, front.entry(hi - 1), region)
-        if completed is not None and (best is None or completed.cost < best.cost):
-            best = completed
-        return best, exact
+            for stair in finals[key]:
+                front, lo, hi, held, cost, _ = stair
+                if lo < hi:
+                    rank = (front.cost(hi - 1) + cost, front.helds[hi - 1] + held, key)
+                    if best is None or rank < best[0]:
+                        best = (rank, stair)
+        if completed is not None and (best is None or completed[0] < best[0][0]):
+            return completed[1].entry(completed[2]), exact
+        if best is None:
+            return None, exact
+        (cost, held, _), (front, _, hi, _, _, region) = best
+        return Entry(held, cost, front.entry(hi - 1), region), exact
 
 
 def dp_search(problem: Problem, settings: DpSettings, tables: DpTables | None = None) -> DpSearch:
