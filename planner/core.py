@@ -32,6 +32,7 @@ class NodeProfile:
     saved_bytes: int = 0
     transient_bytes: int = 0
     param_grad_bytes: int = 0
+    late_grad_bytes: int = 0  # of those, summed from a broadcast after its backward returns (NodeCost's)
     parameters: tuple[str, ...] = ()  # trainable parameters it reads (first qualified name of each)
     uses: tuple[str, ...] = ()
     saves: tuple[str, ...] = ()

@@ -53,6 +53,11 @@ class NodeCost:
     saved_bytes: int = 0  # storages saved for backward that the node creates and does not return
     transient_bytes: int = 0  # temporaries alive only while the node's forward runs
     param_grad_bytes: int = 0  # parameter gradients produced by this node's backward
+    # Of those, the bytes autograd makes after the node's backward function has returned: the
+    # gradient of a parameter its forward broadcast (a linear's bias in `addmm`, a scale in `mul`)
+    # summed to the parameter's shape. A recomputed node has freed its recomputed saved tensors
+    # by then (its unpack held the last reference); any other node frees them after.
+    late_grad_bytes: int = 0
     backward_transient_bytes: int = 0  # temporaries alive only while the node's backward runs
     # (earlier user, bytes) per parameter this node shares with earlier nodes (tied weights): its
     # gradient is created by this node's backward, which runs first, and held until the earlier
@@ -205,6 +210,9 @@ class Problem:
                 raise ValueError(f"node {index} ({node.name!r}) writes in place, so its output cannot be kept")
             if node.keep_span is not None and not node.keep_span[0] <= index < node.keep_span[1]:
                 raise ValueError(f"node {index} ({node.name!r}) lies outside its keep span {node.keep_span}")
+            if not 0 <= node.late_grad_bytes <= max(node.param_grad_bytes, 0):
+                raise ValueError(f"node {index} ({node.name!r}): late_grad_bytes {node.late_grad_bytes} is not "
+                                 f"part of its param_grad_bytes {node.param_grad_bytes}")
             if node.stops_before_output and index in node.saves:
                 raise ValueError(f"node {index} ({node.name!r}) saves its own output, so it makes it before it stops")
             for owner in (*node.uses, *node.saves, *node.mutates, *node.grad_aliases, *node.holds, *node.arguments,

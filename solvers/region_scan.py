@@ -24,7 +24,8 @@ def scan_regions(structure: Structure, problem: Problem, start: int, kept: Colle
 
     * `backward`: the region's own bytes at the backward of e once the region has recomputed
       (recomputed saved tensors of [start, e] and the recomputed outputs that some node in
-      [j, e] saves);
+      [j, e] saves), less what e's unpacks free before its late gradients are made (e's saved
+      tensors and the outputs no node of [start, e) saves: `NodeCost.late_grad_bytes`);
     * `recompute`: the largest of the region's own bytes over its recomputation steps, for the
       region that ends at e. Recomputation runs up to the region's last node s that saves a
       tensor (`Problem.recomputed`); each recomputed output lives from its recomputation to
@@ -53,12 +54,15 @@ def scan_regions(structure: Structure, problem: Problem, start: int, kept: Colle
     permanent_bytes = 0
     saved_running = 0
     best = 0
+    late = [node.late_grad_bytes for node in problem.nodes]
+    unpacked = 0  # what the backward of the node last added unpacks last (saved_running's and permanent's)
 
     def recompute(e: int) -> int:
         """Add node e's recomputation step (every node before it added already); return the
         largest value of the steps before it."""
-        nonlocal saved_running, permanent_bytes, best
+        nonlocal saved_running, permanent_bytes, best, unpacked
         saved_running += saved[e]
+        unpacked = saved[e]
         step_bytes = saved_running + (0 if e in kept else transient[e])
         if e in kept:  # cached since forward: alive at every earlier recomputation step too
             for k in range(start, e):
@@ -92,6 +96,7 @@ def scan_regions(structure: Structure, problem: Problem, start: int, kept: Colle
                 extra -= out[j]  # counted through permanent_bytes from now on
             permanent.add(j)
             permanent_bytes += out[j]
+            unpacked += out[j]
         own = 0 if e in permanent else out[e]
         covered_until[e] = e
         value = step_bytes + permanent_bytes + own + extra
@@ -140,7 +145,7 @@ def scan_regions(structure: Structure, problem: Problem, start: int, kept: Colle
                     stop_values[k - lowest] += out[j]
             stop_best = max(earlier, max(stop_values))
             last_saver = e
-            yield e, saved_running + permanent_bytes, stop_best + fork
+            yield e, saved_running + permanent_bytes - min(late[e], unpacked), stop_best + fork
             continue
         pending.append(e)
         if last_saver < 0:

@@ -12,6 +12,9 @@ its output and saved tensors) holds them from its forward on: its output until t
 recomputation has no more use for it, its saved tensors until its backward. Recomputation
 skips it (no time, nothing allocated).
 
+A recomputed node's backward step counts its late gradients (`NodeCost.late_grad_bytes`)
+against the recomputed tensors it unpacks last, which are gone by the time autograd makes them.
+
 - `simulate`, `peak_bytes`: live memory per step (`Timeline`) and its peak;
 - `plan_buffers`: every buffer of the step under a plan and the node that owns it (`Buffers`,
   which `solvers.bound.recompute` reads);
@@ -303,6 +306,7 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
     # Recomputation: a second copy of each region's outputs and saved tensors, and the RNG
     # state kept from the region's forward to its backward where it draws random numbers.
     referenced_until = [n if node.is_output else last_forward_use[j] for j, node in enumerate(nodes)]
+    unpacked = [0] * steps  # per step: the recomputed tensors that a node's backward unpacks last
     for region in regions:
         rng_bytes = problem.region_rng_bytes(region)
         hold(-1, "rng", rng_bytes, region.start, backward_step[region.start])
@@ -330,14 +334,22 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
                 last_copy[j] = max(last_copy[j], stop)
         for j in recomputed:
             node = nodes[j]
+            unpacked[backward_step[j]] += node.saved_bytes
             if j in kept:  # one storage from its forward until recomputation is done with it
                 hold(j, "output", node.output_bytes, j, max(first_copy_until[j], last_copy[j]))
+                if last_copy[j] >= first_copy_until[j]:
+                    unpacked[last_copy[j]] += node.output_bytes
                 continue
             # Recomputation stops at its last node, maybe before that node makes its output.
             made = j < recomputed.stop - 1 or not node.stops_before_output
             hold(j, "output", node.output_bytes if made else 0, recompute_step[j], last_copy[j])
+            unpacked[last_copy[j]] += node.output_bytes if made else 0
             hold(j, "saved", node.saved_bytes, recompute_step[j], backward_step[j])
             transient[recompute_step[j]] += node.transient_bytes if made else node.stop_transient
+        # Its unpacks held the last references: they are gone before autograd makes the node's
+        # late gradients (`NodeCost.late_grad_bytes`), which then reuse that room.
+        for j in recomputed:
+            transient[backward_step[j]] -= min(nodes[j].late_grad_bytes, unpacked[backward_step[j]])
 
     # Gradients (see `gradient_spans`), and what each node's backward adds while it runs.
     for first, last_node, size in gradient_spans(problem):  # (last n: from backward's first step on)

@@ -12,8 +12,8 @@ or the start of a region that is not j's own and contains a consumer of j. Then:
   `<= i` outside regions, the gradients in flight (`gradient_spans`, independent of the plan)
   and node i's parameter gradients; if i lies in a region [a, b) that has recomputed by then
   (its last saving node s is >= i) it also holds the region's recomputed saved tensors of
-  [a, i] and the recomputed outputs that a node in [j, i] saves
-  (`solvers.region_scan.scan_regions`);
+  [a, i] and the recomputed outputs that a node in [j, i] saves, less what i's late gradients
+  reuse of those it unpacks last (`solvers.region_scan.scan_regions`);
 * the recomputation of a region [a, b) runs between the backward of s + 1 and that of s, so it
   holds what the backward of s holds from earlier nodes, the gradients in flight there, and
   the region's own recomputed tensors (`solvers.region_scan.scan_regions`).

@@ -2,7 +2,7 @@
 solver against (`test_solver_properties`, `test_solver_module_properties`, `test_recompute_bound`).
 
 Graphs are random chains and DAGs of at most 9 nodes (at most 4 181 plans, so enumerating them
-stays fast) with random output, saved, temporary and gradient bytes, memoryless views, skip
+stays fast) with random output, saved, temporary and gradient bytes (late ones too), memoryless views, skip
 connections, several consumers per output, in-place writes, returned outputs and static memory. Compute times are
 multiples of 1/4 ms, so sums are exact and ties are real ties.
 """
@@ -47,6 +47,7 @@ def problems(
         if draw(st.integers(0, 4)) == 0:  # a view or shape query: no memory of its own
             nodes.append(NodeCost(f"view{i}", compute_ms=draw(st.integers(0, 2)) / 4, uses=uses, mutates=mutates))
             continue
+        param_grad_bytes = draw(st.sampled_from([0, 0, 3]))
         nodes.append(
             NodeCost(
                 f"n{i}",
@@ -55,7 +56,9 @@ def problems(
                 grad_bytes=draw(sizes),
                 saved_bytes=draw(st.sampled_from([0, 0, 2, 5])),
                 transient_bytes=draw(st.sampled_from([0, 0, 0, 7])),
-                param_grad_bytes=draw(st.sampled_from([0, 0, 3])),
+                param_grad_bytes=param_grad_bytes,
+                # a linear's bias: summed after its backward returns, once its unpacks have freed
+                late_grad_bytes=draw(st.integers(0, param_grad_bytes)),
                 # a weight shared with an earlier node (tied embeddings): its gradient is held
                 shared_grads=((draw(st.integers(0, i - 1)), 4),) if i and draw(st.integers(0, 5)) == 0 else (),
                 uses=uses,

@@ -23,7 +23,7 @@ from planner.trace.structure import compute_nodes
 from planner.trace.tracing import trace
 
 SIZE_FIELDS = ("output_bytes", "grad_bytes", "saved_bytes", "uses", "saves", "mutates", "param_grad_bytes",
-               "random", "mutated_buffers", "parameters")
+               "late_grad_bytes", "random", "mutated_buffers", "parameters")
 
 
 def _records(gm):
@@ -156,6 +156,29 @@ def _meta_gpt():
     with torch.device("meta"):
         model = TinyGPT(vocab=128, width=32, heads=4, blocks=8, context=32, dropout=0.1)
     return model.train(), torch.zeros(4, 32, dtype=torch.long, device="meta")
+
+
+def test_a_broadcast_parameters_gradient_is_late_and_a_recomputed_linear_has_freed_its_input_by_then():
+    # Each linear's bias reaches addmm broadcast; autograd sums its gradient after addmm's
+    # backward returns. This flat model's plan at its smallest budget recomputes a run of nodes
+    # through two linears, whose unpacks free the recomputed inputs before their bias sums.
+    import copy
+
+    from benchmarks.fuzz_models import random_model
+    from planner.measure.steps import steady_peak
+
+    model, sample = random_model(1, flat=True)
+    traced = trace(model, sample)
+    profile_sizes(traced.gm, traced.graph_inputs(*split_sample(sample)), torch.device("cpu"))
+    late = {name: record.late_grad_bytes for name, record in _records(traced.gm).items() if record.late_grad_bytes}
+    assert late == {name: 48 * 4 for name in ("stem", "fc1", "proj2")} | {"head": 10 * 4}
+    on_meta = copy.deepcopy(model).to("meta")
+    with pytest.raises(InfeasibleBudget) as refused:
+        plan(on_meta, sample.to("meta"), budget_gb=0.4 * steady_peak(model, sample, torch.device("cpu")) / GIB)
+    p = plan(on_meta, sample.to("meta"), budget_gb=refused.value.minimum_bytes / GIB)
+    assert p.checkpoints
+    measured = steady_peak(p.apply(copy.deepcopy(model)), sample, torch.device("cpu"))
+    assert measured == p.predicted_peak_bytes  # (192 bytes high when the bias sum was counted beside the input)
 
 
 def test_a_plan_made_on_meta_applies_to_the_real_model(tmp_path):

@@ -182,3 +182,24 @@ def test_recomputation_stopping_before_a_kernel_holds_only_the_temporaries_made_
     unmeasured = Problem((nodes[0], dataclasses.replace(nodes[1], stop_transient_bytes=None), nodes[2]))
     buffers = plan_buffers(unmeasured, (range(0, 3),))
     assert buffers.transient[buffers.labels.index("recompute conv")] == 100  # all of it, where not measured
+
+
+def test_a_recomputed_nodes_late_gradients_reuse_what_its_unpacks_free():
+    # b is a linear whose 4-byte bias gradient autograd sums from b's output gradient after b's
+    # backward function returns. Not recomputed, b releases what it saved after that sum; in a
+    # region, b's unpack held the last reference to a's recomputed copy, freed before the sum.
+    def problem(a_bytes: int, late: int) -> Problem:
+        return Problem((
+            NodeCost("a", 1.0, output_bytes=a_bytes, grad_bytes=a_bytes),
+            NodeCost("b", 1.0, output_bytes=10, grad_bytes=10, uses=(0,), saves=(0,), param_grad_bytes=50,
+                     late_grad_bytes=late, is_output=True),
+        ))
+
+    region = (range(0, 2),)
+    # B1 holds a (10), the gradients of b and a (20) and b's parameter gradients (50).
+    assert peak_bytes(problem(10, 4)) == peak_bytes(problem(10, 0)) == 80
+    assert peak_bytes(problem(10, 0), region) == 80
+    assert peak_bytes(problem(10, 4), region) == 76
+    assert peak_bytes(problem(2, 4), region) == 64 - 2  # no more than a's copy frees
+    # b alone recomputes nothing it unpacks: a is its region's input, kept by checkpoint.
+    assert peak_bytes(problem(10, 4), (range(1, 2),)) == 80

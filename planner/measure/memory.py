@@ -90,6 +90,34 @@ def written_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return written
 
 
+# Calls that broadcast `self` into their output and whose backward hands it the output's gradient
+# as it is (a linear's bias in `addmm`).
+_BROADCAST_SELF = ("addmm", "addbmm", "baddbmm", "addmv", "addr")
+
+
+def broadcast_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> list[torch.Tensor]:
+    """The tensors an ATen call broadcasts to its output's shape and whose gradient its backward
+    returns at that shape, for autograd to sum to their own after the backward returns: every
+    smaller operand of a pointwise call (`add`, `mul`, `where`), and `self` of `addmm` and its kin.
+
+    Example:
+        >>> broadcast_arguments(torch.ops.aten.addmm.default, (bias, x, weight_t), {}, out)[0] is bias
+        True
+    """
+    outputs = [value for value in tree_flatten(result)[0] if isinstance(value, torch.Tensor)]
+    schema = getattr(func, "_schema", None)
+    if not outputs or schema is None:
+        return []
+    if schema.name.removeprefix("aten::") in _BROADCAST_SELF:
+        candidates = list(args[:1])
+    elif torch.Tag.pointwise in getattr(func, "tags", ()):
+        candidates = tree_flatten((args, kwargs))[0]
+    else:
+        return []
+    shape = outputs[0].shape
+    return [value for value in candidates if isinstance(value, torch.Tensor) and value.shape != shape]
+
+
 class LiveBytesTracker(TorchDispatchMode):
     """Bytes of storages created by ops while the mode is active and not yet freed.
 
@@ -97,7 +125,8 @@ class LiveBytesTracker(TorchDispatchMode):
     ops it sees, which storages they write in place (`written`, storage keys) and whether any
     drew random numbers (`random`); the caller resets both. With `log` set, every allocation
     and free is appended to it as `(tick, signed bytes, storage key)`, ticks from `clock`.
-    It works on real, meta and fake tensors alike.
+    `broadcast` holds (storage key, shape, bytes) of the tensors the ops broadcast
+    (`broadcast_arguments`); the caller resets it too. It works on real, meta and fake tensors alike.
 
     Example:
         >>> with LiveBytesTracker() as tracker:
@@ -112,6 +141,7 @@ class LiveBytesTracker(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self.written: set[int] = set()
+        self.broadcast: set[tuple[int, tuple[int, ...], int]] = set()
         self.random = False
         self.log = log
         self.clock = clock or itertools.count().__next__
@@ -127,6 +157,8 @@ class LiveBytesTracker(TorchDispatchMode):
         self.random = self.random or draws_random_numbers(func, args, kwargs)
         self.written.update(storage_key(t) for t in written_arguments(func, args, kwargs))
         result = func(*args, **kwargs)
+        self.broadcast.update((storage_key(t), tuple(t.shape), t.numel() * t.element_size())
+                              for t in broadcast_arguments(func, args, kwargs, result))
         inputs = {
             id(value.untyped_storage())
             for value in tree_flatten((args, kwargs))[0]

@@ -231,6 +231,7 @@ class ProfileInterpreter(fx.Interpreter):
         self.tracker = tracker or LiveBytesTracker()
         self.buffer_names = {storage_key(buffer): name for name, buffer in gm.named_buffers()}
         self.parameter_names = {id(p): name for name, p in gm.named_parameters()}  # tied: one name
+        self.trainable_storages = {storage_key(p) for p in gm.parameters() if p.requires_grad}
         self.autograd_owners: dict[Any, str] = {}  # autograd node -> fx node that created it
         self.input_names: dict[int, str] = {}  # storage key of a graph input -> its placeholder
         self.views = ViewGradients(self.autograd_owners, lambda t: self.owner.get(storage_key(t)))
@@ -269,6 +270,7 @@ class ProfileInterpreter(fx.Interpreter):
         tracker.reset_peak()
         live_before = tracker.live_bytes
         tracker.written.clear()
+        tracker.broadcast.clear()
         tracker.random = False
         try:
             # The label opens first: opened inside the dispatch mode, the profiler's event tree
@@ -316,6 +318,7 @@ class ProfileInterpreter(fx.Interpreter):
         parameters = self._parameters_read(n)
         record.parameters = tuple(self.parameter_names[id(p)] for p in parameters)
         record.param_grad_bytes = sum(p.numel() * p.element_size() for p in parameters)
+        record.late_grad_bytes = sum(nbytes for key, _, nbytes in tracker.broadcast if key in self.trainable_storages)
         logger.debug("profiled %s: %s", n.name, record)
         n.meta[META_KEY] = record
         claim_autograd_nodes(tensors_in(result), n.name, self.autograd_owners)

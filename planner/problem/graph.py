@@ -191,6 +191,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     for i, node in enumerate(nodes):
         record = node.meta[META_KEY]
         runs = record.backward_runs
+        param_grad_bytes = parameter_grads[i] - sum(size for _, size in shared.get(i, ()))
         costs.append(
             NodeCost(
                 name=node.name,
@@ -199,7 +200,8 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 grad_bytes=record.grad_bytes,
                 saved_bytes=record.saved_bytes if runs else 0,
                 transient_bytes=record.transient_bytes,
-                param_grad_bytes=parameter_grads[i] - sum(size for _, size in shared.get(i, ())),
+                param_grad_bytes=param_grad_bytes,
+                late_grad_bytes=max(0, min(record.late_grad_bytes, param_grad_bytes)),
                 backward_transient_bytes=record.backward_transient_bytes,
                 uses=tuple(index[name] for name in record.uses),
                 saves=tuple(index[name] for name in record.saves) if runs else (),

@@ -23,6 +23,12 @@ def split_buffers(problem: Problem, buffers: Buffers) -> tuple[list[int], list[d
     nodes = problem.nodes
     end_of_forward = len(nodes) - 1
     fixed = list(buffers.transient)
+    # A recomputed node's late gradients reuse what its unpacks free (`NodeCost.late_grad_bytes`,
+    # `solvers.simulate.plan_buffers`): at most that much of its backward step is not fixed.
+    for k, node in enumerate(nodes):
+        if node.recomputable and node.late_grad_bytes:
+            unpacked = node.saved_bytes + sum(nodes[j].output_bytes for j in set(node.saves))
+            fixed[buffers.backward_step[k]] -= min(node.late_grad_bytes, unpacked)
     droppable: list[dict[Droppable, int]] = [defaultdict(int) for _ in fixed]
     savers: dict[int, list[int]] = defaultdict(list)  # owner -> the nodes that save its output
     forward_until = list(range(len(nodes)))  # owner -> the last step forward references its output
