@@ -77,6 +77,9 @@ class NodeProfile:
     # tensors autograd saved for its backward, counted as packed (parameters included): in a
     # region, checkpoint's hooks pack and unpack each one
     saved_tensors: int = 0
+    # what autograd saved for its backward past the saved-tensor hooks (Python numbers taken as
+    # tensors): held from its forward to its backward whatever the plan (NodeCost's)
+    unhooked_saved_bytes: int = 0
 
 
 @dataclass(frozen=True)

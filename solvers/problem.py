@@ -63,6 +63,10 @@ class NodeCost:
     # gradient is created by this node's backward, which runs first, and held until the earlier
     # user's backward has run and autograd adds the sum to `.grad`.
     shared_grads: tuple[tuple[int, int], ...] = ()
+    # what autograd saves for its backward past the saved-tensor hooks (a Python number a call
+    # took as a tensor: `x * 0.5` saves its 0.5), so no region drops it: held from its forward to
+    # its backward whatever the plan
+    unhooked_saved_bytes: int = 0
     uses: tuple[int, ...] = ()  # owners of the storages this node reads in forward
     saves: tuple[int, ...] = ()  # owners of the outputs autograd saves for this node's backward
     mutates: tuple[int, ...] = ()  # owners of the storages this node writes in place

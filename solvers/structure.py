@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 from solvers.problem import Problem
 from solvers.simulate import gradient_spans
@@ -55,11 +56,13 @@ class Structure:
             a recomputation that stops before it still references j when it stops.
         keep_until: largest index of a node that could keep j alive into backward (-1: none).
         last_ref: max(forward_until, keep_until).
-        gradient_backward: gradients in flight plus parameter gradients at the backward of i.
+        gradient_backward: gradients in flight plus parameter gradients at the backward of i
+            (and what autograd holds past the hooks, `NodeCost.unhooked_saved_bytes`, of 0..i).
         gradient_recompute: (length n + 1) gradients in flight while a region ending at b
-            (exclusive) recomputes, i.e. between the backward of b and that of b - 1.
+            (exclusive) recomputes, i.e. between the backward of b and that of b - 1 (and the
+            unhooked bytes of 0..b - 1).
         forward_fixed: bytes at forward step t that are alive whatever the plan (outputs with
-            `last_ref >= t`, node t's saved tensors and temporaries).
+            `last_ref >= t`, node t's saved tensors and temporaries, the unhooked bytes of 0..t).
         graduates: nodes j with `last_ref[j] == t`, per t.
         startable: `Problem.can_start_region`, per node.
         useful_start: startable, and not a start that another plan beats for sure (see _build).
@@ -171,11 +174,15 @@ def _build(problem: Problem) -> Structure:
     for first, last, size in spans:
         grad_delta[first] += size
         grad_delta[last + 1] -= size
+    # What autograd holds past the hooks (`NodeCost.unhooked_saved_bytes`) of nodes 0..i, which
+    # every plan holds at forward step i and at the backward of i (and while a region ending at
+    # i + 1 recomputes): these count it as the gradients are counted.
+    unhooked = list(accumulate(node.unhooked_saved_bytes for node in nodes))
     gradient_backward = []
     running = 0
     for i, node in enumerate(nodes):
         running += grad_delta[i]
-        gradient_backward.append(running + node.param_grad_bytes + node.backward_transient_bytes)
+        gradient_backward.append(running + node.param_grad_bytes + node.backward_transient_bytes + unhooked[i])
     # While a region ending at b recomputes: gradients with j <= b - 1 and last consumer >= b.
     recompute_delta = [0] * (n + 2)
     for first, last, size in spans:
@@ -186,7 +193,7 @@ def _build(problem: Problem) -> Structure:
     running = 0
     for b in range(n + 1):
         running += recompute_delta[b]
-        gradient_recompute.append(running)
+        gradient_recompute.append(running + (unhooked[b - 1] if b else 0))
 
     alive_delta = [0] * (n + 1)
     for j, node in enumerate(nodes):
@@ -196,7 +203,7 @@ def _build(problem: Problem) -> Structure:
     running = 0
     for t, node in enumerate(nodes):
         running += alive_delta[t]
-        forward_fixed.append(running + node.saved_bytes + node.transient_bytes)
+        forward_fixed.append(running + node.saved_bytes + node.transient_bytes + unhooked[t])
 
     graduates: list[list[int]] = [[] for _ in range(n)]
     for j in range(n):

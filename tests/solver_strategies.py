@@ -59,6 +59,8 @@ def problems(
                 param_grad_bytes=param_grad_bytes,
                 # a linear's bias: summed after its backward returns, once its unpacks have freed
                 late_grad_bytes=draw(st.integers(0, param_grad_bytes)),
+                # `x * 0.5`'s number, saved past checkpoint's hooks: held whatever the plan
+                unhooked_saved_bytes=draw(st.sampled_from([0, 0, 0, 8])),
                 # a weight shared with an earlier node (tied embeddings): its gradient is held
                 shared_grads=((draw(st.integers(0, i - 1)), 4),) if i and draw(st.integers(0, 5)) == 0 else (),
                 uses=uses,

@@ -23,7 +23,7 @@ from planner.trace.structure import compute_nodes
 from planner.trace.tracing import trace
 
 SIZE_FIELDS = ("output_bytes", "grad_bytes", "saved_bytes", "uses", "saves", "mutates", "param_grad_bytes",
-               "late_grad_bytes", "random", "mutated_buffers", "parameters")
+               "late_grad_bytes", "unhooked_saved_bytes", "random", "mutated_buffers", "parameters")
 
 
 def _records(gm):
@@ -179,6 +179,28 @@ def test_a_broadcast_parameters_gradient_is_late_and_a_recomputed_linear_has_fre
     assert p.checkpoints
     measured = steady_peak(p.apply(copy.deepcopy(model)), sample, torch.device("cpu"))
     assert measured == p.predicted_peak_bytes  # (192 bytes high when the bias sum was counted beside the input)
+
+
+def test_python_numbers_autograd_saves_past_the_hooks_are_counted_on_their_device():
+    # `h * 1.0` saves its 1.0 as an 8-byte CPU tensor, which autograd hands to no saved-tensor
+    # hook (so no region drops it); `h * h` saves tensors the hooks see.
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.fc(x)
+            return (h * 1.0 + h * h) / 3
+
+    model, sample = Scaled(), torch.randn(4, 8)
+    real, fake = _sizes_both_ways(model, sample)
+    assert real == fake
+    unhooked = {name: record["unhooked_saved_bytes"] for name, record in real.items()}
+    assert unhooked == {"fc": 0, "mul": 8, "mul_1": 0, "add": 0, "truediv": 8}
+    traced = trace(model.to("meta"), sample.to("meta"))  # planned for a GPU, the numbers stay on the host
+    profile_sizes(traced.gm, traced.graph_inputs(*split_sample(sample.to("meta"))), torch.device("meta"))
+    assert not any(record.unhooked_saved_bytes for record in _records(traced.gm).values())
 
 
 def test_a_plan_made_on_meta_applies_to_the_real_model(tmp_path):

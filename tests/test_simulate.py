@@ -203,3 +203,19 @@ def test_a_recomputed_nodes_late_gradients_reuse_what_its_unpacks_free():
     assert peak_bytes(problem(2, 4), region) == 64 - 2  # no more than a's copy frees
     # b alone recomputes nothing it unpacks: a is its region's input, kept by checkpoint.
     assert peak_bytes(problem(10, 4), (range(1, 2),)) == 80
+
+
+def test_what_autograd_saves_past_the_hooks_is_held_to_the_nodes_backward_whatever_the_plan():
+    # b is `a * 0.5`: its 0.5 (8 bytes) is saved past checkpoint's hooks, from F1 to B1.
+    problem = Problem((
+        NodeCost("a", 1.0, output_bytes=10, grad_bytes=10),
+        NodeCost("b", 1.0, output_bytes=10, grad_bytes=10, uses=(0,), unhooked_saved_bytes=8),
+        NodeCost("c", 1.0, output_bytes=10, grad_bytes=10, uses=(1,), saves=(1,), is_output=True),
+    ))
+    plain = dataclasses.replace(problem, nodes=tuple(
+        dataclasses.replace(node, unhooked_saved_bytes=0) for node in problem.nodes))
+    for regions in ((), (range(0, 2),), (range(1, 3),)):
+        held = [a - b for a, b in zip(simulate(problem, regions).live_bytes, simulate(plain, regions).live_bytes)]
+        labels = simulate(problem, regions).labels
+        assert held == [8 * (labels.index("forward b") <= step <= labels.index("backward b"))
+                        for step in range(len(labels))], regions

@@ -188,9 +188,10 @@ def training_loss_bytes(loss: Callable[[Any], torch.Tensor], output: Any) -> tup
     return value, tracker.live_bytes + value.numel() * value.element_size()
 
 
-def claim_autograd_nodes(outputs: list[torch.Tensor], name: str, owners: dict[Any, str]) -> None:
+def claim_autograd_nodes(outputs: list[torch.Tensor], name: str, owners: dict[Any, str]) -> list[Any]:
     """Attribute to node `name`, in `owners`, the autograd nodes its forward created: all those
     reachable from its outputs that no earlier node claimed (parameters' AccumulateGrad aside).
+    Returns them.
 
     Example:
         >>> owners = {}
@@ -198,6 +199,7 @@ def claim_autograd_nodes(outputs: list[torch.Tensor], name: str, owners: dict[An
         >>> list(owners.values())
         ['mul']
     """
+    claimed = []
     stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
     while stack:
         grad_fn = stack.pop()
@@ -206,7 +208,31 @@ def claim_autograd_nodes(outputs: list[torch.Tensor], name: str, owners: dict[An
         if type(grad_fn).__name__ == "AccumulateGrad":  # a parameter's, not a node's
             continue
         owners[grad_fn] = name
+        claimed.append(grad_fn)
         stack.extend(next_fn for next_fn, _ in grad_fn.next_functions)
+    return claimed
+
+
+def unhooked_saved_bytes(grad_fns: list[Any], hooked: set[int], device: torch.device) -> int:
+    """Bytes on `device` that autograd nodes saved past the saved-tensor hooks (`hooked`: storage
+    keys the hooks packed): Python numbers a call took as tensors (`x * 0.5` saves its 0.5, a CPU
+    tensor of 8 bytes), which autograd never hands to hooks, so checkpoint cannot drop them.
+
+    Example:
+        >>> y = x * 0.5  # (under a pack hook that noted nothing)
+        >>> unhooked_saved_bytes([y.grad_fn], set(), torch.device("cpu"))
+        8
+    """
+    found: dict[int, int] = {}
+    for grad_fn in grad_fns:
+        for name in dir(grad_fn):
+            if name.startswith("_saved_"):
+                value = getattr(grad_fn, name)
+                for tensor in value if isinstance(value, (tuple, list)) else (value,):
+                    if (isinstance(tensor, torch.Tensor) and tensor.device == device
+                            and tensor.layout == torch.strided and storage_key(tensor) not in hooked):
+                        found[storage_key(tensor)] = tensor.untyped_storage().nbytes()
+    return sum(found.values())
 
 
 class ProfileInterpreter(fx.Interpreter):
@@ -257,8 +283,11 @@ class ProfileInterpreter(fx.Interpreter):
         peak_at_pack = [0]  # and tracker.peak_bytes
         packed = [0]  # tensors saved
 
+        hooked: set[int] = set()  # storage keys of everything packed
+
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             packed[0] += 1
+            hooked.add(storage_key(tensor))
             if tensor.layout == torch.strided:
                 saved[storage_key(tensor)] = tensor.untyped_storage().nbytes()
             last_pack[0] = tracker.allocations
@@ -321,7 +350,10 @@ class ProfileInterpreter(fx.Interpreter):
         record.late_grad_bytes = sum(nbytes for key, _, nbytes in tracker.broadcast if key in self.trainable_storages)
         logger.debug("profiled %s: %s", n.name, record)
         n.meta[META_KEY] = record
-        claim_autograd_nodes(tensors_in(result), n.name, self.autograd_owners)
+        outputs = tensors_in(result)
+        claimed = claim_autograd_nodes(outputs, n.name, self.autograd_owners)
+        if outputs:
+            record.unhooked_saved_bytes = unhooked_saved_bytes(claimed, hooked, outputs[0].device)
         return result
 
     def compute(self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
