@@ -63,6 +63,7 @@ class Structure:
             unhooked bytes of 0..b - 1).
         forward_fixed: bytes at forward step t that are alive whatever the plan (outputs with
             `last_ref >= t`, node t's saved tensors and temporaries, the unhooked bytes of 0..t).
+        unhooked_through: `NodeCost.unhooked_saved_bytes` of nodes 0..t, per t.
         graduates: nodes j with `last_ref[j] == t`, per t.
         startable: `Problem.can_start_region`, per node.
         useful_start: startable, and not a start that another plan beats for sure (see _build).
@@ -88,6 +89,7 @@ class Structure:
     gradient_backward: tuple[int, ...]
     gradient_recompute: tuple[int, ...]
     forward_fixed: tuple[int, ...]
+    unhooked_through: tuple[int, ...]
     graduates: tuple[tuple[int, ...], ...]
     startable: tuple[bool, ...]
     useful_start: tuple[bool, ...]
@@ -177,7 +179,7 @@ def _build(problem: Problem) -> Structure:
     # What autograd holds past the hooks (`NodeCost.unhooked_saved_bytes`) of nodes 0..i, which
     # every plan holds at forward step i and at the backward of i (and while a region ending at
     # i + 1 recomputes): these count it as the gradients are counted.
-    unhooked = list(accumulate(node.unhooked_saved_bytes for node in nodes))
+    unhooked = tuple(accumulate(node.unhooked_saved_bytes for node in nodes))
     gradient_backward = []
     running = 0
     for i, node in enumerate(nodes):
@@ -244,6 +246,7 @@ def _build(problem: Problem) -> Structure:
         gradient_backward=tuple(gradient_backward),
         gradient_recompute=tuple(gradient_recompute),
         forward_fixed=tuple(forward_fixed),
+        unhooked_through=unhooked,
         graduates=tuple(map(tuple, graduates)),
         startable=tuple(startable),
         useful_start=tuple(useful_start),

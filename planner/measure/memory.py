@@ -104,15 +104,17 @@ def broadcast_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
         >>> broadcast_arguments(torch.ops.aten.addmm.default, (bias, x, weight_t), {}, out)[0] is bias
         True
     """
-    outputs = [value for value in tree_flatten(result)[0] if isinstance(value, torch.Tensor)]
     schema = getattr(func, "_schema", None)
-    if not outputs or schema is None:
+    if schema is None:
         return []
     if schema.name.removeprefix("aten::") in _BROADCAST_SELF:
         candidates = list(args[:1])
     elif torch.Tag.pointwise in getattr(func, "tags", ()):
         candidates = tree_flatten((args, kwargs))[0]
     else:
+        return []
+    outputs = [value for value in tree_flatten(result)[0] if isinstance(value, torch.Tensor)]
+    if not outputs:
         return []
     shape = outputs[0].shape
     return [value for value in candidates if isinstance(value, torch.Tensor) and value.shape != shape]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 import torch.fx as fx
@@ -213,9 +213,9 @@ def claim_autograd_nodes(outputs: list[torch.Tensor], name: str, owners: dict[An
     return claimed
 
 
-def unhooked_saved_bytes(grad_fns: list[Any], hooked: set[int], device: torch.device) -> int:
+def unhooked_saved_bytes(grad_fns: list[Any], hooked: Collection[int], device: torch.device) -> int:
     """Bytes on `device` that autograd nodes saved past the saved-tensor hooks (`hooked`: storage
-    keys the hooks packed): Python numbers a call took as tensors (`x * 0.5` saves its 0.5, a CPU
+    keys of the strided tensors the hooks packed): Python numbers a call took as tensors (`x * 0.5` saves its 0.5, a CPU
     tensor of 8 bytes), which autograd never hands to hooks, so checkpoint cannot drop them.
 
     Example:
@@ -283,11 +283,8 @@ class ProfileInterpreter(fx.Interpreter):
         peak_at_pack = [0]  # and tracker.peak_bytes
         packed = [0]  # tensors saved
 
-        hooked: set[int] = set()  # storage keys of everything packed
-
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             packed[0] += 1
-            hooked.add(storage_key(tensor))
             if tensor.layout == torch.strided:
                 saved[storage_key(tensor)] = tensor.untyped_storage().nbytes()
             last_pack[0] = tracker.allocations
@@ -353,7 +350,7 @@ class ProfileInterpreter(fx.Interpreter):
         outputs = tensors_in(result)
         claimed = claim_autograd_nodes(outputs, n.name, self.autograd_owners)
         if outputs:
-            record.unhooked_saved_bytes = unhooked_saved_bytes(claimed, hooked, outputs[0].device)
+            record.unhooked_saved_bytes = unhooked_saved_bytes(claimed, saved.keys(), outputs[0].device)
         return result
 
     def compute(self, n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -256,10 +256,8 @@ def build_model(
     # Forward steps: outputs still read, outputs held into backward past their last read (a kept
     # node's too: its alive row says so, except where its region's last saving node is n - 1 and
     # recomputes before any backward step), saved tensors.
-    unhooked = 0  # (`NodeCost.unhooked_saved_bytes`: whatever the plan)
     for t in range(n):
-        unhooked += nodes[t].unhooked_saved_bytes
-        fixed = nodes[t].saved_bytes + nodes[t].transient_bytes + unhooked
+        fixed = nodes[t].saved_bytes + nodes[t].transient_bytes + structure.unhooked_through[t]  # (whatever the plan)
         held_terms = []
         for j in range(t + 1):
             if structure.forward_until[j] >= t:
