@@ -440,14 +440,27 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
         eager_log = _CallLog()
         spans = _ModuleSpans(eager_log)
         passed: list[tuple[int, list[int]]] = []  # per module call: calls before it, its arguments
+        entered: list[tuple[torch.nn.Module, int]] = []  # calls not yet left: module, index in `passed`
+
+        def allocations_in(arguments: Any) -> list[int]:
+            found = [eager_log.allocation_of(t) for t in tensors_in(arguments)]
+            return [index for index in found if index is not None]
 
         def enter(module: torch.nn.Module, args: Any) -> None:
             spans.enter(module)
-            found = [eager_log.allocation_of(t) for t in tensors_in(args)]
-            passed.append((len(eager_log.calls), [index for index in found if index is not None]))
+            entered.append((module, len(passed)))
+            passed.append((len(eager_log.calls), allocations_in(args)))
+
+        def leave(module: torch.nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+            # A global pre-hook is not given the keyword arguments (an HF decoder layer's position
+            # ids); a checkpoint of the call holds them all the same. They are still alive here.
+            if entered and entered[-1][0] is module:
+                _, call = entered.pop()
+                passed[call][1].extend(allocations_in(kwargs))
 
         hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
-                 torch.nn.modules.module.register_module_forward_hook(spans.leave, always_call=True)]
+                 torch.nn.modules.module.register_module_forward_hook(spans.leave, always_call=True),
+                 torch.nn.modules.module.register_module_forward_hook(leave, with_kwargs=True, always_call=True)]
         try:
             with eager_log:
                 output = run_model()
@@ -455,6 +468,9 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
         finally:
             for hook in hooks:
                 hook.remove()
+            # Removing a global keyword hook leaves its flag behind (torch 2.13), which would send
+            # every later module call of the user's process down the hooked path.
+            getattr(torch.nn.modules.module, "_global_forward_hooks_with_kwargs", {}).pop(hooks[-1].id, None)
     compute = compute_nodes(gm)
     order = {node.name: i for i, node in enumerate(compute)}
     unmatched, differing, starts = unmatched_regions(

@@ -96,11 +96,13 @@ class _NodeRunner:
             return lambda this, *args, **kwargs: getattr(this, str(node.target))(*args, **kwargs), []
         return node.target, []  # type: ignore[return-value]
 
-    def measure(self, node: fx.Node, writes_inputs: bool) -> tuple[float, int, int]:
-        """(forward ms, forward scratch, backward scratch) of one node, in bytes: what its
-        kernels allocate beyond the tensors, which the fake pass has already counted. A node
-        that writes its inputs in place gets copies of them (autograd refuses in-place writes
-        to leaves), made before measuring starts."""
+    def measure(self, node: fx.Node, writes_inputs: bool) -> tuple[float, int, int, int]:
+        """(forward ms, forward scratch, backward scratch, output growth) of one node, in bytes:
+        what its kernels allocate beyond the tensors, which the fake pass has already counted,
+        and how much more its real outputs' storages hold than the fake ones (a CPU `mse_loss`
+        returns its scalar in the storage of the elementwise losses). A node that writes its
+        inputs in place gets copies of them (autograd refuses in-place writes to leaves), made
+        before measuring starts."""
         leaves: list[torch.Tensor] = []
 
         def real(fake_tensor: torch.Tensor) -> torch.Tensor:
@@ -120,6 +122,8 @@ class _NodeRunner:
                 # The label first (see ProfileInterpreter.run_node): else its scratch is lost.
                 with torch.profiler.record_function(NODE_LABEL + node.name), tracker:
                     result = function(*args, **kwargs)
+                grown = max(0, _new_storage_bytes(result, (args, kwargs))
+                            - _new_storage_bytes(self.fake.values[node], _fetch(self.fake, node)))
                 outputs = [t for t in tensors_in(result) if t.requires_grad and t.grad_fn is not None]
                 claim_autograd_nodes(outputs, node.name, owners)
                 wrt = [*leaves, *parameters]
@@ -141,7 +145,14 @@ class _NodeRunner:
             ahead = ahead_for(launch_ms(lambda: function(*args, **kwargs))) if self.device.type == "cuda" else 0.0
             times = [elapsed_ms(self.device, lambda: function(*args, **kwargs), ahead)
                      for _ in range(self.warmup + self.repeats)]
-        return statistics.median(times[self.warmup:]), scratch, backward_scratch
+        return statistics.median(times[self.warmup:]), scratch, backward_scratch, grown
+
+
+def _new_storage_bytes(value: Any, arguments: Any) -> int:
+    """Bytes of the storages of `value`'s tensors that none of `arguments`' tensors uses."""
+    read = {id(t.untyped_storage()) for t in tensors_in(arguments)}
+    made = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors_in(value)}
+    return sum(size for key, size in made.items() if key not in read)
 
 
 def _gradient(output: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
@@ -178,8 +189,9 @@ def measure_nodes(
     progress: Callable[[str], None] | None = None,
 ) -> int:
     """Run every distinct compute node of `gm` alone on `device`; set its forward time and add
-    its kernels' scratch (what the allocator sees beyond the tensors, forward and backward) to
-    its `NodeProfile`. Returns how many distinct nodes ran. The caller restores
+    its kernels' scratch (what the allocator sees beyond the tensors, forward and backward) and
+    what its real outputs hold beyond the fake ones to its `NodeProfile`. Returns how many
+    distinct nodes ran. The caller restores
     state that the runs change (BatchNorm statistics of a real model, RNG): see
     `planner.measure.memory.preserved_state`.
 
@@ -188,7 +200,7 @@ def measure_nodes(
         41
     """
     runner = _NodeRunner(gm, fake, device, repeats, warmup)
-    measured: dict[tuple[Any, ...], tuple[float, int, int]] = {}
+    measured: dict[tuple[Any, ...], tuple[float, int, int, int]] = {}
     nodes = [node for node in gm.graph.nodes if node.op in COMPUTE_OPS]
     for index, node in enumerate(nodes):
         args, kwargs = _fetch(fake, node)
@@ -201,9 +213,12 @@ def measure_nodes(
             except Exception as error:
                 raise RuntimeError(f"running node {node.name!r} ({node.format_node()}) alone failed: "
                                    f"{type(error).__name__}: {error}") from error
-        forward_ms, scratch, backward_scratch = measured[key]
+        forward_ms, scratch, backward_scratch, grown = measured[key]
         record = node.meta[META_KEY]
         record.forward_ms = forward_ms
+        record.output_bytes += grown
+        if node.name == fake.loss_output:  # the caller holds this output, the loss, through backward
+            fake.loss_bytes += grown
         record.transient_bytes += scratch
         if record.stop_transient_bytes is not None:  # (all of it: not cut off at the last pack here)
             record.stop_transient_bytes += scratch

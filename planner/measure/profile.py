@@ -176,7 +176,9 @@ def rng_state_bytes(device: torch.device) -> int:
 def training_loss_bytes(loss: Callable[[Any], torch.Tensor], output: Any) -> tuple[torch.Tensor, int]:
     """The loss of the graph's `output` and the bytes it holds through backward outside the
     graph: what computing it allocates and keeps (a sum of outputs, say), and the seed gradient
-    backward starts from (the loss's size). Real, meta and fake tensors alike.
+    backward starts from (the loss's size). Where the loss is one of the graph's outputs (a
+    Hugging Face model given labels), the caller holds it through backward, where the graph's
+    outputs are freed: its storage counts too. Real, meta and fake tensors alike.
 
     Example:
         >>> value, held = training_loss_bytes(training_loss, torch.ones(3, requires_grad=True))
@@ -185,7 +187,9 @@ def training_loss_bytes(loss: Callable[[Any], torch.Tensor], output: Any) -> tup
     """
     with LiveBytesTracker() as tracker:
         value = loss(output)
-    return value, tracker.live_bytes + value.numel() * value.element_size()
+    made_here = id(value.untyped_storage()) in tracker.ordinal
+    held_output = 0 if made_here else value.untyped_storage().nbytes()
+    return value, tracker.live_bytes + held_output + value.numel() * value.element_size()
 
 
 def claim_autograd_nodes(outputs: list[torch.Tensor], name: str, owners: dict[Any, str]) -> list[Any]:

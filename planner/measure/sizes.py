@@ -185,6 +185,7 @@ class FakeProfile:
     sources: dict[int, torch.Tensor]
     needed_bytes: int = 0
     loss_bytes: int = 0  # held through backward by the loss outside the graph
+    loss_output: str | None = None  # the node whose output is the loss, where the graph returns it
 
 
 class _FakeInterpreter(ProfileInterpreter):
@@ -271,6 +272,7 @@ def profile_sizes(
         interpreter = _FakeInterpreter(gm, static_keys, tracker, fake, target_attention if cuda_attention else None)
         output = interpreter.run(*fake_inputs)
         value, loss_bytes = training_loss_bytes(loss or training_loss, output)
+        loss_output = next((node.name for node, found in interpreter.env.items() if found is value), None)
         with BackwardWindows(tracker, interpreter.autograd_owners) as windows:
             value.backward()
         del value
@@ -285,7 +287,7 @@ def profile_sizes(
     kept = sum(r.output_bytes + r.saved_bytes for r in records.values())
     peak_extra = max((r.transient_bytes + r.backward_transient_bytes for r in records.values()), default=0)
     needed = static + gradients + kept + 2 * sum(r.grad_bytes for r in records.values()) + peak_extra
-    return FakeProfile(dict(interpreter.env), sources, needed, loss_bytes)
+    return FakeProfile(dict(interpreter.env), sources, needed, loss_bytes, loss_output)
 
 
 def kernels_of(node: fx.Node) -> tuple[KernelCost, ...]:
