@@ -4,7 +4,8 @@ node (in `node.meta["planner.profile"]`, written by `planner.measure.profile` an
 `planner.problem.graph.build_problem` turns into the solvers' `NodeCost`s; a region's
 `ModuleCheckpoint` (what `planner.apply` applies); how a sample is read (`split_sample`,
 `sample_tensors`); the training loss and step that measuring and verifying both run
-(`training_loss`, `training_step`); and which ATen calls a run counts (`counted_call`).
+(`training_loss`, `training_step`); which ATen calls a run counts (`counted_call`); and which
+submodules checkpoint themselves (`self_checkpointing`).
 
 Example:
     >>> record = gm.graph.find_nodes(op="call_module", target="fc1")[0].meta["planner.profile"]
@@ -229,6 +230,19 @@ def counted_call(name: str) -> bool:
     return not name.startswith("aten._assert") and name != "aten.detach.default"
 
 
+def self_checkpointing(model: nn.Module) -> list[str]:
+    """The submodules of `model` that checkpoint their own calls: Hugging Face's gradient
+    checkpointing (`gradient_checkpointing_enable()`, `activation_checkpointing_enable()` in
+    transformers 5, or the Trainer where its arguments ask for it) sets `gradient_checkpointing` on them.
+
+    Example:
+        >>> hf_model.gradient_checkpointing_enable()
+        >>> self_checkpointing(hf_model)[:2]
+        ['model', 'model.layers.0']
+    """
+    return [name for name, module in model.named_modules() if getattr(module, "gradient_checkpointing", False) is True]
+
+
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     """Validate a keyword that takes one of a few names (`measure=`, `effort=`).
 
@@ -242,4 +256,4 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
 
 
 __all__ = ["GraphProfile", "ModuleCheckpoint", "NodeProfile", "check_choice", "counted_call", "output_leaves",
-           "run_forward", "sample_tensors", "split_sample", "training_loss", "training_step"]
+           "run_forward", "sample_tensors", "self_checkpointing", "split_sample", "training_loss", "training_step"]

@@ -33,6 +33,7 @@ from planner.core import (
     ModuleCheckpoint,
     check_choice,
     sample_tensors,
+    self_checkpointing,
     split_sample,
     training_loss,
 )
@@ -77,7 +78,8 @@ class Setup:
 
 
 def check_trainable(model: nn.Module) -> None:
-    """Refuse a model with nothing to train; warn where it is in eval mode.
+    """Refuse a model with nothing to train or one that checkpoints itself; warn where it is in
+    eval mode.
 
     Example:
         >>> check_trainable(model.train())
@@ -85,6 +87,12 @@ def check_trainable(model: nn.Module) -> None:
     if not model.training:
         warnings.warn("the model is in eval mode; the plan is for training, where dropout and "
                       "BatchNorm behave differently: call model.train() first", stacklevel=3)
+    checkpointing = self_checkpointing(model)
+    if checkpointing:
+        raise ValueError(f"{type(model).__name__} checkpoints its own layers (Hugging Face gradient checkpointing is "
+                         f"on in {checkpointing[0]!r} and {len(checkpointing) - 1} more): the plan chooses what to "
+                         "recompute in its place; turn it off first (model.gradient_checkpointing_disable(), in "
+                         "transformers 5 activation_checkpointing_disable()) and leave it off in TrainingArguments")
     if not any(parameter.requires_grad for parameter in model.parameters()):
         raise ValueError(f"{type(model).__name__} has no trainable parameters: a training step "
                          "keeps no activations for them, so there is nothing to plan; unfreeze the "

@@ -179,6 +179,31 @@ def test_planned_under_autocast_the_bfloat16_step_fits_and_is_predicted_high_by_
     assert 0 <= record.peak_error <= 0.03, record.peak_error
 
 
+def test_hugging_face_checkpointing_is_refused_by_plan_and_warned_of_beside_a_plan():
+    pytest.importorskip("transformers")
+    from models_hf import gpt2
+
+    from planner.core import training_loss
+
+    model, sample = gpt2()
+    model.train()
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+    enable()
+    with pytest.raises(ValueError, match="checkpoints its own layers.*turn it off first"):
+        plan(model, sample, budget_gb=80)
+    disable()
+    p = planned(model, sample)
+    assert p.checkpoints
+    p.apply(model)
+    enable()  # as the Trainer does where its arguments ask for gradient checkpointing
+    with pytest.warns(UserWarning, match="gradient checkpointing is on as well as the plan"):
+        training_loss(model(**sample)).backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # once
+        training_loss(model(**sample)).backward()
+
+
 def _compiled_grads(module, sample):
     compiled = torch.compile(module, backend=COMPILE_BACKEND)
     output, grads = train_step(compiled, sample)

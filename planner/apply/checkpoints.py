@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.apply.policy import KeepPolicy, keep_contexts
 from planner.apply.runs import RunRecording, calls_outside
 from planner.apply.sequential import buffers_of_children, run_segments
-from planner.core import ModuleCheckpoint, Segment, split_sample
+from planner.core import ModuleCheckpoint, Segment, self_checkpointing, split_sample
 from planner.trace.tracing import bind_arguments
 
 PLAN_ATTRIBUTE = "_checkpoint_plan"  # on the planned model: what apply_plan changed
@@ -186,8 +186,9 @@ class AppliedPlan:
     """What `apply_plan` changed on a model, kept on it so that `remove_plan` can undo it.
 
     A forward pre-hook on the model warns once when an input is larger than the planned one
-    (the memory promise holds up to the planned shape) and once when a planned submodule ran
-    more than once in one forward (each call is checkpointed; the plan counted one)."""
+    (the memory promise holds up to the planned shape), once when a planned submodule ran
+    more than once in one forward (each call is checkpointed; the plan counted one), and once
+    when the model's own (Hugging Face) gradient checkpointing is on too."""
 
     forwards: dict[str, CheckpointedForward]
     planned_shapes: dict[str, tuple[int, ...]]
@@ -196,6 +197,12 @@ class AppliedPlan:
     warned: set[str] = field(default_factory=set)
 
     def before_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if module.training and "checkpointing" not in self.warned and self_checkpointing(module):
+            self.warned.add("checkpointing")
+            warnings.warn("Hugging Face gradient checkpointing is on as well as the plan (gradient_checkpointing_enable() "
+                          "or activation_checkpointing_enable(), which TrainingArguments can call): its layers are "
+                          "recomputed on top of the plan's regions, at a cost the plan does not count; turn it off",
+                          stacklevel=3)
         repeated = [path for path, forward in self.forwards.items() if forward.calls > 1]
         if repeated and "repeated" not in self.warned:
             self.warned.add("repeated")
