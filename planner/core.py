@@ -15,8 +15,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -81,6 +82,11 @@ class NodeProfile:
     # what autograd saved for its backward past the saved-tensor hooks (Python numbers taken as
     # tensors): held from its forward to its backward whatever the plan (NodeCost's)
     unhooked_saved_bytes: int = 0
+    # parameters it cast under autocast, saved or not: autocast's cache holds them to the end of
+    # forward even where a region recomputes the node (planner.problem.graph counts them as
+    # unhooked), and `cast_saved_bytes` of them it saved (counted in `saved_bytes`)
+    cast_bytes: int = 0
+    cast_saved_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -215,11 +221,63 @@ def output_leaves(output: Any) -> list[Any]:
 
 def run_forward(module: nn.Module, sample: Any) -> Any:
     args, kwargs = split_sample(sample)
+    cold_autocast_cache()
     return module(*args, **kwargs)
 
 
 def training_step(module: nn.Module, sample: Any) -> None:
-    training_loss(run_forward(module, sample)).backward()
+    loss = training_loss(run_forward(module, sample))
+    with after_autocast():
+        loss.backward()
+
+
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+
+
+def cold_autocast_cache() -> None:
+    """Where autocast is on, empty its cache of cast parameters, as a training step's forward
+    finds it (the previous forward's `with torch.autocast` emptied it on exit): the first use of
+    each parameter casts it again, an ATen call and an allocation, as in training.
+
+    Example:
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     cold_autocast_cache(); model(x)
+    """
+    if any(torch.is_autocast_enabled(device) for device in AUTOCAST_DEVICES):
+        torch.clear_autocast_cache()
+
+
+@contextmanager
+def after_autocast() -> Iterator[None]:
+    """Where autocast is on, the state a mixed-precision loop runs backward in, its `with
+    torch.autocast(...)` around the forward exited: autocast off, its cache of cast parameters
+    cleared, and no autocast context open, so that a checkpoint's recomputation (which turns
+    autocast on again) clears the casts it makes when it ends. Restored after. Where autocast is
+    off, nothing changes. Every step the planner runs goes backward in it.
+
+    Example:
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     loss = training_loss(model(x))
+        ...     with after_autocast():
+        ...         loss.backward()
+    """
+    enabled = [device for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device)]
+    if not enabled:
+        yield
+        return
+    depth = 1
+    while torch.autocast_decrement_nesting() > 0:
+        depth += 1
+    for device in enabled:
+        torch.set_autocast_enabled(device, False)
+    torch.clear_autocast_cache()
+    try:
+        yield
+    finally:
+        for device in enabled:
+            torch.set_autocast_enabled(device, True)
+        for _ in range(depth):
+            torch.autocast_increment_nesting()
 
 
 def counted_call(name: str) -> bool:
@@ -255,5 +313,6 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
-__all__ = ["GraphProfile", "ModuleCheckpoint", "NodeProfile", "check_choice", "counted_call", "output_leaves",
-           "run_forward", "sample_tensors", "self_checkpointing", "split_sample", "training_loss", "training_step"]
+__all__ = ["AUTOCAST_DEVICES", "GraphProfile", "ModuleCheckpoint", "NodeProfile", "after_autocast", "check_choice",
+           "cold_autocast_cache", "counted_call", "output_leaves", "run_forward", "sample_tensors",
+           "self_checkpointing", "split_sample", "training_loss", "training_step"]

@@ -36,6 +36,7 @@ from planner.core import (
     self_checkpointing,
     split_sample,
     training_loss,
+    training_step,
 )
 from planner.costs.block import MAX_BLOCK_ROUNDS, selective_overhead_for_plan
 from planner.costs.calls import small_call_cost
@@ -267,7 +268,7 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
             model, problem, wrapped, lambda runs: run_checkpoints(traced.gm, problem, runs, wrapped).values(),
             lambda keeps: [replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, kept))
                            for region, kept in keeps],
-            lambda module: training_loss(module(*args, **kwargs)).backward(), where.device,
+            lambda module: training_step(module, sample), where.device,
             node_rounds=node_rounds)
         problem = residuals.priced(problem)
         summary = replace(summary, timing=node_rounds.described(summary.timing))

@@ -10,7 +10,9 @@ from torch import nn
 from planner import TraceError, plan
 from planner.api import GIB
 from planner.examples import TinyGPT
-from planner.measure.steps import steady_peak
+from planner.core import training_loss
+from planner.measure.memory import PeakMemory
+from planner.measure.steps import static_bytes, steady_peak
 
 
 def planned(model, sample, fraction=0.7, **options):
@@ -167,23 +169,36 @@ def test_autocast_bfloat16_matches_the_original_under_autocast():
 
 
 @pytest.mark.parametrize("measure", ["auto", "no-run"])
-def test_planned_under_autocast_the_bfloat16_step_fits_and_is_predicted_high_by_little(measure):
-    # Planned under the autocast it trains with, the plan is for the bfloat16 step (about half
-    # the float32 one's activations), and predicted a little high.
+def test_a_plan_made_under_autocast_fits_the_usual_mixed_precision_loop(measure):
+    # The usual loop runs forward under autocast and backward after it. Autocast's cache holds
+    # each parameter it casts to the end of forward, also in regions (which drop what they save),
+    # and a checkpoint's recomputation casts again: without counting those (about half the
+    # parameters' bytes here) the plans measured 5-10% over their prediction and their budget.
     model, tokens = small_gpt()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         unplanned = steady_peak(model, tokens, torch.device("cpu"))
         p = plan(model, tokens, budget_gb=0.6 * unplanned / GIB, measure=measure)
         record = p.verify(steps=1)
-    assert p.checkpoints and record.within_budget and record.gradients_match
-    assert 0 <= record.peak_error <= 0.03, record.peak_error
+    planned = p.module()
+
+    def loop_step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = training_loss(planned(tokens))
+        loss.backward()
+
+    loop_step()  # (gradients allocated, as in training)
+    with PeakMemory(torch.device("cpu")) as memory:
+        loop_step()
+    measured = static_bytes(planned, tokens) + memory.peak_bytes
+    assert record.planned_peak_bytes == measured  # verify() runs the loop's step under an ambient autocast
+    assert p.checkpoints and measured <= p.budget_bytes and record.gradients_match
+    # (high by the casts of recomputed nodes between the end of forward and their recomputation)
+    assert 0 <= p.predicted_peak_bytes - measured <= 0.03 * measured, (p.predicted_peak_bytes, measured)
 
 
 def test_hugging_face_checkpointing_is_refused_by_plan_and_warned_of_beside_a_plan():
     pytest.importorskip("transformers")
     from models_hf import gpt2
-
-    from planner.core import training_loss
 
     model, sample = gpt2()
     model.train()
@@ -386,3 +401,21 @@ def test_successful_planning_changes_nothing():
         p.module()
         p.verify(steps=1)
     _assert_unchanged(model, before)
+
+
+def test_after_autocast_is_the_state_after_the_forwards_autocast_and_restores_it():
+    from planner.core import after_autocast
+
+    weight = nn.Parameter(torch.randn(8, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first = torch.nn.functional.linear(torch.randn(2, 8), weight)
+        with after_autocast():
+            assert not torch.is_autocast_enabled("cpu")
+            assert torch.nn.functional.linear(torch.randn(2, 8), weight).dtype == torch.float32
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert torch.autocast_increment_nesting() == 2  # the context's one nesting level, restored
+        torch.autocast_decrement_nesting()
+        assert first.dtype == torch.nn.functional.linear(torch.randn(2, 8), weight).dtype == torch.bfloat16
+    assert not torch.is_autocast_enabled("cpu")
+    with after_autocast():  # autocast off: nothing changes
+        assert not torch.is_autocast_enabled("cpu")

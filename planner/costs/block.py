@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.apply.policy import keep_contexts
 from planner.apply.runs import RunRecorder
-from planner.core import ModuleCheckpoint, counted_call
+from planner.core import ModuleCheckpoint, after_autocast, cold_autocast_cache, counted_call
 from planner.costs.overhead import (
     FINE_ROUNDS,
     forward_calls,
@@ -88,11 +88,12 @@ def captured_call(model: nn.Module, path: str, run_model: Callable[[], Any]) -> 
 
 def fresh_inputs(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """New non-leaf copies of the captured arguments that need grad, for one call: its forward
-    may write them in place.
+    may write them in place. Autocast's cache is emptied too, as a training step's forward finds it.
 
     Example:
         >>> block(*fresh_inputs(args), **kwargs)
     """
+    cold_autocast_cache()
     return tuple(a.clone() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
 
 
@@ -104,7 +105,8 @@ def backward_from(module: nn.Module, output: Any) -> None:
     """
     loss = sum(t.float().sum() for t in tensors_in(output) if t.requires_grad)
     if isinstance(loss, torch.Tensor):
-        loss.backward()
+        with after_autocast():
+            loss.backward()
     clear_grads(module)
 
 

@@ -32,6 +32,8 @@ from typing import Any, Iterator
 import torch
 from torch._C._profiler import _EventType
 
+from planner.core import cold_autocast_cache
+
 
 @dataclass(frozen=True)
 class AllocationEvent:
@@ -85,6 +87,7 @@ def memory_profile() -> Iterator[torch.profiler.profile]:
         >>> allocation_events(profile)[:1]
     """
     profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    cold_autocast_cache()  # (else casts made before it may be freed inside: memory it never saw allocated)
     with _without_kineto_banner():
         profile.__enter__()
     try:

@@ -50,6 +50,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map_only
 
+from planner.core import cold_autocast_cache
 from planner.measure.memory import (
     LiveBytesTracker,
     draws_random_numbers,
@@ -434,6 +435,7 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
         graph_log = _CallLog()
         runner = _GraphRun(gm, graph_log, constant)
         runner.make_constants()
+        cold_autocast_cache()  # (each forward as a training step's finds autocast's cache)
         with graph_log:
             output = runner.run(*inputs)
         del output
@@ -462,6 +464,7 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
                  torch.nn.modules.module.register_module_forward_hook(spans.leave, always_call=True),
                  torch.nn.modules.module.register_module_forward_hook(leave, with_kwargs=True, always_call=True)]
         try:
+            cold_autocast_cache()
             with eager_log:
                 output = run_model()
             del output

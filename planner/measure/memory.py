@@ -128,7 +128,9 @@ class LiveBytesTracker(TorchDispatchMode):
     drew random numbers (`random`); the caller resets both. With `log` set, every allocation
     and free is appended to it as `(tick, signed bytes, storage key)`, ticks from `clock`.
     `broadcast` holds (storage key, shape, bytes) of the tensors the ops broadcast
-    (`broadcast_arguments`); the caller resets it too. It works on real, meta and fake tensors alike.
+    (`broadcast_arguments`), `casts` the storages of parameters' copies cast to another dtype
+    (autocast's, `planner.measure.profile.cached_cast`); the caller resets both too. It works on
+    real, meta and fake tensors alike.
 
     Example:
         >>> with LiveBytesTracker() as tracker:
@@ -144,6 +146,7 @@ class LiveBytesTracker(TorchDispatchMode):
         self.peak_bytes = 0
         self.written: set[int] = set()
         self.broadcast: set[tuple[int, tuple[int, ...], int]] = set()
+        self.casts: dict[int, int] = {}  # storage key -> bytes, of copies of parameters cast to another dtype
         self.random = False
         self.log = log
         self.clock = clock or itertools.count().__next__
@@ -161,6 +164,8 @@ class LiveBytesTracker(TorchDispatchMode):
         result = func(*args, **kwargs)
         self.broadcast.update((storage_key(t), tuple(t.shape), t.numel() * t.element_size())
                               for t in broadcast_arguments(func, args, kwargs, result))
+        if func is torch.ops.aten._to_copy.default and args[0].is_leaf and args[0].requires_grad:
+            self.casts[storage_key(result)] = result.untyped_storage().nbytes()
         inputs = {
             id(value.untyped_storage())
             for value in tree_flatten((args, kwargs))[0]

@@ -30,6 +30,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map_only
 
+from planner.core import after_autocast, cold_autocast_cache
 from planner.measure.allocations import (
     backward_temporaries,
     forward_scratch,
@@ -115,6 +116,7 @@ class _NodeRunner:
 
         args, kwargs = tree_map_only(FakeTensor, real, _fetch(self.fake, node))
         function, parameters = self._callable(node)
+        cold_autocast_cache()  # (its casts of parameters made and freed within the profile)
         owners: dict[Any, str] = {}
         tracker = LiveBytesTracker(log=[])
         with torch.enable_grad():
@@ -132,7 +134,7 @@ class _NodeRunner:
                     strides = node.meta.get(GRADIENT_STRIDES_KEY, {})
                     ones = [_gradient(t, strides.get(position)) for position, t in enumerate(tensors_in(result))
                             if t.requires_grad and t.grad_fn is not None]
-                    with BackwardWindows(tracker, owners) as windows:
+                    with BackwardWindows(tracker, owners) as windows, after_autocast():
                         gradients = torch.autograd.grad(outputs, wrt, ones, allow_unused=True)
                     tensors = windows.temporaries().get(node.name, 0)
             del result, outputs, gradients

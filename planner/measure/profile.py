@@ -28,7 +28,14 @@ import torch.fx as fx
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from planner.core import GraphProfile, NodeProfile, training_loss
+from planner.core import (
+    AUTOCAST_DEVICES,
+    GraphProfile,
+    NodeProfile,
+    after_autocast,
+    cold_autocast_cache,
+    training_loss,
+)
 from planner.measure.allocations import (
     backward_memory,
     forward_scratch,
@@ -95,6 +102,10 @@ class TimingInterpreter(fx.Interpreter):
         self.launch_ms = {} if launch_ms is None else launch_ms
         self.device = device
         self.events: list[tuple[str, Any, Any, Any]] = []
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        cold_autocast_cache()  # (the graph's forward as a training step's finds autocast's cache)
+        return super().run(*args, **kwargs)
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op not in COMPUTE_OPS:
@@ -239,6 +250,29 @@ def unhooked_saved_bytes(grad_fns: list[Any], hooked: Collection[int], device: t
     return sum(found.values())
 
 
+def caching_autocast() -> set[str]:
+    """The device types whose autocast is on and caches its casts of parameters. (Asked before
+    an op runs: inside it, autocast reads as off.)"""
+    if not torch.is_autocast_cache_enabled():
+        return set()
+    return {device for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device)}
+
+
+def cached_cast(tensor: torch.Tensor, caching: Collection[str]) -> bool:
+    """Whether `tensor` is (a view of) a cast of a parameter (a leaf that requires grad) made
+    where autocast caches those (`caching`, from `caching_autocast`): its cache holds them until
+    the autocast context exits, whatever saved them.
+
+    Example:
+        >>> caching = caching_autocast()  # (under torch.autocast("cpu", dtype=torch.bfloat16))
+        >>> cached_cast(weight.to(torch.bfloat16), caching)  # (as a linear's autocast casts it)
+        True
+    """
+    function = (tensor if tensor._base is None else tensor._base).grad_fn
+    return (tensor.device.type in caching and function is not None and type(function).__name__ == "ToCopyBackward0"
+            and any(type(f).__name__ == "AccumulateGrad" for f, _ in function.next_functions if f is not None))
+
+
 class ProfileInterpreter(fx.Interpreter):
     """One pass that records sizes, saved tensors and aliasing for every compute node.
 
@@ -282,6 +316,8 @@ class ProfileInterpreter(fx.Interpreter):
         versions = [t._version for t in inputs]
         producers = [t.grad_fn for t in inputs]  # before an in-place op replaces them
         saved: dict[int, int] = {}
+        cast: set[int] = set()  # of those, parameters autocast cast and caches
+        caching = caching_autocast()
         tracker = self.tracker
         last_pack = [0]  # tracker.allocations when the node last saved a tensor
         peak_at_pack = [0]  # and tracker.peak_bytes
@@ -291,6 +327,8 @@ class ProfileInterpreter(fx.Interpreter):
             packed[0] += 1
             if tensor.layout == torch.strided:
                 saved[storage_key(tensor)] = tensor.untyped_storage().nbytes()
+                if cached_cast(tensor, caching):
+                    cast.add(storage_key(tensor))
             last_pack[0] = tracker.allocations
             peak_at_pack[0] = tracker.peak_bytes
             with torch.profiler.record_function(PACK_MARK):  # where the kernels' scratch is cut off
@@ -301,6 +339,7 @@ class ProfileInterpreter(fx.Interpreter):
         live_before = tracker.live_bytes
         tracker.written.clear()
         tracker.broadcast.clear()
+        tracker.casts.clear()
         tracker.random = False
         try:
             # The label opens first: opened inside the dispatch mode, the profiler's event tree
@@ -342,6 +381,10 @@ class ProfileInterpreter(fx.Interpreter):
         record.saved_bytes = sum(
             nbytes for key, nbytes in saved.items() if key not in self.owner and key not in self.static_keys
         )
+        record.cast_saved_bytes = sum(saved[key] for key in cast
+                                      if key not in self.owner and key not in self.static_keys)
+        if caching:  # its casts of parameters, saved or not (a bias): autocast's cache holds them
+            record.cast_bytes = max(record.cast_saved_bytes, sum(tracker.casts.values()))
         record.transient_bytes = max(0, tracker.peak_bytes - live_after)
         if record.stops_before_output:  # what a recomputation stopped at its last pack holds
             record.stop_transient_bytes = max(0, peak_at_pack[0] - live_before - record.saved_bytes)
@@ -444,7 +487,8 @@ def profile(
             # a node's saved tensors are freed when its backward releases them.
             interpreter.env.clear()
             del output
-            value.backward()
+            with after_autocast():
+                value.backward()
             del value
         records = {node.name: node.meta[META_KEY] for node in gm.graph.nodes if META_KEY in node.meta}
         for name, extra in forward_scratch(allocations, device.type, NODE_LABEL).items():

@@ -37,7 +37,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from planner.core import training_loss
+from planner.core import after_autocast, training_loss
 from planner.measure.allocations import AllocationEvent, window_temporaries
 from planner.measure.memory import LiveBytesTracker, storage_key
 from planner.measure.profile import (
@@ -273,7 +273,7 @@ def profile_sizes(
         output = interpreter.run(*fake_inputs)
         value, loss_bytes = training_loss_bytes(loss or training_loss, output)
         loss_output = next((node.name for node, found in interpreter.env.items() if found is value), None)
-        with BackwardWindows(tracker, interpreter.autograd_owners) as windows:
+        with BackwardWindows(tracker, interpreter.autograd_owners) as windows, after_autocast():
             value.backward()
         del value
         static = sum(t.untyped_storage().nbytes() for t in state.values())

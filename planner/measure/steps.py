@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from planner.core import (
+    after_autocast,
     output_leaves,
     run_forward,
     split_sample,
@@ -114,7 +115,9 @@ def _outputs_and_grads(module: nn.Module, sample: Any, seed: int) -> tuple[list[
         parameter.grad = None
     torch.manual_seed(seed)
     output = run_forward(module, sample)
-    training_loss(output).backward()
+    loss = training_loss(output)
+    with after_autocast():
+        loss.backward()
     outputs = [t.detach() for t in output_leaves(output) if isinstance(t, torch.Tensor)]
     grads = [None if p.grad is None else p.grad.clone() for p in module.parameters()]
     return outputs, grads

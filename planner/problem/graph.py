@@ -196,13 +196,15 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
             NodeCost(
                 name=node.name,
                 compute_ms=record.forward_ms,
-                output_bytes=record.output_bytes + (0 if runs else record.saved_bytes + record.unhooked_saved_bytes),
+                output_bytes=record.output_bytes + (0 if runs else record.saved_bytes + record.unhooked_saved_bytes
+                                                    + record.cast_bytes - record.cast_saved_bytes),
                 grad_bytes=record.grad_bytes,
-                saved_bytes=record.saved_bytes if runs else 0,
+                # autocast's cached casts are held to the end of forward: no region drops them
+                saved_bytes=record.saved_bytes - record.cast_saved_bytes if runs else 0,
                 transient_bytes=record.transient_bytes,
                 param_grad_bytes=param_grad_bytes,
                 late_grad_bytes=max(0, min(record.late_grad_bytes, param_grad_bytes)),
-                unhooked_saved_bytes=record.unhooked_saved_bytes if runs else 0,
+                unhooked_saved_bytes=record.unhooked_saved_bytes + record.cast_bytes if runs else 0,
                 backward_transient_bytes=record.backward_transient_bytes,
                 uses=tuple(index[name] for name in record.uses),
                 saves=tuple(index[name] for name in record.saves) if runs else (),
