@@ -129,7 +129,7 @@ class LiveBytesTracker(TorchDispatchMode):
     and free is appended to it as `(tick, signed bytes, storage key)`, ticks from `clock`.
     `broadcast` holds (storage key, shape, bytes) of the tensors the ops broadcast
     (`broadcast_arguments`), `casts` the storages of parameters' copies cast to another dtype
-    (autocast's, `planner.measure.profile.cached_cast`); the caller resets both too. It works on
+    (autocast's, which its cache holds); the caller resets both too. It works on
     real, meta and fake tensors alike.
 
     Example:

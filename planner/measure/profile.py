@@ -250,27 +250,10 @@ def unhooked_saved_bytes(grad_fns: list[Any], hooked: Collection[int], device: t
     return sum(found.values())
 
 
-def caching_autocast() -> set[str]:
-    """The device types whose autocast is on and caches its casts of parameters. (Asked before
-    an op runs: inside it, autocast reads as off.)"""
-    if not torch.is_autocast_cache_enabled():
-        return set()
-    return {device for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device)}
-
-
-def cached_cast(tensor: torch.Tensor, caching: Collection[str]) -> bool:
-    """Whether `tensor` is (a view of) a cast of a parameter (a leaf that requires grad) made
-    where autocast caches those (`caching`, from `caching_autocast`): its cache holds them until
-    the autocast context exits, whatever saved them.
-
-    Example:
-        >>> caching = caching_autocast()  # (under torch.autocast("cpu", dtype=torch.bfloat16))
-        >>> cached_cast(weight.to(torch.bfloat16), caching)  # (as a linear's autocast casts it)
-        True
-    """
-    function = (tensor if tensor._base is None else tensor._base).grad_fn
-    return (tensor.device.type in caching and function is not None and type(function).__name__ == "ToCopyBackward0"
-            and any(type(f).__name__ == "AccumulateGrad" for f, _ in function.next_functions if f is not None))
+def caching_autocast() -> bool:
+    """Whether autocast is on and caches its casts of parameters, which it then holds until its
+    context exits. (Asked before an op runs: inside it, autocast reads as off.)"""
+    return torch.is_autocast_cache_enabled() and any(torch.is_autocast_enabled(device) for device in AUTOCAST_DEVICES)
 
 
 class ProfileInterpreter(fx.Interpreter):
@@ -300,6 +283,10 @@ class ProfileInterpreter(fx.Interpreter):
         self.input_names: dict[int, str] = {}  # storage key of a graph input -> its placeholder
         self.views = ViewGradients(self.autograd_owners, lambda t: self.owner.get(storage_key(t)))
 
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        cold_autocast_cache()  # (the graph's forward as a training step's finds autocast's cache)
+        return super().run(*args, **kwargs)
+
     def run_node(self, n: fx.Node) -> Any:
         if n.op == "placeholder":
             value = super().run_node(n)
@@ -316,7 +303,6 @@ class ProfileInterpreter(fx.Interpreter):
         versions = [t._version for t in inputs]
         producers = [t.grad_fn for t in inputs]  # before an in-place op replaces them
         saved: dict[int, int] = {}
-        cast: set[int] = set()  # of those, parameters autocast cast and caches
         caching = caching_autocast()
         tracker = self.tracker
         last_pack = [0]  # tracker.allocations when the node last saved a tensor
@@ -327,8 +313,6 @@ class ProfileInterpreter(fx.Interpreter):
             packed[0] += 1
             if tensor.layout == torch.strided:
                 saved[storage_key(tensor)] = tensor.untyped_storage().nbytes()
-                if cached_cast(tensor, caching):
-                    cast.add(storage_key(tensor))
             last_pack[0] = tracker.allocations
             peak_at_pack[0] = tracker.peak_bytes
             with torch.profiler.record_function(PACK_MARK):  # where the kernels' scratch is cut off
@@ -381,10 +365,10 @@ class ProfileInterpreter(fx.Interpreter):
         record.saved_bytes = sum(
             nbytes for key, nbytes in saved.items() if key not in self.owner and key not in self.static_keys
         )
-        record.cast_saved_bytes = sum(saved[key] for key in cast
-                                      if key not in self.owner and key not in self.static_keys)
-        if caching:  # its casts of parameters, saved or not (a bias): autocast's cache holds them
-            record.cast_bytes = max(record.cast_saved_bytes, sum(tracker.casts.values()))
+        if caching:  # the parameters it cast, saved or not (a bias): autocast's cache holds them
+            casts = {key: nbytes for key, nbytes in tracker.casts.items() if key not in self.owner}
+            record.cast_bytes = sum(casts.values())
+            record.cast_saved_bytes = sum(saved[key] for key in casts if key in saved)
         record.transient_bytes = max(0, tracker.peak_bytes - live_after)
         if record.stops_before_output:  # what a recomputation stopped at its last pack holds
             record.stop_transient_bytes = max(0, peak_at_pack[0] - live_before - record.saved_bytes)
