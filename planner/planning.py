@@ -38,6 +38,7 @@ from planner.core import (
     training_loss,
     training_step,
 )
+from planner.apply.checkpoints import applied_plan
 from planner.costs.block import MAX_BLOCK_ROUNDS, selective_overhead_for_plan
 from planner.costs.calls import small_call_cost
 from planner.costs.node_rounds import NodeRounds
@@ -79,8 +80,8 @@ class Setup:
 
 
 def check_trainable(model: nn.Module) -> None:
-    """Refuse a model with nothing to train or one that checkpoints itself; warn where it is in
-    eval mode.
+    """Refuse a model with nothing to train, one that checkpoints itself or one with a plan
+    applied; warn where it is in eval mode.
 
     Example:
         >>> check_trainable(model.train())
@@ -88,6 +89,10 @@ def check_trainable(model: nn.Module) -> None:
     if not model.training:
         warnings.warn("the model is in eval mode; the plan is for training, where dropout and "
                       "BatchNorm behave differently: call model.train() first", stacklevel=3)
+    if applied_plan(model) is not None:
+        raise ValueError(f"{type(model).__name__} has a checkpoint plan applied, which measuring would run as part of "
+                         "the model: remove it first (planner.remove_plan(model)), or solve the plan you have for "
+                         "another budget (p.replan(budget_gb=...))")
     checkpointing = self_checkpointing(model)
     if checkpointing:
         raise ValueError(f"{type(model).__name__} checkpoints its own layers (Hugging Face gradient checkpointing is "

@@ -196,6 +196,19 @@ def test_a_plan_made_under_autocast_fits_the_usual_mixed_precision_loop(measure)
     assert 0 <= p.predicted_peak_bytes - measured <= 0.03 * measured, (p.predicted_peak_bytes, measured)
 
 
+def test_a_model_with_a_plan_applied_is_refused_by_plan_until_it_is_removed():
+    from planner import remove_plan
+
+    model, tokens = small_gpt()
+    p = planned(model, tokens)
+    assert p.checkpoints
+    p.apply(model)
+    with pytest.raises(ValueError, match=r"plan applied.*remove_plan\(model\).*replan"):
+        plan(model, tokens, budget_gb=80)
+    remove_plan(model)
+    assert plan(model, tokens, budget_gb=80, solver="sqrt", repeats=1).baseline_peak_bytes == p.baseline_peak_bytes
+
+
 def test_hugging_face_checkpointing_is_refused_by_plan_and_warned_of_beside_a_plan():
     pytest.importorskip("transformers")
     from models_hf import gpt2
