@@ -148,3 +148,33 @@ def test_a_checkpointed_call_holds_its_keyword_arguments_and_the_caller_its_loss
     assert record.within_budget and record.gradients_match
     assert record.predicted_peak_bytes == record.planned_peak_bytes
     assert p.baseline_peak_bytes == unplanned
+
+
+class _HandCheckpointed(nn.Module):
+    """Checkpoints its first layer by hand, as users did before a planner."""
+
+    def __init__(self, use_reentrant: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Layer(32) for _ in range(3))
+        self.use_reentrant = use_reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        h = checkpoint(self.layers[0], x, use_reentrant=self.use_reentrant)
+        return self.layers[2](self.layers[1](h))
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+@pytest.mark.parametrize("measure", ["auto", "no-run"])
+def test_a_model_that_checkpoints_its_own_calls_is_refused(use_reentrant, measure):
+    from torch.utils import checkpoint as module
+
+    from planner import plan
+    from planner.measure.holds import OwnCheckpoints
+
+    originals = (module.checkpoint, module.CheckpointFunction, module._checkpoint_without_reentrant_generator)
+    x = torch.randn(64, 32, requires_grad=True)
+    with pytest.raises(OwnCheckpoints, match=r"calls torch.utils.checkpoint itself \(1 call\)"):
+        plan(_HandCheckpointed(use_reentrant), x, budget_gb=80, measure=measure)
+    assert (module.checkpoint, module.CheckpointFunction, module._checkpoint_without_reentrant_generator) == originals

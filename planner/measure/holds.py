@@ -41,11 +41,13 @@ from __future__ import annotations
 
 import inspect
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 import torch
 import torch.fx as fx
+import torch.utils.checkpoint
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map_only
@@ -417,6 +419,45 @@ class AttentionSaves(TorchFunctionMode):
         return result
 
 
+class OwnCheckpoints(ValueError):
+    """The model's forward calls `torch.utils.checkpoint` itself: the plan is to choose what to
+    recompute in place of those calls, and the traced graph runs through them."""
+
+
+@contextmanager
+def noting_checkpoints(calls: list[str]) -> Iterator[None]:
+    """Note in `calls` each `torch.utils.checkpoint` call made inside, reentrant or not (a model
+    that checkpoints its own blocks, as users did by hand before a planner).
+
+    Example:
+        >>> calls = []
+        >>> with noting_checkpoints(calls):
+        ...     model(x)
+        >>> calls
+        ['non-reentrant', 'non-reentrant']
+    """
+    module = torch.utils.checkpoint
+    generator, function = module._checkpoint_without_reentrant_generator, module.CheckpointFunction
+
+    def noted_generator(*args: Any, **kwargs: Any) -> Any:
+        calls.append("non-reentrant")
+        return generator(*args, **kwargs)
+
+    class NotedFunction:  # (checkpoint() calls only its `apply`)
+        @staticmethod
+        def apply(*args: Any) -> Any:
+            calls.append("reentrant")
+            return function.apply(*args)
+
+    module._checkpoint_without_reentrant_generator = noted_generator
+    module.CheckpointFunction = NotedFunction  # type: ignore[misc, assignment]
+    try:
+        yield
+    finally:
+        module._checkpoint_without_reentrant_generator = generator
+        module.CheckpointFunction = function  # type: ignore[misc]
+
+
 def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], Any],
                 constant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> EagerLifetimes:
     """The lifetimes of the model's own forward (`run_model()`, on the same inputs as
@@ -463,9 +504,10 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
         hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
                  torch.nn.modules.module.register_module_forward_hook(spans.leave, always_call=True),
                  torch.nn.modules.module.register_module_forward_hook(leave, with_kwargs=True, always_call=True)]
+        own_checkpoints: list[str] = []
         try:
             cold_autocast_cache()
-            with eager_log:
+            with eager_log, noting_checkpoints(own_checkpoints):
                 output = run_model()
             del output
         finally:
@@ -474,6 +516,12 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
             # Removing a global keyword hook leaves its flag behind (torch 2.13), which would send
             # every later module call of the user's process down the hooked path.
             getattr(torch.nn.modules.module, "_global_forward_hooks_with_kwargs", {}).pop(hooks[-1].id, None)
+    if own_checkpoints:
+        count = len(own_checkpoints)
+        made = f"{count} call{'s' * (count > 1)}"
+        raise OwnCheckpoints(f"the model's forward calls torch.utils.checkpoint itself ({made}): the plan"
+                             " chooses what to recompute in place of such calls, and the traced graph runs "
+                             "through them; remove them (or turn off the option that makes them) and plan again")
     compute = compute_nodes(gm)
     order = {node.name: i for i, node in enumerate(compute)}
     unmatched, differing, starts = unmatched_regions(
@@ -661,5 +709,6 @@ def fake_eager_holds(gm: fx.GraphModule, inputs: list[torch.Tensor], model: torc
     return lifetimes
 
 
-__all__ = ["AttentionSaves", "CallAlignment", "EagerLifetimes", "KEEPABLE_OPS", "NodeCalls", "checked_calls", "eager_holds", "fake_eager_holds",
-           "first_difference", "keepable_calls", "matched_from", "matched_span", "unmatched_regions"]
+__all__ = ["AttentionSaves", "CallAlignment", "EagerLifetimes", "KEEPABLE_OPS", "NodeCalls", "OwnCheckpoints",
+           "checked_calls", "eager_holds", "fake_eager_holds", "first_difference", "keepable_calls", "matched_from",
+           "matched_span", "noting_checkpoints", "unmatched_regions"]

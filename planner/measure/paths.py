@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from planner.core import GraphProfile
 from planner.measure.device import PlanDevice, can_run, check_measure, measurable_bytes
-from planner.measure.holds import EagerLifetimes, eager_holds, fake_eager_holds
+from planner.measure.holds import EagerLifetimes, OwnCheckpoints, eager_holds, fake_eager_holds
 from planner.measure.nodes import estimate_nodes, measure_nodes
 from planner.measure.profile import META_KEY, graph_profile, profile
 from planner.measure.sizes import profile_sizes
@@ -94,6 +94,8 @@ def measure_model(
                 cuda_attention = target_attention if where.device.type == "cuda" else None
                 try:
                     lifetimes = fake_eager_holds(gm, inputs, *model_call, where.profile_device, cuda_attention)
+                except OwnCheckpoints:
+                    raise
                 except Exception as error:  # (a forward fake tensors cannot follow: data-dependent code)
                     _warn_unfollowed(error)
                 else:
