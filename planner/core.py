@@ -234,6 +234,17 @@ def training_step(module: nn.Module, sample: Any) -> None:
 AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
 
 
+def autocast_devices() -> list[str]:
+    """The device types autocast is on for here (inside an op it reads as off: ask before).
+
+    Example:
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     autocast_devices()
+        ['cpu']
+    """
+    return [device for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device)]
+
+
 def cold_autocast_cache() -> None:
     """Where autocast is on, empty its cache of cast parameters, as a training step's forward
     finds it (the previous forward's `with torch.autocast` emptied it on exit): the first use of
@@ -243,7 +254,7 @@ def cold_autocast_cache() -> None:
         >>> with torch.autocast("cpu", dtype=torch.bfloat16):
         ...     cold_autocast_cache(); model(x)
     """
-    if any(torch.is_autocast_enabled(device) for device in AUTOCAST_DEVICES):
+    if autocast_devices():
         torch.clear_autocast_cache()
 
 
@@ -261,7 +272,7 @@ def after_autocast() -> Iterator[None]:
         ...     with after_autocast():
         ...         loss.backward()
     """
-    enabled = [device for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device)]
+    enabled = autocast_devices()
     if not enabled:
         yield
         return
@@ -291,7 +302,8 @@ def counted_call(name: str) -> bool:
 def self_checkpointing(model: nn.Module) -> list[str]:
     """The submodules of `model` that checkpoint their own calls: Hugging Face's gradient
     checkpointing (`gradient_checkpointing_enable()`, `activation_checkpointing_enable()` in
-    transformers 5, or the Trainer where its arguments ask for it) sets `gradient_checkpointing` on them.
+    transformers 5, or the Trainer where its arguments ask for it) sets `gradient_checkpointing`
+    on them.
 
     Example:
         >>> hf_model.gradient_checkpointing_enable()
@@ -313,6 +325,6 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
-__all__ = ["AUTOCAST_DEVICES", "GraphProfile", "ModuleCheckpoint", "NodeProfile", "after_autocast", "check_choice",
-           "cold_autocast_cache", "counted_call", "output_leaves", "run_forward", "sample_tensors",
+__all__ = ["AUTOCAST_DEVICES", "GraphProfile", "ModuleCheckpoint", "NodeProfile", "after_autocast", "autocast_devices",
+           "check_choice", "cold_autocast_cache", "counted_call", "output_leaves", "run_forward", "sample_tensors",
            "self_checkpointing", "split_sample", "training_loss", "training_step"]

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.apply.policy import KeepPolicy, keep_contexts
 from planner.apply.runs import RunRecording, calls_outside
 from planner.apply.sequential import buffers_of_children, run_segments
-from planner.core import ModuleCheckpoint, Segment, self_checkpointing, split_sample
+from planner.core import ModuleCheckpoint, Segment, split_sample
 from planner.trace.tracing import bind_arguments
 
 PLAN_ATTRIBUTE = "_checkpoint_plan"  # on the planned model: what apply_plan changed
@@ -195,14 +195,17 @@ class AppliedPlan:
     signature: inspect.Signature | None
     handle: Any = None
     warned: set[str] = field(default_factory=set)
+    # the submodules that have Hugging Face's flag (`planner.core.self_checkpointing`), found at apply
+    flaggable: tuple[nn.Module, ...] = ()
 
     def before_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if module.training and "checkpointing" not in self.warned and self_checkpointing(module):
+        if module.training and "checkpointing" not in self.warned and any(
+                flagged.gradient_checkpointing is True for flagged in self.flaggable):
             self.warned.add("checkpointing")
-            warnings.warn("Hugging Face gradient checkpointing is on as well as the plan (gradient_checkpointing_enable() "
-                          "or activation_checkpointing_enable(), which TrainingArguments can call): its layers are "
-                          "recomputed on top of the plan's regions, at a cost the plan does not count; turn it off",
-                          stacklevel=3)
+            warnings.warn("Hugging Face gradient checkpointing is on as well as the plan "
+                          "(gradient_checkpointing_enable() or activation_checkpointing_enable(), which "
+                          "TrainingArguments can call): its layers are recomputed on top of the plan's regions, "
+                          "at a cost the plan does not count; turn it off", stacklevel=3)
         repeated = [path for path, forward in self.forwards.items() if forward.calls > 1]
         if repeated and "repeated" not in self.warned:
             self.warned.add("repeated")
@@ -320,7 +323,8 @@ def apply_plan(model: nn.Module, checkpoints: Sequence[ModuleCheckpoint],
         signature = inspect.signature(model.forward)
     except (TypeError, ValueError):
         signature = None
-    state = AppliedPlan(forwards, dict(planned_shapes or {}), signature)
+    flaggable = tuple(module for module in model.modules() if hasattr(module, "gradient_checkpointing"))
+    state = AppliedPlan(forwards, dict(planned_shapes or {}), signature, flaggable=flaggable)
     state.handle = model.register_forward_pre_hook(state.before_forward, with_kwargs=True)
     model.__dict__[PLAN_ATTRIBUTE] = state
     return model

@@ -30,7 +30,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map_only
 
-from planner.core import after_autocast, cold_autocast_cache
+from planner.core import after_autocast
 from planner.measure.allocations import (
     backward_temporaries,
     forward_scratch,
@@ -114,9 +114,9 @@ class _NodeRunner:
                     return tensor.clone()
             return tensor
 
-        args, kwargs = tree_map_only(FakeTensor, real, _fetch(self.fake, node))
+        fake_arguments = _fetch(self.fake, node)
+        args, kwargs = tree_map_only(FakeTensor, real, fake_arguments)
         function, parameters = self._callable(node)
-        cold_autocast_cache()  # (its casts of parameters made and freed within the profile)
         owners: dict[Any, str] = {}
         tracker = LiveBytesTracker(log=[])
         with torch.enable_grad():
@@ -125,7 +125,7 @@ class _NodeRunner:
                 with torch.profiler.record_function(NODE_LABEL + node.name), tracker:
                     result = function(*args, **kwargs)
                 grown = max(0, _new_storage_bytes(result, (args, kwargs))
-                            - _new_storage_bytes(self.fake.values[node], _fetch(self.fake, node)))
+                            - _new_storage_bytes(self.fake.values[node], fake_arguments))
                 outputs = [t for t in tensors_in(result) if t.requires_grad and t.grad_fn is not None]
                 claim_autograd_nodes(outputs, node.name, owners)
                 wrt = [*leaves, *parameters]

@@ -29,10 +29,10 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from planner.core import (
-    AUTOCAST_DEVICES,
     GraphProfile,
     NodeProfile,
     after_autocast,
+    autocast_devices,
     cold_autocast_cache,
     training_loss,
 )
@@ -230,8 +230,9 @@ def claim_autograd_nodes(outputs: list[torch.Tensor], name: str, owners: dict[An
 
 def unhooked_saved_bytes(grad_fns: list[Any], hooked: Collection[int], device: torch.device) -> int:
     """Bytes on `device` that autograd nodes saved past the saved-tensor hooks (`hooked`: storage
-    keys of the strided tensors the hooks packed): Python numbers a call took as tensors (`x * 0.5` saves its 0.5, a CPU
-    tensor of 8 bytes), which autograd never hands to hooks, so checkpoint cannot drop them.
+    keys of the strided tensors the hooks packed): Python numbers a call took as tensors (`x * 0.5`
+    saves its 0.5, a CPU tensor of 8 bytes), which autograd never hands to hooks, so checkpoint
+    cannot drop them.
 
     Example:
         >>> y = x * 0.5  # (under a pack hook that noted nothing)
@@ -248,12 +249,6 @@ def unhooked_saved_bytes(grad_fns: list[Any], hooked: Collection[int], device: t
                             and tensor.layout == torch.strided and storage_key(tensor) not in hooked):
                         found[storage_key(tensor)] = tensor.untyped_storage().nbytes()
     return sum(found.values())
-
-
-def caching_autocast() -> bool:
-    """Whether autocast is on and caches its casts of parameters, which it then holds until its
-    context exits. (Asked before an op runs: inside it, autocast reads as off.)"""
-    return torch.is_autocast_cache_enabled() and any(torch.is_autocast_enabled(device) for device in AUTOCAST_DEVICES)
 
 
 class ProfileInterpreter(fx.Interpreter):
@@ -303,7 +298,7 @@ class ProfileInterpreter(fx.Interpreter):
         versions = [t._version for t in inputs]
         producers = [t.grad_fn for t in inputs]  # before an in-place op replaces them
         saved: dict[int, int] = {}
-        caching = caching_autocast()
+        caching = torch.is_autocast_cache_enabled() and bool(autocast_devices())  # (asked before the node runs)
         tracker = self.tracker
         last_pack = [0]  # tracker.allocations when the node last saved a tensor
         peak_at_pack = [0]  # and tracker.peak_bytes
