@@ -21,6 +21,7 @@ from torch import nn
 
 from planner.apply.checkpoints import shallow_clone
 from planner.core import GraphProfile, ModuleCheckpoint, sample_tensors
+from planner.measure.autocast import autocast_name, check_autocast, emulates_cuda, step_autocast
 from planner.measure.device import check_measure, measurable_bytes, plan_device
 from planner.measure.static import check_optimizer, check_world_size
 from planner.measure.steps import (
@@ -264,8 +265,9 @@ class Plan:
         if solver_options is None:
             solver_options = self.solver_options if method == self.requested_solver else {}
         measurements = replace(measurements, setup=measurements.setup.with_reserve(reserved_bytes))
-        return _solved(self._model, self._sample, measurements, problem, budget_bytes, reserved_bytes, method,
-                       solver_options)
+        with step_autocast(measurements.setup.where, measurements.setup.autocast):
+            return _solved(self._model, self._sample, measurements, problem, budget_bytes, reserved_bytes, method,
+                           solver_options)
 
     def with_submodules(self, modules: Sequence[str], kept: Sequence[str] = ()) -> "Plan":
         """The same measurements with exactly `modules` checkpointed (qualified names), each
@@ -328,8 +330,10 @@ class Plan:
             raise ValueError("the model is on the meta device and cannot run: save the plan and apply it to "
                              "the real model (load_plan(path).apply(model)), then train")
         planned = self.module() if model is self._model else self.record.apply(shallow_clone(model))
-        verification = verify_modules(model, planned, sample, steps, self.predicted_peak_bytes,
-                                      self.baseline_peak_bytes, self.budget_bytes, self.recompute_ms)
+        here = plan_device([*model.parameters(), *model.buffers(), *sample_tensors(sample)], None)
+        with step_autocast(here, check_autocast(planned_for.get("autocast"))):
+            verification = verify_modules(model, planned, sample, steps, self.predicted_peak_bytes,
+                                          self.baseline_peak_bytes, self.budget_bytes, self.recompute_ms)
         self.record = replace(self.record, verification=verification)
         return verification
 
@@ -489,6 +493,7 @@ def plan(
     measure: str = "auto",
     effort: str = "normal",
     selective: bool = False,
+    autocast: torch.dtype | str | None = None,
 ) -> Plan:
     """Choose which parts of `model` to recompute so one training step fits `budget_gb`.
 
@@ -515,8 +520,11 @@ def plan(
     CPU; "normal" reads them on one block). `selective=True` lets a region keep some of its
     nodes' outputs under a selective-checkpoint policy (Megatron-style: keep the matmuls,
     recompute the rest); off by default, as on the benchmark models it bought nothing on a CPU
-    (docs/cost-model.md). The model is left as it was. `solver_options` go to the solver (for
-    example `{"time_limit_s": 120}` for "ilp").
+    (docs/cost-model.md). `autocast=torch.bfloat16` (or float16) plans the step you train under
+    `torch.autocast(device, dtype)`, as the Trainer's `bf16=True` does: planning, `replan` and
+    `verify` run their steps under it; for a CUDA target on a machine without CUDA, CPU autocast
+    casts as CUDA's does (`planner.measure.autocast`). The model is left as it was.
+    `solver_options` go to the solver (for example `{"time_limit_s": 120}` for "ilp").
 
     Example:
         >>> from planner import plan
@@ -529,7 +537,7 @@ def plan(
         return _plan_of_rank_zero(model, sample)
     try:
         planned = _plan_here(model, sample, budget_gb, solver, reserved_gb, leaves, frontend, repeats, progress,
-                             solver_options, target, world_size, optimizer, measure, effort, selective)
+                             solver_options, target, world_size, optimizer, measure, effort, selective, autocast)
     except Exception as error:
         _share_with_ranks(error)
         raise
@@ -540,9 +548,11 @@ def plan(
 def _plan_here(model: nn.Module, sample: Any, budget_gb: float | None, solver: str, reserved_gb: float,
                leaves: tuple[str, ...], frontend: str, repeats: int, progress: Callable[[str], None] | None,
                solver_options: dict[str, Any] | None, target: str | None, world_size: int,
-               optimizer: str | float | None, measure: str, effort: str, selective: bool) -> Plan:
+               optimizer: str | float | None, measure: str, effort: str, selective: bool,
+               autocast: torch.dtype | str | None) -> Plan:
     """`plan()` in this process, its arguments as given."""
     gpu = find_target(target) if target is not None else None
+    autocast = check_autocast(autocast)
     world_size = check_world_size(world_size)
     optimizer = check_optimizer(optimizer)
     check_measure(measure)
@@ -558,11 +568,12 @@ def _plan_here(model: nn.Module, sample: Any, budget_gb: float | None, solver: s
         raise TypeError("the sample holds no tensor: pass the model's input tensors as the sample")
     where = plan_device([*model.parameters(), *model.buffers(), *tensors], gpu)
     say = progress or (lambda message: logger.info(message))
-    measured = measure_problem(model, sample, where, reserved_bytes, optimizer, world_size, leaves,
-                               frontend, repeats, measure, say, effort, bool(selective))
-    say(f"solving for {len(compute_nodes(measured.traced.gm))} nodes with solver {solver!r}")
-    return plan_measured(model, sample, measured, Setup(where, world_size, optimizer, measured.breakdown, measure),
-                         budget_bytes, reserved_bytes, solver, solver_options)
+    with step_autocast(where, autocast):
+        measured = measure_problem(model, sample, where, reserved_bytes, optimizer, world_size, leaves,
+                                   frontend, repeats, measure, say, effort, bool(selective))
+        say(f"solving for {len(compute_nodes(measured.traced.gm))} nodes with solver {solver!r}")
+        setup = Setup(where, world_size, optimizer, measured.breakdown, measure, autocast)
+        return plan_measured(model, sample, measured, setup, budget_bytes, reserved_bytes, solver, solver_options)
 
 
 def plan_measured(model: nn.Module, sample: Any, measured: MeasuredProblem, setup: Setup, budget_bytes: int,
@@ -594,7 +605,8 @@ def _plan_of(model: nn.Module, sample: Any, measurements: Measurements, problem:
         "device": setup.where.name, "target": setup.where.target.name if setup.where.target else None,
         "world_size": setup.world_size, "optimizer": setup.optimizer, "measurement": summary.measurement,
         "times_estimated": summary.times_estimated, "scratch_measured": summary.scratch_measured,
-        "own_step_peak_bytes": own_step_peak_bytes,
+        "own_step_peak_bytes": own_step_peak_bytes, "autocast": autocast_name(setup.autocast),
+        "autocast_emulated": setup.autocast is not None and emulates_cuda(setup.where),
         "seconds": {**measurements.seconds, "solving": solution.solve_seconds},
     }
     record = record_of(model, sample, traced, summary, problem, solution, checkpoints, budget_bytes, reserved_bytes,

@@ -67,13 +67,15 @@ from solvers.solution import format_bytes
 class Setup:
     """What the plan is for besides the budget: the device (and target GPU), how the run holds
     static memory (FSDP2 ranks, optimizer) and the resulting static memory per rank, by term,
-    and how planning may measure (`measure`: "no-run" runs no step, not even the plan's own)."""
+    how planning may measure (`measure`: "no-run" runs no step, not even the plan's own), and the
+    dtype of the autocast the step runs under, if any."""
 
     where: PlanDevice
     world_size: int = 1
     optimizer: str | float | None = None
     static_breakdown: dict[str, int] | None = None
     measure: str = "auto"
+    autocast: torch.dtype | None = None
 
     def with_reserve(self, reserved_bytes: int) -> "Setup":
         return replace(self, static_breakdown={**(self.static_breakdown or {}), "reserved": reserved_bytes})

@@ -82,6 +82,12 @@ def test_verbose_adds_the_solver_and_the_cost_model(capsys):
     assert code == 0 and "  solver            " in out and "  cost model        " in out and "per checkpoint call" in out
 
 
+def test_autocast_plans_the_mixed_precision_step(capsys):
+    code, out, _ = run(capsys, "plan", "mlp", "--budget-gb", "1", "--sample", "32x256", "--quiet",
+                       "--autocast", "bfloat16", *FAST)
+    assert code == 0 and "the step under autocast to bfloat16" in out
+
+
 def test_quiet_prints_only_the_report(capsys):
     code, out, err = run(capsys, "plan", "mlp", "--budget-gb", "1", "--sample", "32x256", "--quiet", *FAST)
     assert code == 0 and out.startswith("Checkpoint plan") and err == ""

@@ -37,6 +37,10 @@ def measured(record: PlanRecord) -> str:
         text = f"sizes on fake tensors, each distinct node alone on {device} for its time"
     if not planned_for.get("scratch_measured", True):
         text += "; kernel scratch not measured"
+    if planned_for.get("autocast"):
+        text += f"; the step under autocast to {planned_for['autocast']}"
+        if planned_for.get("autocast_emulated"):
+            text += " (CUDA autocast's casts, applied on this machine's CPU: an estimate)"
     return text
 
 

@@ -37,6 +37,7 @@ from torch import nn
 
 from planner.api import GIB, Plan, plan, plan_measured
 from planner.core import sample_tensors
+from planner.measure.autocast import step_autocast
 from planner.measure.clock import elapsed_ms
 from planner.measure.device import measurable_bytes, plan_device
 from planner.measure.static import check_optimizer, fsdp_blocks
@@ -308,104 +309,109 @@ def plan_throughput(model: nn.Module, sample_for: Callable[[int], Any], budget_g
     say(f"measuring the model at batch {reference_batch} (the reference)")
     reference = plan(model, samples[reference_batch], budget_gb=80, **plan_options)
     setup = replace(reference.setup, static_breakdown=None)
-    costs = {name: getattr(reference.problem, name) for name in COST_FIELDS}
-    blocks = fsdp_blocks(model)
+    with step_autocast(where, setup.autocast):  # (every step the search runs, as the reference's)
+        costs = {name: getattr(reference.problem, name) for name in COST_FIELDS}
+        blocks = fsdp_blocks(model)
 
-    measured: dict[int, MeasuredProblem] = {}
-    rows: dict[int, BatchRow] = {}
-    for b in candidates:
-        accumulation = 1 if global_batch is None else global_batch // b
-        if b not in usable:
-            rows[b] = BatchRow(b, why=f"{b} does not divide the global batch {global_batch}")
-            continue
-        if b == reference_batch:  # measured already, on real tensors
-            measured[b] = MeasuredProblem(reference.traced, reference.profile, reference.problem,
-                                          reference.static_breakdown, reference.wrapped)
+        measured: dict[int, MeasuredProblem] = {}
+        rows: dict[int, BatchRow] = {}
+        for b in candidates:
+            accumulation = 1 if global_batch is None else global_batch // b
+            if b not in usable:
+                rows[b] = BatchRow(b, why=f"{b} does not divide the global batch {global_batch}")
+                continue
+            if b == reference_batch:  # measured already, on real tensors
+                measured[b] = MeasuredProblem(reference.traced, reference.profile, reference.problem,
+                                              reference.static_breakdown, reference.wrapped)
+                rows[b] = BatchRow(b, accumulation)
+                continue
+            say(f"sizes at batch {b} on fake tensors")
+            found = measure_problem(model, samples[b], where, reserved_bytes, optimizer, setup.world_size,
+                                    plan_options.get("leaves", ()), plan_options.get("frontend", "auto"), 1, "no-run",
+                                    lambda message: None, selective=plan_options.get("selective", False),
+                                    node_times=_scaled_times(reference.problem, b / reference_batch))
+            found = replace(found, problem=replace(found.problem, **costs))
+            measured[b] = found
             rows[b] = BatchRow(b, accumulation)
-            continue
-        say(f"sizes at batch {b} on fake tensors")
-        found = measure_problem(model, samples[b], where, reserved_bytes, optimizer, setup.world_size,
-                                plan_options.get("leaves", ()), plan_options.get("frontend", "auto"), 1, "no-run",
-                                lambda message: None, selective=plan_options.get("selective", False),
-                                node_times=_scaled_times(reference.problem, b / reference_batch))
-        found = replace(found, problem=replace(found.problem, **costs))
-        measured[b] = found
-        rows[b] = BatchRow(b, accumulation)
 
-    # The unplanned step's time, at two or three batches this device can run.
-    room = measurable_bytes(where.device) if where.local else 0
-    runnable = [b for b in measured if peak_bytes(measured[b].problem) <= room] if where.local else []
-    chosen_for_times = sorted({runnable[0], runnable[len(runnable) // 2], runnable[-1]}) if runnable else []
-    points = []
-    for b in chosen_for_times:
-        say(f"timing the unplanned step at batch {b}")
-        points.append((b, _timed_step(model, samples[b], where.device)))
-    if not points:
-        raise ValueError(f"no candidate batch's unplanned step can run on {where.name} to be timed "
-                         "(a model on meta, or another target): plan_throughput measures step times here")
-    intercept, slope = fit_line(points)
-    times = StepTimes(intercept, slope, optimizer_step_ms(model, optimizer, where.device), tuple(points))
+        # The unplanned step's time, at two or three batches this device can run.
+        room = measurable_bytes(where.device) if where.local else 0
+        runnable = [b for b in measured if peak_bytes(measured[b].problem) <= room] if where.local else []
+        chosen_for_times = sorted({runnable[0], runnable[len(runnable) // 2], runnable[-1]}) if runnable else []
+        points = []
+        for b in chosen_for_times:
+            say(f"timing the unplanned step at batch {b}")
+            points.append((b, _timed_step(model, samples[b], where.device)))
+        if not points:
+            raise ValueError(f"no candidate batch's unplanned step can run on {where.name} to be timed "
+                             "(a model on meta, or another target): plan_throughput measures step times here")
+        intercept, slope = fit_line(points)
+        times = StepTimes(intercept, slope, optimizer_step_ms(model, optimizer, where.device), tuple(points))
 
-    def per_step(b: int, recompute_ms: float) -> tuple[float, float]:
-        accumulation = rows[b].accumulation
-        total = accumulation * (times.step_ms(b) + recompute_ms) + times.optimizer_ms
-        return total, accumulation * b * 1000 / total
+        def per_step(b: int, recompute_ms: float) -> tuple[float, float]:
+            accumulation = rows[b].accumulation
+            total = accumulation * (times.step_ms(b) + recompute_ms) + times.optimizer_ms
+            return total, accumulation * b * 1000 / total
 
-    refusals: dict[int, InfeasibleBudget] = {}
-    for b, found in measured.items():
-        problem = found.problem
-        block_regions = _block_regions(found, blocks)
-        none_fits = peak_bytes(problem) <= budget_bytes
-        every_fits = None if not block_regions else peak_bytes(problem, block_regions) <= budget_bytes
-        extra = {"none_fits": none_fits, "none_samples_per_s": per_step(b, 0.0)[1] if none_fits else None,
-                 "every_block_fits": every_fits,
-                 "every_block_samples_per_s": per_step(b, problem.recompute_ms(block_regions))[1] if every_fits
-                 else None}
-        try:
-            solution = solve(problem, budget_bytes, method=plan_options.get("solver", "auto"))
-        except InfeasibleBudget as error:
-            refusals[b] = error
-            rows[b] = replace(rows[b], why=f"the smallest budget a plan fits is {format_bytes(error.minimum_bytes)}",
-                              **extra)
-            continue
-        step, rate = per_step(b, solution.recompute_ms)
-        rows[b] = replace(rows[b], peak_bytes=solution.peak_bytes, recompute_ms=solution.recompute_ms, step_ms=step,
-                          samples_per_s=rate, **extra)
-    ranked = sorted((row for row in rows.values() if row.samples_per_s is not None),
-                    key=lambda row: (-row.samples_per_s, row.batch))
-    if not ranked:  # the smallest candidate's refusal, with the least budget a plan for it fits
-        raise refusals[min(refusals)] if refusals else ValueError(f"no candidate batch can be planned: {candidates}")
+        refusals: dict[int, InfeasibleBudget] = {}
+        for b, found in measured.items():
+            problem = found.problem
+            block_regions = _block_regions(found, blocks)
+            none_fits = peak_bytes(problem) <= budget_bytes
+            every_fits = None if not block_regions else peak_bytes(problem, block_regions) <= budget_bytes
+            extra = {"none_fits": none_fits, "none_samples_per_s": per_step(b, 0.0)[1] if none_fits else None,
+                     "every_block_fits": every_fits,
+                     "every_block_samples_per_s": per_step(b, problem.recompute_ms(block_regions))[1] if every_fits
+                     else None}
+            try:
+                solution = solve(problem, budget_bytes, method=plan_options.get("solver", "auto"))
+            except InfeasibleBudget as error:
+                refusals[b] = error
+                smallest = format_bytes(error.minimum_bytes)
+                rows[b] = replace(rows[b], why=f"the smallest budget a plan fits is {smallest}",
+                                  **extra)
+                continue
+            step, rate = per_step(b, solution.recompute_ms)
+            rows[b] = replace(rows[b], peak_bytes=solution.peak_bytes, recompute_ms=solution.recompute_ms, step_ms=step,
+                              samples_per_s=rate, **extra)
+        ranked = sorted((row for row in rows.values() if row.samples_per_s is not None),
+                        key=lambda row: (-row.samples_per_s, row.batch))
+        if not ranked:  # the smallest candidate's refusal, with the least budget a plan for it fits
+            raise (refusals[min(refusals)] if refusals
+                   else ValueError(f"no candidate batch can be planned: {candidates}"))
 
-    # The best two are planned for real and their planned steps timed, and the largest batch that
-    # needs no checkpointing (on a CPU, where larger batches buy less, it may win): measured beats
-    # predicted.
-    plans: dict[int, Plan] = {}
-    notes: list[str] = []
-    plain = max((row for row in ranked if row.none_fits), key=lambda row: row.batch, default=None)
-    for row in [*ranked[:2], *([plain] if plain is not None and plain not in ranked[:2] else [])]:
-        b = row.batch
-        say(f"planning batch {b} and timing its planned step")
-        try:
-            plans[b] = plan_measured(model, samples[b], measured[b],
-                                     replace(setup, static_breakdown=measured[b].breakdown), budget_bytes, reserved_bytes,
-                                     solver=plan_options.get("solver", "auto"))
-        except InfeasibleBudget as error:  # (its own step held more than predicted)
-            refusals[b] = error
-            rows[b] = replace(rows[b], peak_bytes=None, samples_per_s=None, why=f"its measured step: {error}")
-            notes.append(f"batch {b}: {error}")
-            continue
-        if where.local and plans[b].model is not None:
-            planned_ms = _timed_step(plans[b].module(), samples[b], where.device)
-            total = rows[b].accumulation * planned_ms + times.optimizer_ms
-            rows[b] = replace(rows[b], measured_step_ms=total,
-                              measured_samples_per_s=rows[b].accumulation * b * 1000 / total)
-    if not plans:  # every candidate's own step held more than predicted: the smallest one's refusal
-        raise refusals[min(refusals)]
-    best = max((rows[b] for b in plans), key=lambda row: (row.measured_samples_per_s or row.samples_per_s, -row.batch))
-    if not plans[best.batch].solution.regions:
-        notes.append(f"batch {best.batch} needs no checkpointing and measures fastest: the plan recomputes nothing")
-    return ThroughputPlan(best.batch, plans[best.batch], tuple(rows[b] for b in candidates), times, budget_bytes,
-                          global_batch, reference_batch, time.perf_counter() - started, notes)
+        # The best two are planned for real and their planned steps timed, and the largest batch that
+        # needs no checkpointing (on a CPU, where larger batches buy less, it may win): measured beats
+        # predicted.
+        plans: dict[int, Plan] = {}
+        notes: list[str] = []
+        plain = max((row for row in ranked if row.none_fits), key=lambda row: row.batch, default=None)
+        for row in [*ranked[:2], *([plain] if plain is not None and plain not in ranked[:2] else [])]:
+            b = row.batch
+            say(f"planning batch {b} and timing its planned step")
+            try:
+                plans[b] = plan_measured(model, samples[b], measured[b],
+                                         replace(setup, static_breakdown=measured[b].breakdown), budget_bytes,
+                                         reserved_bytes,
+                                         solver=plan_options.get("solver", "auto"))
+            except InfeasibleBudget as error:  # (its own step held more than predicted)
+                refusals[b] = error
+                rows[b] = replace(rows[b], peak_bytes=None, samples_per_s=None, why=f"its measured step: {error}")
+                notes.append(f"batch {b}: {error}")
+                continue
+            if where.local and plans[b].model is not None:
+                planned_ms = _timed_step(plans[b].module(), samples[b], where.device)
+                total = rows[b].accumulation * planned_ms + times.optimizer_ms
+                rows[b] = replace(rows[b], measured_step_ms=total,
+                                  measured_samples_per_s=rows[b].accumulation * b * 1000 / total)
+        if not plans:  # every candidate's own step held more than predicted: the smallest one's refusal
+            raise refusals[min(refusals)]
+        best = max((rows[b] for b in plans),
+                   key=lambda row: (row.measured_samples_per_s or row.samples_per_s, -row.batch))
+        if not plans[best.batch].solution.regions:
+            notes.append(f"batch {best.batch} needs no checkpointing and measures fastest: the plan recomputes nothing")
+        return ThroughputPlan(best.batch, plans[best.batch], tuple(rows[b] for b in candidates), times, budget_bytes,
+                              global_batch, reference_batch, time.perf_counter() - started, notes)
 
 
 def _block_regions(found: MeasuredProblem, blocks: list[str]) -> tuple[range, ...]:

@@ -1,0 +1,116 @@
+"""Plans for a step under autocast: `plan(..., autocast=dtype)`, and CUDA autocast's casts on a CPU."""
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import small_gpt
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from planner import load_plan, plan
+from planner.api import GIB
+from planner.core import after_autocast, training_loss
+from planner.measure.autocast import CUDA_POLICY, cuda_autocast_on_cpu, cuda_ops
+from planner.measure.memory import PeakMemory
+from planner.measure.steps import static_bytes, steady_peak
+
+
+def test_the_cuda_policy_names_every_op_cuda_autocast_casts_in_this_pytorch():
+    assert "linear" in cuda_ops() and "layer_norm" in cuda_ops()
+    assert cuda_ops() <= CUDA_POLICY.keys(), sorted(cuda_ops() - CUDA_POLICY.keys())
+
+
+def test_cuda_autocast_on_cpu_casts_as_cuda_does_and_leaves_cpu_autocast_as_it_was():
+    x = torch.randn(4, 8, requires_grad=True)
+    linear = torch.nn.Linear(8, 8)
+    clear = torch.clear_autocast_cache
+    with cuda_autocast_on_cpu(torch.bfloat16):
+        h = linear(x)
+        assert h.dtype == torch.bfloat16  # matrix products in the low precision
+        assert F.layer_norm(h, (8,)).dtype == torch.float32  # norms, softmaxes, sums, exp in float32
+        assert torch.softmax(h, -1).dtype == F.log_softmax(h, -1).dtype == torch.float32
+        assert h.sum().dtype == h.sum(0).dtype == h.cumsum(0).dtype == h.norm().dtype == torch.float32
+        assert h.exp().dtype == torch.float32
+        assert torch.addcmul(h, x, h).dtype == torch.float32  # widest of the arguments
+        assert torch.cat([h, h]).dtype == torch.bfloat16  # CPU's own list promotes cat; CUDA's does not
+        assert torch.einsum("ij,jk->ik", x, linear.weight).dtype == torch.bfloat16
+        assert torch.softmax(h, -1, dtype=torch.float64).dtype == torch.float64  # an explicit dtype stays
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            F.binary_cross_entropy(torch.sigmoid(h.float()), torch.rand(4, 8))
+    assert torch.clear_autocast_cache is clear
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = linear(x)
+        assert F.layer_norm(h, (8,)).dtype == torch.softmax(h, -1).dtype == torch.bfloat16  # CPU's policy again
+
+
+class _Casts(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._to_copy.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_parameters_cast_by_the_added_kernels_are_cached_until_autocast_clears_its_cache():
+    x, weight = torch.randn(4, 8), torch.nn.Parameter(torch.randn(8, 8))
+    with cuda_autocast_on_cpu(torch.bfloat16), _Casts() as casts:
+        torch.einsum("ij,jk->ik", x, weight)  # x and the weight
+        torch.einsum("ij,jk->ik", x, weight)  # x only: the weight's copy is cached
+        assert casts.count == 3
+        torch.clear_autocast_cache()
+        torch.einsum("ij,jk->ik", x, weight)
+        assert casts.count == 5
+
+
+def _loop_peak(planned, tokens) -> int:
+    def step() -> None:  # forward under autocast, backward after it, as on a GPU
+        with cuda_autocast_on_cpu(torch.bfloat16):
+            loss = training_loss(planned(tokens))
+            with after_autocast():
+                loss.backward()
+
+    step()  # (gradients allocated, as in training)
+    with PeakMemory(torch.device("cpu")) as memory:
+        step()
+    return static_bytes(planned, tokens) + memory.peak_bytes
+
+
+@pytest.mark.parametrize("measure", ["auto", "no-run"])
+def test_plans_under_cuda_autocasts_casts_fit_that_step_as_predicted(measure):
+    # CUDA's policy holds float32 norm and softmax inputs and outputs where CPU's holds bfloat16:
+    # the planner's figures follow whichever casts the step makes.
+    model, tokens = small_gpt()
+    with cuda_autocast_on_cpu(torch.bfloat16):
+        unplanned = steady_peak(model, tokens, torch.device("cpu"))
+        p = plan(model, tokens, budget_gb=0.6 * unplanned / GIB, measure=measure)
+    measured = _loop_peak(p.module(), tokens)
+    assert p.checkpoints and measured <= p.budget_bytes
+    assert 0 <= p.predicted_peak_bytes - measured <= 0.03 * measured, (p.predicted_peak_bytes, measured)
+
+
+def test_a_plan_for_a_gpu_under_autocast_is_made_with_cudas_casts_and_says_so(tmp_path):
+    model, tokens = small_gpt()
+    meta = model.to("meta")
+    as_float32 = plan(meta, tokens.to("meta"), budget_gb=1.0, target="h100")
+    p = plan(meta, tokens.to("meta"), budget_gb=1.0, target="h100", autocast=torch.bfloat16)
+    assert p.record.planned_for["autocast"] == "bfloat16" and p.record.planned_for["autocast_emulated"]
+    assert "CUDA autocast's casts" in p.report()
+    assert p.baseline_peak_bytes < 0.8 * as_float32.baseline_peak_bytes  # (bfloat16 activations)
+    loaded = load_plan(p.save(tmp_path / "plan.json"))
+    assert loaded.record.planned_for["autocast"] == "bfloat16"
+    with pytest.raises(ValueError, match="autocast="):
+        plan(meta, tokens.to("meta"), budget_gb=1.0, target="h100", autocast=torch.int8)
+
+
+def test_the_autocast_argument_plans_and_verifies_as_planning_inside_torch_autocast():
+    model, tokens = small_gpt()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        unplanned = steady_peak(model, tokens, torch.device("cpu"))
+        inside = plan(model, tokens, budget_gb=0.6 * unplanned / GIB, measure="no-run")
+    p = plan(model, tokens, budget_gb=0.6 * unplanned / GIB, measure="no-run", autocast="bfloat16")
+    assert p.baseline_peak_bytes == inside.baseline_peak_bytes
+    assert p.predicted_peak_bytes == inside.predicted_peak_bytes
+    assert not torch.is_autocast_enabled("cpu")
+    record = p.verify(steps=1)  # under the plan's autocast
+    assert record.gradients_match and record.planned_peak_bytes <= p.budget_bytes
+    assert 0 <= p.predicted_peak_bytes - record.planned_peak_bytes <= 0.03 * record.planned_peak_bytes
