@@ -23,8 +23,13 @@ verdict become its section of RESULTS.md:
 * `llama`: Llama 7B (32 layers, hidden 4096) for an H100 with FSDP2 over 8 ranks and AdamW, and
   70B (80 layers, hidden 8192, 64 heads, 8 KV heads) over 32 ranks, built on `meta`: wall time,
   peak resident memory, both reports, and the static breakdown checked against arithmetic.
+* `autocast`: the `small` models' step under CUDA autocast's casts applied on this CPU
+  (`planner.measure.autocast.cuda_autocast_on_cpu`, what a plan for a GPU made without CUDA
+  predicts from), planned at 40/60/80% with the default call and with `measure="no-run"` on
+  `meta`, each plan's step measured under the same casts: under budget, within 3%. Beside them,
+  each model's unplanned peak in float32, under CPU autocast and under CUDA's casts.
 
-    .venv/bin/python -m benchmarks.no_run [--parts small,flat,memory,llama] [--results]
+    .venv/bin/python -m benchmarks.no_run [--parts small,flat,memory,llama,autocast] [--results]
 """
 from __future__ import annotations
 
@@ -44,8 +49,9 @@ import torch
 from benchmarks.results import set_section, write_run
 from planner import InfeasibleBudget, load_plan, plan
 from planner.api import GIB
+from planner.measure.autocast import cuda_autocast_on_cpu
 from planner.measure.device import MEASURE_MARGIN
-from planner.measure.steps import step_ms, verify_modules
+from planner.measure.steps import step_ms, steady_peak, verify_modules
 from solvers.solution import format_bytes
 
 HERE = Path(__file__).resolve().parent
@@ -375,9 +381,57 @@ def part_llama() -> tuple[str, str]:
     return table + "\n\n" + "\n\n".join(reports), table + "\n\n" + "\n".join(brief)
 
 
+def part_autocast() -> tuple[str, str]:
+    cpu = torch.device("cpu")
+    rows = ["| model | budget | path | regions | predicted peak | measured peak | error | under budget |",
+            "|---|---|---|---|---|---|---|---|"]
+    unplanned_rows = ["| model | unplanned peak: float32 | CPU autocast (bfloat16) | CUDA's casts (bfloat16) |",
+                      "|---|---|---|---|"]
+    misses = []
+    for name, build in small_models().items():
+        torch.manual_seed(0)
+        model, sample = build("cpu")
+        meta_model, meta_sample = build("meta")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            cpu_casts = steady_peak(model, sample, cpu)
+        with cuda_autocast_on_cpu(torch.bfloat16):
+            unplanned = steady_peak(model, sample, cpu)
+        unplanned_rows.append(f"| {name} | {format_bytes(steady_peak(model, sample, cpu))} | {format_bytes(cpu_casts)} "
+                              f"| {format_bytes(unplanned)} |")
+        print(unplanned_rows[-1], flush=True)
+        for fraction in FRACTIONS:
+            budget = fraction * unplanned
+            label = f"{fraction:.0%} = {format_bytes(budget)}"
+            for path, planned_model, planned_sample, measure in (("default", model, sample, "auto"),
+                                                                  ("no-run, meta", meta_model, meta_sample, "no-run")):
+                try:
+                    with cuda_autocast_on_cpu(torch.bfloat16):
+                        p = plan(planned_model, planned_sample, budget_gb=budget / GIB, measure=measure)
+                except InfeasibleBudget as error:
+                    minimum = format_bytes(error.minimum_bytes)
+                    rows.append(f"| {name} | {label} | {path} | infeasible: minimum {minimum} | | | | |")
+                    continue
+                applied = p.apply(build("cpu")[0].train()) if measure == "no-run" else p.module()
+                applied.load_state_dict(model.state_dict())
+                with cuda_autocast_on_cpu(torch.bfloat16):
+                    measured = steady_peak(applied, sample, cpu)
+                error = (p.predicted_peak_bytes - measured) / measured
+                within = measured <= p.budget_bytes
+                rows.append(f"| {name} | {label} | {path} | {len(p.checkpoints)} "
+                            f"| {format_bytes(p.predicted_peak_bytes)} | {format_bytes(measured)} "
+                            f"| {100 * error:+.2f}% | {'yes' if within else 'NO'} |")
+                print(rows[-1], flush=True)
+                if not within or abs(error) > 0.03:
+                    misses.append(f"{name} at {fraction:.0%}, {path}: {100 * error:+.2f}%, "
+                                  f"{'under' if within else 'OVER'} budget")
+    verdict = "All targets met." if not misses else "Misses:\n" + "\n".join(f"- {m}" for m in misses)
+    body = "\n".join(unplanned_rows) + "\n\n" + "\n".join(rows) + "\n\n" + verdict
+    return body, body
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="small,flat,memory,llama")
+    parser.add_argument("--parts", default="small,flat,memory,llama,autocast")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--results", action="store_true", help="write each part's table to benchmarks/RESULTS.md")
     args = parser.parse_args()
@@ -386,7 +440,8 @@ def main() -> int:
                        lambda: part_small(args.steps)),
              "flat": ("Planning without running: flat models with in-place writes, on meta", lambda: part_flat(args.steps)),
              "memory": ("Planning without running: memory plan() adds", part_memory),
-             "llama": ("Planning without running: Llama 7B and 70B on meta for H100s", part_llama)}
+             "llama": ("Planning without running: Llama 7B and 70B on meta for H100s", part_llama),
+             "autocast": ("Planning for a GPU's mixed precision on a CPU: CUDA autocast's casts", part_autocast)}
     for key in args.parts.split(","):
         title, run = parts[key]
         started = time.perf_counter()

@@ -2,6 +2,7 @@
 code holds, and what a whole step peaks at.
 
 - `device`: where the plan is for, and whether this device can hold what measuring needs;
+- `autocast`: the mixed precision a step runs under, CUDA autocast's casts on a CPU;
 - `paths`: the two ways of measuring, the whole step at once or sizes on fake tensors and
   nodes one at a time;
 - `profile`: the whole step on real tensors (`ProfileInterpreter`, node timing);
