@@ -108,9 +108,36 @@ def test_the_autocast_argument_plans_and_verifies_as_planning_inside_torch_autoc
         unplanned = steady_peak(model, tokens, torch.device("cpu"))
         inside = plan(model, tokens, budget_gb=0.6 * unplanned / GIB, measure="no-run")
     p = plan(model, tokens, budget_gb=0.6 * unplanned / GIB, measure="no-run", autocast="bfloat16")
-    assert p.baseline_peak_bytes == inside.baseline_peak_bytes
-    assert p.predicted_peak_bytes == inside.predicted_peak_bytes
+    assert p.baseline_peak_bytes == inside.baseline_peak_bytes  # (the plans may differ: node times)
     assert not torch.is_autocast_enabled("cpu")
     record = p.verify(steps=1)  # under the plan's autocast
     assert record.gradients_match and record.planned_peak_bytes <= p.budget_bytes
     assert 0 <= p.predicted_peak_bytes - record.planned_peak_bytes <= 0.03 * record.planned_peak_bytes
+
+
+class _Classifier(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 1000))
+
+    def forward(self, x, labels):
+        return F.cross_entropy(self.body(x), labels)  # (autocast runs it in float32: a copy of the logits)
+
+
+def test_autocasts_float32_copies_count_once_as_the_tensors_they_are():
+    # The profiler puts the copy inside the loss's operator, which frees it on return, so it also
+    # looked like that operator's kernel scratch: the prediction was one copy of the logits high.
+    from planner.measure.allocations import forward_scratch, memory_profile
+
+    logits, labels = torch.randn(512, 1000).bfloat16(), torch.randint(0, 1000, (512,))
+    with torch.autocast("cpu", dtype=torch.bfloat16), memory_profile() as profile:
+        with torch.profiler.record_function("node:loss"):
+            F.cross_entropy(logits, labels)
+    assert forward_scratch(profile, "cpu", "node:")["loss"] == 0
+    torch.manual_seed(0)
+    model, sample = _Classifier(), (torch.randn(512, 64), torch.randint(0, 1000, (512,)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        measured = steady_peak(model, sample, torch.device("cpu"))
+        for measure in ("auto", "no-run"):
+            p = plan(model, sample, budget_gb=1.0, measure=measure)
+            assert abs(p.baseline_peak_bytes - measured) <= 0.01 * measured, (measure, p.baseline_peak_bytes, measured)

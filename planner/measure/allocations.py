@@ -23,6 +23,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from contextlib import contextmanager
@@ -126,7 +127,8 @@ def allocation_events(profile: torch.profiler.profile, device_type: str = "cpu")
             if fields.device.type == device_type and fields.alloc_size != 0:
                 events.append(AllocationEvent(node.start_time_ns, fields.alloc_size, fields.ptr, operator_end))
             continue
-        if operator_end is None and kind == _EventType.TorchOp and node.name.startswith("aten::"):
+        if operator_end is None and kind == _EventType.TorchOp and node.name.startswith("aten::") \
+                and not tracked_through(node):
             operator_end = node.end_time_ns
         stack.extend((child, operator_end) for child in node.children)
     events.sort(key=lambda event: (event.time_ns, event.size_bytes > 0))
@@ -213,12 +215,55 @@ def _labelled_operators(profile: torch.profiler.profile, label_prefix: str,
             label = node.name[len(label_prefix):]
             marks = _marks_under(node, mark) if mark is not None else []
             found[label] = (found.get(label, ([], None))[0], max(marks, default=None))
-        elif node.name.startswith("aten::"):
+        elif node.name.startswith("aten::") and not tracked_through(node):
             if label is not None:
                 found[label][0].append(node)
             continue
         stack.extend((child, label) for child in node.children)
     return found
+
+
+def tracked_through(operator: Any) -> bool:
+    """Whether the tensor tracker sees an `aten::` event's children as calls of their own, not
+    the event as one: an op that decomposes into others above the dispatch key the tracker works
+    at (`CompositeImplicitAutograd`: `aten::linear`, `aten::cross_entropy_loss`), or autocast's
+    kernel (`autocast_wrapper`). Its children, not it, are the operators whose scratch counts:
+    else a tensor it makes and frees before returning (a float32 copy autocast makes for a loss,
+    an intermediate no backward saves) would count twice, as a tensor the tracker saw and as
+    its scratch.
+
+    Example:
+        >>> with memory_profile() as profile:
+        ...     F.cross_entropy(logits, labels)  # aten::cross_entropy_loss > aten::log_softmax, aten::nll_loss
+    """
+    return _composite(operator.name) or autocast_wrapper(operator)
+
+
+def _composite(name: str) -> bool:
+    return name in _composite_operators()
+
+
+@functools.cache
+def _composite_operators() -> frozenset[str]:
+    """The `aten::` names (as the profiler gives them, without an overload) whose every overload
+    is `CompositeImplicitAutograd`."""
+    overloads: dict[str, list[bool]] = {}
+    for full_name in torch._C._dispatch_get_all_op_names():
+        if full_name.startswith("aten::"):
+            composite = torch._C._dispatch_has_kernel_for_dispatch_key(full_name, "CompositeImplicitAutograd")
+            overloads.setdefault(full_name.split(".")[0], []).append(composite)
+    return frozenset(name for name, composite in overloads.items() if all(composite))
+
+
+def autocast_wrapper(operator: Any) -> bool:
+    """Whether an `aten::` event is autocast's kernel: it casts its arguments (`aten::to`
+    children) and calls the same operator again.
+
+    Example:
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16), memory_profile() as profile:
+        ...     F.cross_entropy(logits, labels)  # aten::cross_entropy_loss > aten::to, aten::cross_entropy_loss
+    """
+    return any(child.typed[0] == _EventType.TorchOp and child.name == operator.name for child in operator.children)
 
 
 def _marks_under(operator: Any, mark: str) -> list[int]:
