@@ -147,7 +147,12 @@ def cuda_autocast_on_cpu(dtype: torch.dtype) -> Iterator[None]:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
             _register(library, dtype, cache)
-        torch.clear_autocast_cache = lambda: (cache.clear(), clear())[-1]  # (torch.autocast's exit calls it)
+
+        def clear_both() -> None:  # (what torch.autocast's exit calls, as the planner's steps do)
+            cache.clear()
+            clear()
+
+        torch.clear_autocast_cache = clear_both
         with torch.autocast("cpu", dtype=dtype):
             yield
     finally:
