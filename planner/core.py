@@ -83,8 +83,8 @@ class NodeProfile:
     # tensors): held from its forward to its backward whatever the plan (NodeCost's)
     unhooked_saved_bytes: int = 0
     # parameters it cast under autocast, saved or not: autocast's cache holds them to the end of
-    # forward even where a region recomputes the node (planner.problem.graph counts them as
-    # unhooked), and `cast_saved_bytes` of them it saved (counted in `saved_bytes`)
+    # forward outside a region (regions run uncached: `uncached_autocast`), and `cast_saved_bytes`
+    # of them it saved (counted in `saved_bytes`; planner.problem.graph counts the rest as unhooked)
     cast_bytes: int = 0
     cast_saved_bytes: int = 0
 
@@ -256,6 +256,27 @@ def cold_autocast_cache() -> None:
     """
     if autocast_devices():
         torch.clear_autocast_cache()
+
+
+@contextmanager
+def uncached_autocast() -> Iterator[None]:
+    """Where autocast is on, its cache of cast parameters off: what a checkpointed region runs
+    under, forward and recomputation (checkpoint restores the state it was called in). A cached
+    copy would be held to the end of forward though the region drops what it saves; uncached,
+    a region's casts live as its other tensors do, and the planner counts them so.
+
+    Example:
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16), uncached_autocast():
+        ...     y = checkpoint(block, x, use_reentrant=False)
+    """
+    if not autocast_devices() or not torch.is_autocast_cache_enabled():
+        yield
+        return
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(True)
 
 
 @contextmanager

@@ -67,6 +67,10 @@ class NodeCost:
     # took as a tensor: `x * 0.5` saves its 0.5), so no region drops it: held from its forward to
     # its backward whatever the plan
     unhooked_saved_bytes: int = 0
+    # what it holds from its forward to the end of forward, whatever the plan, and not after:
+    # autocast's cached casts of parameters it does not save (a bias), which the cache drops when
+    # the forward's autocast exits
+    forward_held_bytes: int = 0
     uses: tuple[int, ...] = ()  # owners of the storages this node reads in forward
     saves: tuple[int, ...] = ()  # owners of the outputs autograd saves for this node's backward
     mutates: tuple[int, ...] = ()  # owners of the storages this node writes in place

@@ -207,9 +207,9 @@ def validate_regions(problem: Problem, regions: tuple[range, ...], kept: Collect
 class Buffers:
     """Every buffer of one step under a plan: (owner node or -1, kind, bytes, first step, last
     step), alive over first..last inclusive, plus each step's temporaries and the step labels.
-    Kinds: "output", "saved" (a node's), "unhooked" (`NodeCost.unhooked_saved_bytes`), "rng" (a
-    region's RNG state), "copies" (what a region copies while recomputing:
-    `Problem.recompute_copy_bytes`), "gradient".
+    Kinds: "output", "saved" (a node's), "unhooked" (`NodeCost.unhooked_saved_bytes`), "cached"
+    (`NodeCost.forward_held_bytes`), "rng" (a region's RNG state), "copies" (what a region copies
+    while recomputing: `Problem.recompute_copy_bytes`), "gradient".
     `backward_step[i]` is the step of node i's backward.
     `simulate` sums them; `solvers.bound.recompute` asks which node owns what at each step."""
 
@@ -295,6 +295,7 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
     for j, node in enumerate(nodes):
         transient[j] += node.transient_bytes
         hold(j, "unhooked", node.unhooked_saved_bytes, j, backward_step[j])  # whatever the plan
+        hold(j, "cached", node.forward_held_bytes, j, end_of_forward)  # whatever the plan
         if j in kept:
             hold(j, "saved", node.saved_bytes, j, backward_step[j])  # cached from forward to its backward
             first_copy_until[j] = last[j]

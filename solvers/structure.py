@@ -62,8 +62,10 @@ class Structure:
             (exclusive) recomputes, i.e. between the backward of b and that of b - 1 (and the
             unhooked bytes of 0..b - 1).
         forward_fixed: bytes at forward step t that are alive whatever the plan (outputs with
-            `last_ref >= t`, node t's saved tensors and temporaries, the unhooked bytes of 0..t).
+            `last_ref >= t`, node t's saved tensors and temporaries, the unhooked bytes and
+            `NodeCost.forward_held_bytes` of 0..t).
         unhooked_through: `NodeCost.unhooked_saved_bytes` of nodes 0..t, per t.
+        forward_held_through: `NodeCost.forward_held_bytes` of nodes 0..t, per t (held in forward only).
         graduates: nodes j with `last_ref[j] == t`, per t.
         startable: `Problem.can_start_region`, per node.
         useful_start: startable, and not a start that another plan beats for sure (see _build).
@@ -90,6 +92,7 @@ class Structure:
     gradient_recompute: tuple[int, ...]
     forward_fixed: tuple[int, ...]
     unhooked_through: tuple[int, ...]
+    forward_held_through: tuple[int, ...]
     graduates: tuple[tuple[int, ...], ...]
     startable: tuple[bool, ...]
     useful_start: tuple[bool, ...]
@@ -180,6 +183,7 @@ def _build(problem: Problem) -> Structure:
     # every plan holds at forward step i and at the backward of i (and while a region ending at
     # i + 1 recomputes): these count it as the gradients are counted.
     unhooked = tuple(accumulate(node.unhooked_saved_bytes for node in nodes))
+    forward_held = tuple(accumulate(node.forward_held_bytes for node in nodes))  # (to the end of forward)
     gradient_backward = []
     running = 0
     for i, node in enumerate(nodes):
@@ -205,7 +209,7 @@ def _build(problem: Problem) -> Structure:
     running = 0
     for t, node in enumerate(nodes):
         running += alive_delta[t]
-        forward_fixed.append(running + node.saved_bytes + node.transient_bytes + unhooked[t])
+        forward_fixed.append(running + node.saved_bytes + node.transient_bytes + unhooked[t] + forward_held[t])
 
     graduates: list[list[int]] = [[] for _ in range(n)]
     for j in range(n):
@@ -247,6 +251,7 @@ def _build(problem: Problem) -> Structure:
         gradient_recompute=tuple(gradient_recompute),
         forward_fixed=tuple(forward_fixed),
         unhooked_through=unhooked,
+        forward_held_through=forward_held,
         graduates=tuple(map(tuple, graduates)),
         startable=tuple(startable),
         useful_start=tuple(useful_start),

@@ -85,7 +85,7 @@ def test_plans_under_cuda_autocasts_casts_fit_that_step_as_predicted(measure):
         p = plan(model, tokens, budget_gb=0.6 * unplanned / GIB, measure=measure)
     measured = _loop_peak(p.module(), tokens)
     assert p.checkpoints and measured <= p.budget_bytes
-    assert 0 <= p.predicted_peak_bytes - measured <= 0.03 * measured, (p.predicted_peak_bytes, measured)
+    assert 0 <= p.predicted_peak_bytes - measured <= 0.005 * measured, (p.predicted_peak_bytes, measured)
 
 
 def test_a_plan_for_a_gpu_under_autocast_is_made_with_cudas_casts_and_says_so(tmp_path):
@@ -112,7 +112,7 @@ def test_the_autocast_argument_plans_and_verifies_as_planning_inside_torch_autoc
     assert not torch.is_autocast_enabled("cpu")
     record = p.verify(steps=1)  # under the plan's autocast
     assert record.gradients_match and record.planned_peak_bytes <= p.budget_bytes
-    assert 0 <= p.predicted_peak_bytes - record.planned_peak_bytes <= 0.03 * record.planned_peak_bytes
+    assert 0 <= p.predicted_peak_bytes - record.planned_peak_bytes <= 0.005 * record.planned_peak_bytes
 
 
 class _Classifier(torch.nn.Module):
@@ -141,3 +141,20 @@ def test_autocasts_float32_copies_count_once_as_the_tensors_they_are():
         for measure in ("auto", "no-run"):
             p = plan(model, sample, budget_gb=1.0, measure=measure)
             assert abs(p.baseline_peak_bytes - measured) <= 0.01 * measured, (measure, p.baseline_peak_bytes, measured)
+
+
+def test_regions_run_with_autocasts_cache_off_so_their_casts_are_freed_as_planned():
+    # Parameters weigh much in this step. Cached to the end of forward, the casts of recomputed
+    # blocks' weights would hold memory no region frees; regions run uncached, and the plan is
+    # predicted within 1% (high by a parameter gradient's float32 size at the first backward).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                                                      torch.nn.Linear(1024, 256)) for _ in range(6)])
+    x = torch.randn(384, 256)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        unplanned = steady_peak(model, x, torch.device("cpu"))
+        p = plan(model, x, budget_gb=0.8 * unplanned / GIB, measure="no-run")
+        measured = steady_peak(p.module(), x, torch.device("cpu"), model)
+        assert torch.is_autocast_cache_enabled()  # (left as it was)
+    assert p.checkpoints and measured <= p.budget_bytes
+    assert 0 <= p.predicted_peak_bytes - measured <= 0.01 * measured, (p.predicted_peak_bytes, measured)

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.apply.policy import KeepPolicy, keep_contexts
 from planner.apply.runs import RunRecording, calls_outside
 from planner.apply.sequential import buffers_of_children, run_segments
-from planner.core import ModuleCheckpoint, Segment, split_sample
+from planner.core import ModuleCheckpoint, Segment, split_sample, uncached_autocast
 from planner.trace.tracing import bind_arguments
 
 PLAN_ATTRIBUTE = "_checkpoint_plan"  # on the planned model: what apply_plan changed
@@ -136,6 +136,12 @@ class CheckpointedForward:
         if not torch.is_grad_enabled():
             return self.original(*args, **kwargs)
         self.calls += 1
+        if torch.compiler.is_compiling():  # (compiled code has no autocast cache)
+            return self._checkpointed(*args, **kwargs)
+        with uncached_autocast():  # (see planner.core.uncached_autocast)
+            return self._checkpointed(*args, **kwargs)
+
+    def _checkpointed(self, *args: Any, **kwargs: Any) -> Any:
         if self.spec.segments:
             (value,) = (*args, *kwargs.values())  # nn.Sequential's forward takes one input
             return run_segments(self.module, value, self.spec.segments, self._checkpoint_slice)

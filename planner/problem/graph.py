@@ -199,12 +199,14 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 output_bytes=record.output_bytes + (0 if runs else record.saved_bytes + record.unhooked_saved_bytes
                                                     + record.cast_bytes - record.cast_saved_bytes),
                 grad_bytes=record.grad_bytes,
-                # autocast's cached casts are held to the end of forward: no region drops them
-                saved_bytes=record.saved_bytes - record.cast_saved_bytes if runs else 0,
+                # (a region runs with autocast's cache off: the casts it saves are saved tensors)
+                saved_bytes=record.saved_bytes if runs else 0,
                 transient_bytes=record.transient_bytes,
                 param_grad_bytes=param_grad_bytes,
                 late_grad_bytes=max(0, min(record.late_grad_bytes, param_grad_bytes)),
-                unhooked_saved_bytes=record.unhooked_saved_bytes + record.cast_bytes if runs else 0,
+                unhooked_saved_bytes=record.unhooked_saved_bytes if runs else 0,
+                # casts it does not save (a bias): cached to the end of forward (in a region, uncached: less)
+                forward_held_bytes=record.cast_bytes - record.cast_saved_bytes if runs else 0,
                 backward_transient_bytes=record.backward_transient_bytes,
                 uses=tuple(index[name] for name in record.uses),
                 saves=tuple(index[name] for name in record.saves) if runs else (),

@@ -257,7 +257,8 @@ def build_model(
     # node's too: its alive row says so, except where its region's last saving node is n - 1 and
     # recomputes before any backward step), saved tensors.
     for t in range(n):
-        fixed = nodes[t].saved_bytes + nodes[t].transient_bytes + structure.unhooked_through[t]  # (whatever the plan)
+        fixed = (nodes[t].saved_bytes + nodes[t].transient_bytes + structure.unhooked_through[t]
+                 + structure.forward_held_through[t])  # (whatever the plan)
         held_terms = []
         for j in range(t + 1):
             if structure.forward_until[j] >= t:
