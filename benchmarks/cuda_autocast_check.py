@@ -17,7 +17,6 @@ Without a CUDA device it says so and exits 0. `--device cpu` is a dry run of the
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -27,8 +26,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.cuda_check import gpu_check_arguments, no_gpu_here, report
 from benchmarks.real_models import _models
-from benchmarks.results import set_section, write_run
 from planner import InfeasibleBudget, load_plan, plan
 from planner.api import GIB
 from planner.cli.models import to_device
@@ -61,21 +60,17 @@ def planned_without_cuda(name: str, budget_gb: float, target: str | None, path: 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     if done.returncode != 0:
-        raise RuntimeError(f"planning {name} without CUDA failed: {done.stderr.strip().splitlines()[-1:]}")
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"planning {name} without CUDA failed: {last}")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fraction", type=float, default=0.5, help="budget as a share of the unplanned peak")
+    parser = gpu_check_arguments(__doc__)
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
                         help="comma-separated names of benchmarks/real_models.py's models")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--results", action="store_true", help="write the table to benchmarks/RESULTS.md")
-    parser.add_argument("--device", default="cuda", help="cuda (default), or cpu for a dry run of this script")
     args = parser.parse_args()
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("No CUDA device here: nothing to check. Run this on a machine with a GPU.")
+    if no_gpu_here(device):
         return 0
     warnings.filterwarnings("ignore")
     target = local_target() if device.type == "cuda" else None
@@ -103,6 +98,10 @@ def main() -> int:
             rows.append(f"| {name} | | {format_bytes(budget)} | infeasible: minimum "
                         f"{format_bytes(error.minimum_bytes)} | | | | | |")
             continue
+        except RuntimeError as error:  # (the child's planning: a miss of its own, the other models still run)
+            rows.append(f"| {name} | | {format_bytes(budget)} | failed: {error} | | | | | |")
+            misses.append(str(error))
+            continue
         for how, p in (("here (the default call)", on_device), ("without CUDA, on meta for this GPU", laptop)):
             record = p.verify(sample, steps=args.steps, model=model)  # under the plan's autocast
             rows.append(f"| {name} | {how} | {format_bytes(budget)} | {len(p.checkpoints)} "
@@ -113,18 +112,9 @@ def main() -> int:
             if not record.within_budget or abs(record.peak_error) > 0.03 or not record.gradients_match:
                 misses.append(f"{name} ({how}): {record.peak_error:+.1%}, under budget {record.within_budget}, "
                               f"gradients {record.gradients_match}")
-    verdict = ("All plans under budget, predictions within 3%, gradients equal." if not misses
-               else "Misses:\n" + "\n".join(f"- {miss}" for miss in misses))
-    table = "\n".join(rows)
-    print(table, verdict, sep="\n\n")
-    command = f"python -m benchmarks.cuda_autocast_check --fraction {args.fraction}"
-    if device.type == "cuda":
-        gpu = torch.cuda.get_device_name(device)
-        write_run("cuda_autocast_check", {"command": command, "table": table, "verdict": verdict}, "cuda")
-        if args.results:
-            set_section("cuda_autocast_check", f"CUDA check under bfloat16 autocast on {gpu}", command,
-                        f"{table}\n\n{verdict}", gpu)
-    return 0 if not misses else 1
+    return report("cuda_autocast_check", "CUDA check under bfloat16 autocast on {gpu}",
+                  f"python -m benchmarks.cuda_autocast_check --fraction {args.fraction}", rows, misses, device,
+                  args.results)
 
 
 if __name__ == "__main__":

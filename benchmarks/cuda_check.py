@@ -29,19 +29,45 @@ from solvers.solution import format_bytes
 HERE = Path(__file__).resolve().parent
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def gpu_check_arguments(description: str | None) -> argparse.ArgumentParser:
+    """The arguments every GPU check takes: --fraction, --steps, --results, --device."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fraction", type=float, default=0.5, help="budget as a share of the measured unplanned peak")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--results", action="store_true", help="write the table to benchmarks/RESULTS.md")
     parser.add_argument("--device", default="cuda", help="cuda (default), or cpu for a dry run of this script")
-    args = parser.parse_args()
-    device = torch.device(args.device)
+    return parser
+
+
+def no_gpu_here(device: torch.device) -> bool:
+    """Says so where a CUDA check has no CUDA device to run on."""
     if device.type == "cuda" and not torch.cuda.is_available():
         print("No CUDA device here: nothing to check. Run this on a machine with a GPU.")
+        return True
+    return False
+
+
+def report(key: str, title: str, command: str, rows: list[str], misses: list[str], device: torch.device,
+           results: bool) -> int:
+    """Print the table and its verdict; on a GPU, keep the run and (`results`) write its section."""
+    verdict = "All plans under budget, predictions within 3%, gradients equal." if not misses else \
+        "Misses:\n" + "\n".join(f"- {miss}" for miss in misses)
+    table = "\n".join(rows)
+    print(table, verdict, sep="\n\n")
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+        write_run(key, {"command": command, "table": table, "verdict": verdict}, "cuda")
+        if results:
+            set_section(key, title.format(gpu=gpu), command, f"{table}\n\n{verdict}", gpu)
+    return 0 if not misses else 1
+
+
+def main() -> int:
+    args = gpu_check_arguments(__doc__).parse_args()
+    device = torch.device(args.device)
+    if no_gpu_here(device):
         return 0
     warnings.filterwarnings("ignore")
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     rows = ["| model | path | budget | regions | predicted peak | measured peak | error | under budget "
             "| step ms unplanned -> planned | overhead ms: predicted / measured | gradients match |", "|" + "---|" * 11]
     misses = []
@@ -79,17 +105,8 @@ def main() -> int:
             if not record.within_budget or abs(record.peak_error) > 0.03 or not record.gradients_match:
                 misses.append(f"{name} ({path}): {record.peak_error:+.1%}, "
                               f"under budget {record.within_budget}, gradients {record.gradients_match}")
-    verdict = "All plans under budget, predictions within 3%, gradients equal." if not misses else \
-        "Misses:\n" + "\n".join(f"- {miss}" for miss in misses)
-    table = "\n".join(rows)
-    print(table, verdict, sep="\n\n")
-    command = f"python -m benchmarks.cuda_check --fraction {args.fraction}"
-    if gpu is not None:
-        write_run("cuda_check", {"command": command, "table": table, "verdict": verdict}, "cuda")
-    if args.results and gpu is not None:
-        set_section("cuda_check", f"CUDA check on {gpu} (the default call, and without running)", command,
-                    f"{table}\n\n{verdict}", gpu)
-    return 0 if not misses else 1
+    return report("cuda_check", "CUDA check on {gpu} (the default call, and without running)",
+                  f"python -m benchmarks.cuda_check --fraction {args.fraction}", rows, misses, device, args.results)
 
 
 if __name__ == "__main__":
