@@ -8,6 +8,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -330,8 +331,10 @@ class Plan:
             raise ValueError("the model is on the meta device and cannot run: save the plan and apply it to "
                              "the real model (load_plan(path).apply(model)), then train")
         planned = self.module() if model is self._model else self.record.apply(shallow_clone(model))
-        here = plan_device([*model.parameters(), *model.buffers(), *sample_tensors(sample)], None)
-        with step_autocast(here, check_autocast(planned_for.get("autocast"))):
+        dtype = check_autocast(planned_for.get("autocast"))  # (the step the plan is for, on the model's device)
+        mixed = contextlib.nullcontext() if dtype is None else step_autocast(
+            plan_device([*model.parameters(), *model.buffers(), *sample_tensors(sample)], None), dtype)
+        with mixed:
             verification = verify_modules(model, planned, sample, steps, self.predicted_peak_bytes,
                                           self.baseline_peak_bytes, self.budget_bytes, self.recompute_ms)
         self.record = replace(self.record, verification=verification)

@@ -84,7 +84,7 @@ class NodeProfile:
     unhooked_saved_bytes: int = 0
     # parameters it cast under autocast, saved or not: autocast's cache holds them to the end of
     # forward outside a region (regions run uncached: `uncached_autocast`), and `cast_saved_bytes`
-    # of them it saved (counted in `saved_bytes`; planner.problem.graph counts the rest as unhooked)
+    # of them it saved (counted in `saved_bytes`; the rest are NodeCost.forward_held_bytes)
     cast_bytes: int = 0
     cast_saved_bytes: int = 0
 

@@ -226,7 +226,7 @@ def _labelled_operators(profile: torch.profiler.profile, label_prefix: str,
 def tracked_through(operator: Any) -> bool:
     """Whether the tensor tracker sees an `aten::` event's children as calls of their own, not
     the event as one: an op that decomposes into others above the dispatch key the tracker works
-    at (`CompositeImplicitAutograd`: `aten::linear`, `aten::cross_entropy_loss`), or autocast's
+    at (`CompositeImplicitAutograd`: `aten::layer_norm`, `aten::cross_entropy_loss`), or autocast's
     kernel (`autocast_wrapper`). Its children, not it, are the operators whose scratch counts:
     else a tensor it makes and frees before returning (a float32 copy autocast makes for a loss,
     an intermediate no backward saves) would count twice, as a tensor the tracker saw and as
@@ -236,11 +236,7 @@ def tracked_through(operator: Any) -> bool:
         >>> with memory_profile() as profile:
         ...     F.cross_entropy(logits, labels)  # aten::cross_entropy_loss > aten::log_softmax, aten::nll_loss
     """
-    return _composite(operator.name) or autocast_wrapper(operator)
-
-
-def _composite(name: str) -> bool:
-    return name in _composite_operators()
+    return operator.name in _composite_operators() or autocast_wrapper(operator)
 
 
 @functools.cache
