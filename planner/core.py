@@ -144,6 +144,10 @@ class ModuleCheckpoint:
     # random) slice of its children runs under one checkpoint call (`planner.apply.sequential`),
     # replaying the RNG state where random (a slice that draws random numbers).
     segments: tuple[Segment, ...] = ()
+    # runs with autocast's cache off (`uncached_autocast`): set where no parameter is read by two
+    # calls of the model (else a region's own copies of a shared parameter's casts would differ
+    # from the one cached copy the plan was measured with)
+    uncached: bool = False
 
 
 def split_sample(sample: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -136,9 +136,9 @@ class CheckpointedForward:
         if not torch.is_grad_enabled():
             return self.original(*args, **kwargs)
         self.calls += 1
-        if torch.compiler.is_compiling():  # (compiled code has no autocast cache)
+        if torch.compiler.is_compiling() or not self.spec.uncached:  # (compiled code has no autocast cache)
             return self._checkpointed(*args, **kwargs)
-        with uncached_autocast():  # (see planner.core.uncached_autocast)
+        with uncached_autocast():  # (see ModuleCheckpoint.uncached)
             return self._checkpointed(*args, **kwargs)
 
     def _checkpointed(self, *args: Any, **kwargs: Any) -> Any:

@@ -265,6 +265,8 @@ def region_record(names: list[str], spec: ModuleCheckpoint | None, kept: Collect
         record["run_windows"] = [list(window) for window in spec.run_windows]
     if spec is not None and spec.segments:
         record["segments"] = [list(segment) for segment in spec.segments]
+    if spec is not None and spec.uncached:
+        record["uncached"] = True
     return record
 
 
@@ -281,7 +283,8 @@ def module_checkpoint(record: Any) -> ModuleCheckpoint | None:
                             calls=tuple(str(name) for name in record.get("calls", ())),
                             run_windows=tuple((str(a), int(b), str(c), int(d)) for a, b, c, d in record.get("run_windows", ())),
                             segments=tuple((int(start), int(stop), bool(random))
-                                           for start, stop, random in record.get("segments", ())))
+                                           for start, stop, random in record.get("segments", ())),
+                            uncached=bool(record.get("uncached", False)))
 
 
 def kept_nodes(record: Any) -> list[str]:

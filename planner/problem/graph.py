@@ -40,8 +40,25 @@ def module_checkpoint(gm: fx.GraphModule, call: ModuleCall, model_class: str) ->
     return ModuleCheckpoint(
         module=call.path, module_class=call.module_class or model_class,
         random=any(record.random for record in records) or len(records) < len(call.nodes),
-        written_buffers=tuple(name[len(prefix):] for name in written),
+        written_buffers=tuple(name[len(prefix):] for name in written), uncached=casts_uncached(gm),
     )
+
+
+def casts_uncached(gm: fx.GraphModule) -> bool:
+    """Whether the plan's regions run with autocast's cache off (`planner.core.uncached_autocast`):
+    where no parameter is read by two nodes, each region's casts are its own, and the problem
+    counts those a node saves as its saved tensors; else (ALBERT's shared layers) every region
+    runs cached, as the plan was measured, and a node's casts count as held to its backward.
+
+    Example:
+        >>> casts_uncached(traced.gm)
+        True
+    """
+    readers: dict[str, int] = {}
+    for node in compute_nodes(gm):
+        for name in node.meta[META_KEY].parameters if META_KEY in node.meta else ():
+            readers[name] = readers.get(name, 0) + 1
+    return all(count == 1 for count in readers.values())
 
 
 def saved_calls(gm: fx.GraphModule, region: range, kept: Collection[int]) -> tuple[tuple[str, int], ...]:
@@ -187,6 +204,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     no_runs = {*segments, *sequentials}
     spans = tuple(span for span in run_spans(nodes, allowed_regions) if span not in no_runs)
     buffer_sizes = {name: buffer.numel() * buffer.element_size() for name, buffer in gm.named_buffers()}
+    uncached = casts_uncached(gm)  # (how a region's autocast casts live: see casts_uncached)
     costs = []
     for i, node in enumerate(nodes):
         record = node.meta[META_KEY]
@@ -199,14 +217,15 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 output_bytes=record.output_bytes + (0 if runs else record.saved_bytes + record.unhooked_saved_bytes
                                                     + record.cast_bytes - record.cast_saved_bytes),
                 grad_bytes=record.grad_bytes,
-                # (a region runs with autocast's cache off: the casts it saves are saved tensors)
-                saved_bytes=record.saved_bytes if runs else 0,
+                # (where regions run with autocast's cache off, the casts a node saves are saved tensors)
+                saved_bytes=record.saved_bytes - (0 if uncached else record.cast_saved_bytes) if runs else 0,
                 transient_bytes=record.transient_bytes,
                 param_grad_bytes=param_grad_bytes,
                 late_grad_bytes=max(0, min(record.late_grad_bytes, param_grad_bytes)),
-                unhooked_saved_bytes=record.unhooked_saved_bytes if runs else 0,
+                unhooked_saved_bytes=(record.unhooked_saved_bytes + (0 if uncached else record.cast_bytes)
+                                      if runs else 0),
                 # casts it does not save (a bias): cached to the end of forward (in a region, uncached: less)
-                forward_held_bytes=record.cast_bytes - record.cast_saved_bytes if runs else 0,
+                forward_held_bytes=record.cast_bytes - record.cast_saved_bytes if runs and uncached else 0,
                 backward_transient_bytes=record.backward_transient_bytes,
                 uses=tuple(index[name] for name in record.uses),
                 saves=tuple(index[name] for name in record.saves) if runs else (),
