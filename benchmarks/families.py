@@ -4,9 +4,10 @@ node-by-node path a `meta` model or another GPU takes), and both plans measured 
 
 Judged per plan: under its budget; prediction within 3% of the measured peak; a no-run plan
 at most 1% over its budget. Where 70% is below the smallest budget, the plan is made at the
-minimum the planner names.
+minimum the planner names. `--autocast bfloat16`: the step under CPU autocast, planned with
+`plan(..., autocast=torch.bfloat16)` and measured under it.
 
-    .venv/bin/python -m benchmarks.families [--families mistral,t5] [--results]
+    .venv/bin/python -m benchmarks.families [--families mistral,t5] [--autocast bfloat16] [--results]
 """
 from __future__ import annotations
 
@@ -26,18 +27,19 @@ SHARE = 0.7  # of the unplanned step's measured peak: the budget
 PATHS = ("auto", "no-run")
 
 
-def plan_and_verify(family: str, measure: str) -> dict:
+def plan_and_verify(family: str, measure: str, autocast: torch.dtype | None = None) -> dict:
     """One family planned with `measure` at SHARE of its measured peak (else at the minimum
-    named), and the plan's step measured."""
+    named), and the plan's step measured (both under CPU autocast to `autocast`, if given)."""
     torch.manual_seed(0)
     model, make = FAMILIES[family]()
     model.train()
     sample = make(BATCH, LENGTH)
-    unplanned = steady_peak(model, sample, torch.device("cpu"))
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        unplanned = steady_peak(model, sample, torch.device("cpu"))
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        p, budget, asked = planned_at(model, sample, int(SHARE * unplanned), measure=measure)
+        p, budget, asked = planned_at(model, sample, int(SHARE * unplanned), measure=measure, autocast=autocast)
     seconds = time.perf_counter() - start
     record = p.verify(steps=1)
     return {"family": family, "model": type(model).__name__, "measure": measure, "unplanned": unplanned,
@@ -89,12 +91,14 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
+    parser.add_argument("--autocast", choices=("bfloat16", "float16"), help="the step under CPU autocast")
     parser.add_argument("--results", action="store_true", help="write the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
+    autocast = getattr(torch, args.autocast) if args.autocast else None
     rows = []
     for family in args.families.split(","):
         for measure in PATHS:
-            rows.append(plan_and_verify(family, measure))
+            rows.append(plan_and_verify(family, measure, autocast))
             print(family, measure, f"error {100 * rows[-1]['error']:+.2f}%, {100 * rows[-1]['over']:+.2f}% vs budget",
                   *rows[-1]["warnings"], flush=True)
     misses = [miss for row in rows for miss in misses_of(row)]
@@ -105,11 +109,14 @@ def main() -> int:
                   if not misses else "Misses:\n" + "\n".join(f"- {miss}" for miss in misses)))
     command = "python -m benchmarks.families" + ("" if args.families == ",".join(FAMILIES) else
                                                  f" --families {args.families}")
+    key, title = "families", f"Hugging Face families at {SHARE:.0%}: the default call and the no-run path"
+    if args.autocast:
+        command += f" --autocast {args.autocast}"
+        key, title = f"families_{args.autocast}", f"{title}, under CPU autocast to {args.autocast}"
     print(f"\n{table(rows)}\n\n{verdict}")
-    print(f"records: {write_run('families', {'command': command, 'rows': rows})}")
+    print(f"records: {write_run(key, {'command': command, 'rows': rows})}")
     if args.results:
-        set_section("families", f"Hugging Face families at {SHARE:.0%}: the default call and the no-run path",
-                    command, f"{table(rows)}\n\n{verdict}")
+        set_section(key, title, command, f"{table(rows)}\n\n{verdict}")
     return 0 if not misses else 1
 
 
