@@ -352,4 +352,4 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
 
 __all__ = ["AUTOCAST_DEVICES", "GraphProfile", "ModuleCheckpoint", "NodeProfile", "after_autocast", "autocast_devices",
            "check_choice", "cold_autocast_cache", "counted_call", "output_leaves", "run_forward", "sample_tensors",
-           "self_checkpointing", "split_sample", "training_loss", "training_step"]
+           "self_checkpointing", "split_sample", "training_loss", "training_step", "uncached_autocast"]

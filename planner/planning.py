@@ -51,6 +51,7 @@ from planner.measure.static import static_breakdown
 from planner.measure.steps import keep_free_beyond_graph
 from planner.problem.graph import (
     build_problem,
+    casts_uncached,
     module_checkpoint,
     on_time_grid,
     run_checkpoints,
@@ -243,8 +244,9 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
                                 model_call=(model, args, kwargs), node_times=node_times)
     breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes,
                                  where.device, optimizer, world_size, reserved_bytes, summary.loss_bytes)
+    uncached = casts_uncached(traced.gm)
     wrapped = {call.nodes: spec for call in module_calls(traced.gm)
-               if (spec := module_checkpoint(traced.gm, call, type(model).__name__)) is not None}
+               if (spec := module_checkpoint(traced.gm, call, type(model).__name__, uncached)) is not None}
     clock.lap("measuring" if node_times is None else "sizes")
     # Measured where the plan runs; for a GPU elsewhere, this CPU's (checkpoint's own work is
     # mostly on the host), an estimate like the target's node times.

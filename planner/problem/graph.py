@@ -27,10 +27,12 @@ from solvers import NodeCost, Problem
 MAX_RUN_NODES = 32
 
 
-def module_checkpoint(gm: fx.GraphModule, call: ModuleCall, model_class: str) -> ModuleCheckpoint | None:
+def module_checkpoint(gm: fx.GraphModule, call: ModuleCall, model_class: str,
+                      uncached: bool) -> ModuleCheckpoint | None:
     """How to checkpoint `call` (random draws, buffers to restore after recomputing), or None
     where it writes a buffer outside its own module, which recomputation could not restore.
-    `model_class` names the model's own forward's class (path "")."""
+    `model_class` names the model's own forward's class (path ""); `uncached` is
+    `casts_uncached(gm)`, asked once per graph."""
     nodes = compute_nodes(gm)
     records = [nodes[i].meta[META_KEY] for i in call.nodes if META_KEY in nodes[i].meta]
     prefix = call.path + "." if call.path else ""
@@ -40,7 +42,7 @@ def module_checkpoint(gm: fx.GraphModule, call: ModuleCall, model_class: str) ->
     return ModuleCheckpoint(
         module=call.path, module_class=call.module_class or model_class,
         random=any(record.random for record in records) or len(records) < len(call.nodes),
-        written_buffers=tuple(name[len(prefix):] for name in written), uncached=casts_uncached(gm),
+        written_buffers=tuple(name[len(prefix):] for name in written), uncached=uncached,
     )
 
 

@@ -56,7 +56,7 @@ def sequential_segments(model: nn.Module, gm: fx.GraphModule, wrapped: dict[rang
             for stop in range(start + 2, min(len(names), start + MAX_RUN_NODES) + 1):
                 if stop - start < len(names):
                     call = ModuleCall(spec.module, spec.module_class, range(region.start + start, region.start + stop))
-                    found = module_checkpoint(gm, call, spec.module_class)
+                    found = module_checkpoint(gm, call, spec.module_class, spec.uncached)
                     if found is not None:
                         segments[call.nodes] = replace(found, segments=((start, stop, found.random),))
     return segments, tuple(sequentials)
