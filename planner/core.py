@@ -87,6 +87,8 @@ class NodeProfile:
     # of them it saved (counted in `saved_bytes`; the rest are NodeCost.forward_held_bytes)
     cast_bytes: int = 0
     cast_saved_bytes: int = 0
+    # parameters whose autocast copies it used, cast here or found in autocast's cache
+    cast_parameters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,9 +146,9 @@ class ModuleCheckpoint:
     # random) slice of its children runs under one checkpoint call (`planner.apply.sequential`),
     # replaying the RNG state where random (a slice that draws random numbers).
     segments: tuple[Segment, ...] = ()
-    # runs with autocast's cache off (`uncached_autocast`): set where no parameter is read by two
-    # calls of the model (else a region's own copies of a shared parameter's casts would differ
-    # from the one cached copy the plan was measured with)
+    # runs with autocast's cache off (`uncached_autocast`): set where no parameter's autocast copy
+    # is used by two calls of the model (else a region's own copies of a shared parameter's casts
+    # would differ from the one cached copy the plan was measured with)
     uncached: bool = False
 
 

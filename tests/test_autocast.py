@@ -194,3 +194,39 @@ def test_a_model_that_shares_parameters_keeps_autocasts_cache_in_its_regions():
         assert record.gradients_match and record.within_budget
         # (high: cached, a region's casts count as held to their node's backward)
         assert -0.0001 <= record.peak_error <= 0.1, (measure, record.peak_error)
+
+
+class _TiedEmbeddings(torch.nn.Module):
+    """A language model whose output layer is its token embedding (GPT-2, BERT)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(512, 128)
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.GELU(),
+                                                              torch.nn.Linear(512, 128)) for _ in range(4))
+        self.head = torch.nn.Linear(128, 512, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+def test_tied_embeddings_run_uncached_since_only_the_output_layer_casts_them():
+    # The embedding reads its weight in float32; only the output layer uses its autocast copy,
+    # so each cast is made once whether cached or not, and the regions run uncached (exact).
+    torch.manual_seed(0)
+    model, tokens = _TiedEmbeddings(), torch.randint(0, 512, (4, 256))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        unplanned = steady_peak(model, tokens, torch.device("cpu"))
+    for measure in ("auto", "no-run"):
+        p = plan(model, tokens, budget_gb=0.7 * unplanned / GIB, measure=measure, autocast=torch.bfloat16)
+        # (measured, the output layer's weight gradient is the buffer the embedding's is summed into
+        # in place: in flight from the output layer's backward, as the graph says)
+        assert abs(p.baseline_peak_bytes - unplanned) <= 0.0001 * unplanned, (measure, p.baseline_peak_bytes)
+        assert p.checkpoints and all(c.wrapped.uncached for c in p.checkpoints)
+        record = p.verify(steps=1)
+        assert record.gradients_match and record.within_budget
+        assert -0.0001 <= record.peak_error <= 0.01, (measure, record.peak_error)

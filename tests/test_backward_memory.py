@@ -26,6 +26,16 @@ def test_window_memory_finds_gradients_in_flight_and_temporaries():
     assert window_memory(events, [(3, "add"), (8, "relu")]).gradients == [("add", "relu", 16)]
 
 
+def test_a_shared_parameters_gradient_made_early_is_in_flight_until_its_first_reader():
+    # A tied weight read by "embed" and "head": head's backward makes the buffer that embed's
+    # gradient is summed into in place, which becomes `.grad` (never freed).
+    events = [AllocationEvent(4, 64, 7, None), AllocationEvent(9, 64, 8, None), AllocationEvent(10, -64, 8, None)]
+    starts = [(3, "head"), (8, "embed")]
+    assert window_memory(events, starts, settled={7: "embed"}).gradients == [("head", "embed", 64)]
+    assert window_memory(events, starts, settled={7: "head"}).gradients == []
+    assert window_memory(events, starts).gradients == []
+
+
 class DeadBranch(nn.Module):
     """`gelu(h)`, then `relu_` on it, which nothing returned depends on: autograd never runs
     their backward, so what they saved is freed with the result when `forward` returns."""

@@ -293,13 +293,17 @@ class BackwardMemory:
     gradients: list[tuple[str, str, int]]
 
 
-def backward_memory(profile: torch.profiler.profile, device_type: str, owners: dict[int, str]) -> BackwardMemory:
+def backward_memory(profile: torch.profiler.profile, device_type: str, owners: dict[int, str],
+                    settled: dict[int, str] | None = None) -> BackwardMemory:
     """Each node's backward temporaries and the gradients passed between nodes, from the
     allocator alone (kernel scratch, temporaries of the autograd formulas and autograd's own
     sums included). `owners` maps autograd sequence numbers (`grad_fn._sequence_nr()`) to the
     graph node that created them. An owner's window opens when one of its autograd nodes
     starts and closes when another owner's does; autograd nodes nobody owns (AccumulateGrad,
-    the loss's) count for the window they run in.
+    the loss's) count for the window they run in. `settled` maps the storages (pointers) of
+    shared parameters' `.grad` to the owner whose backward the gradient is counted at: where
+    autograd summed the readers' gradients in place into an earlier reader's buffer (under
+    autocast, a tied output layer's), that buffer is a gradient in flight until then.
 
     Example:
         >>> with memory_profile() as profile:
@@ -319,7 +323,7 @@ def backward_memory(profile: torch.profiler.profile, device_type: str, owners: d
             if fields.sequence_number in owners:
                 starts.append((node.start_time_ns, owners[fields.sequence_number]))
         stack.extend(node.children)
-    return window_memory(allocation_events(profile, device_type), starts, backward_start)
+    return window_memory(allocation_events(profile, device_type), starts, backward_start, settled)
 
 
 def backward_temporaries(profile: torch.profiler.profile, device_type: str, owners: dict[int, str]) -> dict[str, int]:
@@ -345,10 +349,12 @@ def window_temporaries(events: list[AllocationEvent], starts: list[tuple[int, st
 
 
 def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
-                  backward_start: int | None = None) -> BackwardMemory:
+                  backward_start: int | None = None, settled: dict[int, str] | None = None) -> BackwardMemory:
     """`window_temporaries`, and the gradients in flight between windows: storages a window
     allocates and a later one frees, and, where `backward_start` (the time backward began) is
-    given, those allocated between it and the first window (named `LOSS_BACKWARD`).
+    given, those allocated between it and the first window (named `LOSS_BACKWARD`); a storage
+    still live at the end that `settled` names (a shared parameter's `.grad`), until the
+    window of the owner it names.
 
     Example:
         >>> window_memory([AllocationEvent(2, 64, 1, None), AllocationEvent(5, -64, 1, None)],
@@ -396,6 +402,10 @@ def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
         else:
             live_bytes -= forget(event.pointer, True)
     close()
+    for pointer, owner in (settled or {}).items():
+        size, _, gradient_of = live.get(pointer, (0, -1, None))
+        if gradient_of is not None and gradient_of >= 0 and windows[gradient_of][1] != owner:
+            gradients.append((windows[gradient_of][1], owner, size))
     return BackwardMemory(temporaries, gradients)
 
 

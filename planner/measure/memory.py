@@ -129,7 +129,8 @@ class LiveBytesTracker(TorchDispatchMode):
     and free is appended to it as `(tick, signed bytes, storage key)`, ticks from `clock`.
     `broadcast` holds (storage key, shape, bytes) of the tensors the ops broadcast
     (`broadcast_arguments`), `casts` the storages of parameters' copies cast to another dtype
-    (autocast's, which its cache holds); the caller resets both too. It works on
+    (autocast's, which its cache holds), `cast_reads` the storages of parameters whose copies
+    the ops made or read (from autocast's cache too); the caller resets all three. It works on
     real, meta and fake tensors alike.
 
     Example:
@@ -147,6 +148,8 @@ class LiveBytesTracker(TorchDispatchMode):
         self.written: set[int] = set()
         self.broadcast: set[tuple[int, tuple[int, ...], int]] = set()
         self.casts: dict[int, int] = {}  # storage key -> bytes, of copies of parameters cast to another dtype
+        self.cast_reads: set[int] = set()  # storage keys of parameters whose casts ops made or read
+        self._cast_sources: dict[int, int] = {}  # id of a live cast's storage -> its parameter's storage key
         self.random = False
         self.log = log
         self.clock = clock or itertools.count().__next__
@@ -164,13 +167,16 @@ class LiveBytesTracker(TorchDispatchMode):
         result = func(*args, **kwargs)
         self.broadcast.update((storage_key(t), tuple(t.shape), t.numel() * t.element_size())
                               for t in broadcast_arguments(func, args, kwargs, result))
-        if func is torch.ops.aten._to_copy.default and args[0].is_leaf and args[0].requires_grad:
-            self.casts[storage_key(result)] = result.untyped_storage().nbytes()
         inputs = {
             id(value.untyped_storage())
             for value in tree_flatten((args, kwargs))[0]
             if isinstance(value, torch.Tensor)
         }
+        self.cast_reads.update(self._cast_sources[key] for key in inputs if key in self._cast_sources)
+        if func is torch.ops.aten._to_copy.default and args[0].is_leaf and args[0].requires_grad:
+            self.casts[storage_key(result)] = result.untyped_storage().nbytes()
+            self.cast_reads.add(storage_key(args[0]))
+            self._cast_sources[id(result.untyped_storage())] = storage_key(args[0])
         for value in tree_flatten(result)[0]:
             if isinstance(value, torch.Tensor):
                 self._track(value.untyped_storage(), inputs)
@@ -192,6 +198,7 @@ class LiveBytesTracker(TorchDispatchMode):
 
     def _free(self, key: int, nbytes: int) -> None:
         self._refs.pop(key, None)
+        self._cast_sources.pop(key, None)
         self.ordinal.pop(key, None)
         self.live_bytes -= nbytes
         if self.log is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, Iterable
 
 import torch
 import torch.fx as fx
@@ -319,6 +319,7 @@ class ProfileInterpreter(fx.Interpreter):
         tracker.written.clear()
         tracker.broadcast.clear()
         tracker.casts.clear()
+        tracker.cast_reads.clear()
         tracker.random = False
         try:
             # The label opens first: opened inside the dispatch mode, the profiler's event tree
@@ -369,6 +370,9 @@ class ProfileInterpreter(fx.Interpreter):
             record.stop_transient_bytes = max(0, peak_at_pack[0] - live_before - record.saved_bytes)
         parameters = self._parameters_read(n)
         record.parameters = tuple(self.parameter_names[id(p)] for p in parameters)
+        if caching:
+            record.cast_parameters = tuple(self.parameter_names[id(p)] for p in parameters
+                                           if storage_key(p) in tracker.cast_reads)
         record.param_grad_bytes = sum(p.numel() * p.element_size() for p in parameters)
         record.late_grad_bytes = sum(nbytes for key, _, nbytes in tracker.broadcast if key in self.trainable_storages)
         logger.debug("profiled %s: %s", n.name, record)
@@ -426,6 +430,37 @@ class ProfileInterpreter(fx.Interpreter):
         return [p for p in parameters.values() if p.requires_grad]
 
 
+def parameter_readers(nodes: Iterable[fx.Node], cast: bool = False) -> dict[str, list[fx.Node]]:
+    """Each parameter's profiled readers in graph order (`NodeProfile.parameters`; with `cast`,
+    the nodes that used its autocast copy: `NodeProfile.cast_parameters`).
+
+    Example:
+        >>> [n.name for n in parameter_readers(gm.graph.nodes)["head.weight"]]  # tied to the embedding
+        ['embed', 'head']
+    """
+    readers: dict[str, list[fx.Node]] = {}
+    for node in nodes:
+        record = node.meta.get(META_KEY)
+        for name in () if record is None else record.cast_parameters if cast else record.parameters:
+            readers.setdefault(name, []).append(node)
+    return readers
+
+
+def shared_gradient_owners(gm: fx.GraphModule) -> dict[int, str]:
+    """For each parameter read by several profiled nodes (tied weights) whose `.grad` is set,
+    its storage's pointer -> the first reader, at whose backward the planner counts the
+    gradient (`planner.problem.graph`'s shared gradients): `backward_memory`'s `settled`.
+
+    Example:
+        >>> shared_gradient_owners(gm)  # GPT-2's tied embedding, after a backward
+        {140331042816000: 'transformer_wte'}
+    """
+    parameters = dict(gm.named_parameters())
+    return {parameters[name].grad.untyped_storage().data_ptr(): users[0].name
+            for name, users in parameter_readers(gm.graph.nodes).items()
+            if len(users) > 1 and parameters[name].grad is not None}
+
+
 def profile(
     gm: fx.GraphModule,
     inputs: list[torch.Tensor],
@@ -476,7 +511,7 @@ def profile(
             if records[name].stop_transient_bytes is not None:
                 records[name].stop_transient_bytes += extra
         owners = {grad_fn._sequence_nr(): name for grad_fn, name in interpreter.autograd_owners.items()}
-        backward = backward_memory(allocations, device.type, owners)
+        backward = backward_memory(allocations, device.type, owners, shared_gradient_owners(gm))
         for name, record in records.items():
             record.backward_runs = name in backward.temporaries
             record.backward_transient_bytes = max(0, backward.temporaries.get(name, 0))

@@ -17,7 +17,7 @@ import torch.fx as fx
 
 from planner.core import ModuleCheckpoint, counted_call
 from planner.measure.allocations import LOSS_BACKWARD
-from planner.measure.profile import META_KEY
+from planner.measure.profile import META_KEY, parameter_readers
 from planner.trace.structure import ModuleCall, compute_nodes
 from solvers import NodeCost, Problem
 
@@ -48,19 +48,17 @@ def module_checkpoint(gm: fx.GraphModule, call: ModuleCall, model_class: str,
 
 def casts_uncached(gm: fx.GraphModule) -> bool:
     """Whether the plan's regions run with autocast's cache off (`planner.core.uncached_autocast`):
-    where no parameter is read by two nodes, each region's casts are its own, and the problem
-    counts those a node saves as its saved tensors; else (ALBERT's shared layers) every region
-    runs cached, as the plan was measured, and a node's casts count as held to its backward.
+    where no parameter's autocast copy is used by two nodes (`NodeProfile.cast_parameters`: a
+    tied embedding that only the output layer casts qualifies), each region's casts are its own,
+    and the problem counts those a node saves as its saved tensors; else (ALBERT's shared layers)
+    every region runs cached, as the plan was measured, and a node's casts count as held to its
+    backward.
 
     Example:
         >>> casts_uncached(traced.gm)
         True
     """
-    readers: dict[str, int] = {}
-    for node in compute_nodes(gm):
-        for name in node.meta[META_KEY].parameters if META_KEY in node.meta else ():
-            readers[name] = readers.get(name, 0) + 1
-    return all(count == 1 for count in readers.values())
+    return all(len(users) == 1 for users in parameter_readers(compute_nodes(gm), cast=True).values())
 
 
 def saved_calls(gm: fx.GraphModule, region: range, kept: Collection[int]) -> tuple[tuple[str, int], ...]:
@@ -376,12 +374,9 @@ def _shared_gradients(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[int, lis
     readers' gradients in one buffer before adding it to `.grad`, so the last reader's backward
     (the first to run) creates a buffer that lives until the first reader's has run."""
     sizes = {name: p.numel() * p.element_size() for name, p in gm.named_parameters()}
-    readers: dict[str, list[int]] = {}
-    for i, node in enumerate(nodes):
-        for name in node.meta[META_KEY].parameters:
-            readers.setdefault(name, []).append(i)
+    index = {node: i for i, node in enumerate(nodes)}
     shared: dict[int, list[tuple[int, int]]] = {}
-    for name, users in readers.items():
+    for name, users in parameter_readers(nodes).items():
         if len(users) > 1:
-            shared.setdefault(users[-1], []).append((users[0], sizes[name]))
+            shared.setdefault(index[users[-1]], []).append((index[users[0]], sizes[name]))
     return shared
