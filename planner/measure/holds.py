@@ -499,7 +499,10 @@ def eager_holds(gm: fx.GraphModule, inputs: list[Any], run_model: Callable[[], A
             # ids); a checkpoint of the call holds them all the same. They are still alive here.
             if entered and entered[-1][0] is module:
                 _, call = entered.pop()
-                passed[call][1].extend(allocations_in(kwargs))
+                if passed[call][0] == len(eager_log.calls):  # no ATen call (a dropout of p=0): no region
+                    passed[call][1].clear()
+                else:
+                    passed[call][1].extend(allocations_in(kwargs))
 
         hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
                  torch.nn.modules.module.register_module_forward_hook(spans.leave, always_call=True),
