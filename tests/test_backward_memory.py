@@ -137,3 +137,28 @@ def test_planning_a_model_that_has_gradients_measures_a_fresh_step(build):
     assert again.baseline_peak_bytes == fresh.baseline_peak_bytes
     for name, p in model.named_parameters():
         assert torch.equal(p.grad, grads[name]), f"{name}: planning changed its gradient"
+
+
+class _ReadsAWeightDetached(nn.Module):
+    """Reads its second layer's weight detached (a scale; as a metadata check reads one): a
+    reader with no backward, which makes that weight no shared one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(256, 1024)
+        self.b = nn.Linear(1024, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.b.weight.detach().abs().mean()
+        return self.b(torch.relu(self.a(x))) * scale
+
+
+def test_a_reader_without_backward_does_not_make_a_parameters_gradient_one_in_flight():
+    from planner.api import GIB
+    from planner.measure.steps import steady_peak
+
+    torch.manual_seed(0)
+    model, x = _ReadsAWeightDetached(), torch.randn(512, 256)
+    unplanned = steady_peak(model, x, torch.device("cpu"))
+    p = plan(model, x, budget_gb=unplanned / GIB)
+    assert p.baseline_peak_bytes == unplanned  # (+1 MiB, the weight's gradient, were the detach a reader)

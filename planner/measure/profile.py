@@ -446,19 +446,23 @@ def parameter_readers(nodes: Iterable[fx.Node], cast: bool = False) -> dict[str,
     return readers
 
 
-def shared_gradient_owners(gm: fx.GraphModule) -> dict[int, str]:
-    """For each parameter read by several profiled nodes (tied weights) whose `.grad` is set,
-    its storage's pointer -> the first reader, at whose backward the planner counts the
+def shared_gradient_owners(gm: fx.GraphModule, backward_owners: Collection[str]) -> dict[int, str]:
+    """For each parameter read by several profiled nodes with a backward (`backward_owners`:
+    tied weights; a metadata check that reads one is no reader) whose `.grad` is set, its
+    storage's pointer -> the first such reader, at whose backward the planner counts the
     gradient (`planner.problem.graph`'s shared gradients): `backward_memory`'s `settled`.
 
     Example:
-        >>> shared_gradient_owners(gm)  # GPT-2's tied embedding, after a backward
+        >>> shared_gradient_owners(gm, owners.values())  # GPT-2's tied embedding, after a backward
         {140331042816000: 'transformer_wte'}
     """
     parameters = dict(gm.named_parameters())
-    return {parameters[name].grad.untyped_storage().data_ptr(): users[0].name
-            for name, users in parameter_readers(gm.graph.nodes).items()
-            if len(users) > 1 and parameters[name].grad is not None}
+    found: dict[int, str] = {}
+    for name, users in parameter_readers(gm.graph.nodes).items():
+        users = [node for node in users if node.name in backward_owners]
+        if len(users) > 1 and parameters[name].grad is not None:
+            found[parameters[name].grad.untyped_storage().data_ptr()] = users[0].name
+    return found
 
 
 def profile(
@@ -511,7 +515,7 @@ def profile(
             if records[name].stop_transient_bytes is not None:
                 records[name].stop_transient_bytes += extra
         owners = {grad_fn._sequence_nr(): name for grad_fn, name in interpreter.autograd_owners.items()}
-        backward = backward_memory(allocations, device.type, owners, shared_gradient_owners(gm))
+        backward = backward_memory(allocations, device.type, owners, shared_gradient_owners(gm, set(owners.values())))
         for name, record in records.items():
             record.backward_runs = name in backward.temporaries
             record.backward_transient_bytes = max(0, backward.temporaries.get(name, 0))
