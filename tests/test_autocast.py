@@ -145,22 +145,26 @@ def test_autocasts_float32_copies_count_once_as_the_tensors_they_are():
             assert abs(p.baseline_peak_bytes - measured) <= 0.01 * measured, (measure, p.baseline_peak_bytes, measured)
 
 
-def test_regions_run_with_autocasts_cache_off_so_their_casts_are_freed_as_planned():
+@pytest.mark.parametrize("measure", ["auto", "no-run"])
+def test_regions_run_with_autocasts_cache_off_so_their_casts_are_freed_as_planned(measure):
     # Parameters weigh much in this step. Cached to the end of forward, the casts of recomputed
     # blocks' weights would hold memory no region frees; regions run uncached, and the plan is
-    # predicted within 1% (high by a parameter gradient's float32 size at the first backward).
+    # predicted to the byte where the step ran (a weight's float32 gradient is made by its cast's
+    # backward, after the linear's has freed what it saved: the room measured below what it keeps),
+    # within 1% node by node (high by that room: fake tensors show no kernel scratch to set it from).
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
                                                       torch.nn.Linear(1024, 256)) for _ in range(6)])
     x = torch.randn(384, 256)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         unplanned = steady_peak(model, x, torch.device("cpu"))
-        p = plan(model, x, budget_gb=0.8 * unplanned / GIB, measure="no-run")
+        p = plan(model, x, budget_gb=0.8 * unplanned / GIB, measure=measure)
         measured = steady_peak(p.module(), x, torch.device("cpu"), model)
         assert torch.is_autocast_cache_enabled()  # (left as it was)
     assert p.checkpoints and measured <= p.budget_bytes
     error = p.predicted_peak_bytes - measured
-    assert -0.0001 * measured <= error <= 0.01 * measured, (p.predicted_peak_bytes, measured)
+    assert -0.0001 * measured <= error <= (0.0001 if measure == "auto" else 0.01) * measured, (p.predicted_peak_bytes,
+                                                                                              measured)
 
 
 class _SharedLayer(torch.nn.Module):

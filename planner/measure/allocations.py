@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import torch
 from torch._C._profiler import _EventType
 
-from planner.core import cold_autocast_cache
+from planner.core import NodeProfile, cold_autocast_cache
 
 
 @dataclass(frozen=True)
@@ -283,7 +283,8 @@ LOSS_BACKWARD = "(the loss's backward)"
 @dataclass(frozen=True)
 class BackwardMemory:
     """What each graph node's backward does to memory, measured: `temporaries` per owner (the
-    most its backward raises memory above what it started with and leaves behind), and
+    most its backward raises memory above what it started with and leaves behind; below 0
+    where it freed room before making what it leaves: see `backward_transient_bytes`), and
     `gradients`, every storage one backward leaves for a later one (gradients in flight) as
     (owner that allocated it, owner whose backward freed it, bytes). Storages made before the
     first owned backward (the output's gradient) were allocated by `LOSS_BACKWARD`; storages
@@ -327,25 +328,42 @@ def backward_memory(profile: torch.profiler.profile, device_type: str, owners: d
 
 
 def backward_temporaries(profile: torch.profiler.profile, device_type: str, owners: dict[int, str]) -> dict[str, int]:
-    """`backward_memory(...).temporaries`.
+    """`backward_memory(...).temporaries`, none below 0.
 
     Example:
         >>> backward_temporaries(profile, "cpu", {y.grad_fn._sequence_nr(): "conv"})["conv"]
     """
-    return backward_memory(profile, device_type, owners).temporaries
+    return {owner: max(0, raised) for owner, raised in backward_memory(profile, device_type, owners).temporaries.items()}
+
+
+def backward_transient_bytes(temporaries: dict[str, int], name: str, record: NodeProfile) -> int:
+    """`NodeProfile.backward_transient_bytes` from a node's window (`window_memory`): what its
+    backward raised memory by, beyond what it kept. Below 0, down to minus its parameters'
+    gradients made after its backward function returned (those not `late_grad_bytes`), where it
+    freed its saved tensors and incoming gradient before making them: under autocast, a cast
+    parameter's float32 gradient is made by the cast's backward, after the node's has released
+    what it held, so the sum the simulator adds at its step (parameter gradients and this) is
+    what the step peaked at.
+
+    Example:
+        >>> backward_transient_bytes({"fc2": -163072}, "fc2", record)  # record.param_grad_bytes 1049600
+        -163072
+    """
+    floor = -max(0, record.param_grad_bytes - record.late_grad_bytes)
+    return max(floor, temporaries.get(name, 0))
 
 
 def window_temporaries(events: list[AllocationEvent], starts: list[tuple[int, str]]) -> dict[str, int]:
-    """The window algorithm of `backward_memory` on any event source: `events` in time
-    order, `starts` as (time, owner) of each autograd node an owner runs. (The fake-tensor
-    profile feeds it the tensor tracker's log and the ticks of autograd pre-hooks.)
+    """The window algorithm of `backward_memory` on any event source, none below 0: `events`
+    in time order, `starts` as (time, owner) of each autograd node an owner runs. (The
+    fake-tensor profile feeds it the tensor tracker's log and the ticks of autograd pre-hooks.)
 
     Example:
         >>> window_temporaries([AllocationEvent(2, 64, 1, None), AllocationEvent(3, -64, 1, None)],
         ...                    [(1, "relu")])
         {'relu': 64}
     """
-    return window_memory(events, starts).temporaries
+    return {owner: max(0, raised) for owner, raised in window_memory(events, starts).temporaries.items()}
 
 
 def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
@@ -374,7 +392,8 @@ def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
     def close() -> None:
         if window >= 0:
             owner = windows[window][1]
-            temporaries[owner] = max(temporaries.get(owner, 0), peak - opened_at - kept)
+            raised = peak - opened_at - kept  # (below 0 where it freed room before making what it keeps)
+            temporaries[owner] = max(temporaries.get(owner, raised), raised)
 
     def forget(pointer: int, freed: bool) -> int:
         nonlocal kept

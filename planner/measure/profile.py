@@ -38,6 +38,7 @@ from planner.core import (
 )
 from planner.measure.allocations import (
     backward_memory,
+    backward_transient_bytes,
     forward_scratch,
     memory_profile,
     scratch_before_mark,
@@ -518,7 +519,7 @@ def profile(
         backward = backward_memory(allocations, device.type, owners, shared_gradient_owners(gm, set(owners.values())))
         for name, record in records.items():
             record.backward_runs = name in backward.temporaries
-            record.backward_transient_bytes = max(0, backward.temporaries.get(name, 0))
+            record.backward_transient_bytes = backward_transient_bytes(backward.temporaries, name, record)
         del interpreter
         times: dict[str, list[float]] = {}
         stop_times: dict[str, list[float]] = {}

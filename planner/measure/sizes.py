@@ -283,7 +283,8 @@ def profile_sizes(
     temporaries = windows.temporaries()
     for name, record in records.items():
         record.backward_runs = name in temporaries
-        record.backward_transient_bytes = max(0, temporaries.get(name, 0))
+        # (not below 0, as the allocator's windows may be: fake tensors show no kernel scratch)
+        record.backward_transient_bytes = temporaries.get(name, 0)
     kept = sum(r.output_bytes + r.saved_bytes for r in records.values())
     peak_extra = max((r.transient_bytes + r.backward_transient_bytes for r in records.values()), default=0)
     needed = static + gradients + kept + 2 * sum(r.grad_bytes for r in records.values()) + peak_extra
