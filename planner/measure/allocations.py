@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import gc
 import os
 import sys
 from contextlib import contextmanager
@@ -90,8 +89,6 @@ def memory_profile() -> Iterator[torch.profiler.profile]:
     """
     profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
     cold_autocast_cache()  # (else casts made before it may be freed inside: memory it never saw allocated)
-    collecting = gc.isenabled()
-    gc.disable()  # (likewise tensors in reference cycles made before it, which a collection would free)
     with _without_kineto_banner():
         profile.__enter__()
     try:
@@ -99,8 +96,6 @@ def memory_profile() -> Iterator[torch.profiler.profile]:
     finally:
         with _without_kineto_banner():
             profile.__exit__(None, None, None)
-        if collecting:
-            gc.enable()
 
 
 @contextmanager

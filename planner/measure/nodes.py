@@ -19,10 +19,12 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import logging
 import statistics
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx as fx
@@ -119,7 +121,9 @@ class _NodeRunner:
         function, parameters = self._callable(node)
         owners: dict[Any, str] = {}
         tracker = LiveBytesTracker(log=[])
-        with torch.enable_grad():
+        # (garbage collection off: a collection in the profile would free the last node's tensors,
+        # in reference cycles, and the profiler prints a warning of memory it never saw allocated)
+        with torch.enable_grad(), _collection_off():
             with memory_profile() as allocations:
                 # The label first (see ProfileInterpreter.run_node): else its scratch is lost.
                 with torch.profiler.record_function(NODE_LABEL + node.name), tracker:
@@ -148,6 +152,17 @@ class _NodeRunner:
             times = [elapsed_ms(self.device, lambda: function(*args, **kwargs), ahead)
                      for _ in range(self.warmup + self.repeats)]
         return statistics.median(times[self.warmup:]), scratch, backward_scratch, grown
+
+
+@contextlib.contextmanager
+def _collection_off() -> Iterator[None]:
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _new_storage_bytes(value: Any, arguments: Any) -> int:
