@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import pickle
@@ -651,6 +652,7 @@ def _solved(model: nn.Module, sample: Any, measurements: Measurements, problem: 
     if not _own_step_runs_here(model, sample, planned, summary, setup):
         return planned
     started = time.perf_counter()
+    gc.collect()  # (what measuring left in reference cycles goes before the plan's own step runs beside it)
     fitted, measured = fit_to_measured(planned, keeping_free, own_step,
                                        lambda: keeping_free(0, solve_at=minimum_peak_bytes(problem)))
     planned_for = dict(fitted.record.planned_for or {})
