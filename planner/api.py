@@ -25,6 +25,7 @@ from planner.apply.checkpoints import shallow_clone
 from planner.core import GraphProfile, ModuleCheckpoint, sample_tensors
 from planner.measure.autocast import autocast_name, check_autocast, emulates_cuda, step_autocast
 from planner.measure.device import check_measure, measurable_bytes, plan_device
+from planner.measure.precision import check_param_dtype, inputs_in, parameters_in
 from planner.measure.static import check_optimizer, check_world_size
 from planner.measure.steps import (
     Verification,
@@ -335,9 +336,11 @@ class Plan:
         dtype = check_autocast(planned_for.get("autocast"))  # (the step the plan is for, on the model's device)
         mixed = contextlib.nullcontext() if dtype is None else step_autocast(
             plan_device([*model.parameters(), *model.buffers(), *sample_tensors(sample)], None), dtype)
-        with mixed:
-            verification = verify_modules(model, planned, sample, steps, self.predicted_peak_bytes,
-                                          self.baseline_peak_bytes, self.budget_bytes, self.recompute_ms)
+        param_dtype = check_param_dtype(planned_for.get("param_dtype"))  # (FSDP2's, without its shards)
+        with mixed, parameters_in(model, param_dtype):
+            verification = verify_modules(model, planned, inputs_in(sample, param_dtype), steps,
+                                          self.predicted_peak_bytes, self.baseline_peak_bytes, self.budget_bytes,
+                                          self.recompute_ms)
         self.record = replace(self.record, verification=verification)
         return verification
 
@@ -498,6 +501,7 @@ def plan(
     effort: str = "normal",
     selective: bool = False,
     autocast: torch.dtype | str | None = None,
+    param_dtype: torch.dtype | str | None = None,
 ) -> Plan:
     """Choose which parts of `model` to recompute so one training step fits `budget_gb`.
 
@@ -528,6 +532,11 @@ def plan(
     `torch.autocast(device, dtype)`, as the Trainer's `bf16=True` does: planning, `replan` and
     `verify` run their steps under it; for a CUDA target on a machine without CUDA, CPU autocast
     casts as CUDA's does (`planner.measure.autocast`). The model is left as it was.
+    `param_dtype=torch.bfloat16` plans the step FSDP2 runs under
+    `MixedPrecisionPolicy(param_dtype=torch.bfloat16)`: parameters and floating inputs in that
+    dtype for forward and backward, shards, gradients and optimizer state in the parameters' own
+    (`planner.measure.precision`, `planner.measure.static`); such a plan does not run its own step
+    here (one process holds no shards: `p.verified` is False).
     `solver_options` go to the solver (for example `{"time_limit_s": 120}` for "ilp").
 
     Example:
@@ -541,7 +550,8 @@ def plan(
         return _plan_of_rank_zero(model, sample)
     try:
         planned = _plan_here(model, sample, budget_gb, solver, reserved_gb, leaves, frontend, repeats, progress,
-                             solver_options, target, world_size, optimizer, measure, effort, selective, autocast)
+                             solver_options, target, world_size, optimizer, measure, effort, selective, autocast,
+                             param_dtype)
     except Exception as error:
         _share_with_ranks(error)
         raise
@@ -553,10 +563,11 @@ def _plan_here(model: nn.Module, sample: Any, budget_gb: float | None, solver: s
                leaves: tuple[str, ...], frontend: str, repeats: int, progress: Callable[[str], None] | None,
                solver_options: dict[str, Any] | None, target: str | None, world_size: int,
                optimizer: str | float | None, measure: str, effort: str, selective: bool,
-               autocast: torch.dtype | str | None) -> Plan:
+               autocast: torch.dtype | str | None, param_dtype: torch.dtype | str | None = None) -> Plan:
     """`plan()` in this process, its arguments as given."""
     gpu = find_target(target) if target is not None else None
     autocast = check_autocast(autocast)
+    param_dtype = check_param_dtype(param_dtype)
     world_size = check_world_size(world_size)
     optimizer = check_optimizer(optimizer)
     check_measure(measure)
@@ -574,9 +585,9 @@ def _plan_here(model: nn.Module, sample: Any, budget_gb: float | None, solver: s
     say = progress or (lambda message: logger.info(message))
     with step_autocast(where, autocast):
         measured = measure_problem(model, sample, where, reserved_bytes, optimizer, world_size, leaves,
-                                   frontend, repeats, measure, say, effort, bool(selective))
+                                   frontend, repeats, measure, say, effort, bool(selective), param_dtype=param_dtype)
         say(f"solving for {len(compute_nodes(measured.traced.gm))} nodes with solver {solver!r}")
-        setup = Setup(where, world_size, optimizer, measured.breakdown, measure, autocast)
+        setup = Setup(where, world_size, optimizer, measured.breakdown, measure, autocast, param_dtype)
         return plan_measured(model, sample, measured, setup, budget_bytes, reserved_bytes, solver, solver_options)
 
 
@@ -611,6 +622,7 @@ def _plan_of(model: nn.Module, sample: Any, measurements: Measurements, problem:
         "times_estimated": summary.times_estimated, "scratch_measured": summary.scratch_measured,
         "own_step_peak_bytes": own_step_peak_bytes, "autocast": autocast_name(setup.autocast),
         "autocast_emulated": setup.autocast is not None and emulates_cuda(setup.where),
+        "param_dtype": autocast_name(setup.param_dtype),
         "seconds": {**measurements.seconds, "solving": solution.solve_seconds},
     }
     record = record_of(model, sample, traced, summary, problem, solution, checkpoints, budget_bytes, reserved_bytes,
@@ -668,7 +680,7 @@ def _own_step_runs_here(model: nn.Module, sample: Any, planned: Plan, summary: G
     real, and what the step allocates beyond the tensors already there fits in what measuring
     may use (`planner.measure.device.measurable_bytes`)."""
     where = setup.where
-    if setup.measure == "no-run" or not where.local or setup.world_size != 1:
+    if setup.measure == "no-run" or not where.local or setup.world_size != 1 or setup.param_dtype is not None:
         return False
     if any(t.device.type == "meta" for t in (*model.parameters(), *sample_tensors(sample))):
         return False

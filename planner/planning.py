@@ -47,6 +47,7 @@ from planner.costs.step import step_residuals
 from planner.measure.device import PlanDevice
 from planner.measure.memory import preserved_state
 from planner.measure.paths import measure_model
+from planner.measure.precision import inputs_in, parameters_in
 from planner.measure.static import static_breakdown
 from planner.measure.steps import keep_free_beyond_graph
 from planner.problem.graph import (
@@ -68,8 +69,8 @@ from solvers.solution import format_bytes
 class Setup:
     """What the plan is for besides the budget: the device (and target GPU), how the run holds
     static memory (FSDP2 ranks, optimizer) and the resulting static memory per rank, by term,
-    how planning may measure (`measure`: "no-run" runs no step, not even the plan's own), and the
-    dtype of the autocast the step runs under, if any."""
+    how planning may measure (`measure`: "no-run" runs no step, not even the plan's own), the
+    dtype of the autocast the step runs under, if any, and FSDP2's `param_dtype`, if any."""
 
     where: PlanDevice
     world_size: int = 1
@@ -77,6 +78,7 @@ class Setup:
     static_breakdown: dict[str, int] | None = None
     measure: str = "auto"
     autocast: torch.dtype | None = None
+    param_dtype: torch.dtype | None = None
 
     def with_reserve(self, reserved_bytes: int) -> "Setup":
         return replace(self, static_breakdown={**(self.static_breakdown or {}), "reserved": reserved_bytes})
@@ -218,11 +220,14 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
                     optimizer: str | float | None, world_size: int, leaves: tuple[str, ...], frontend: str,
                     repeats: int, measure: str, say: Callable[[str], None], effort: str = "normal",
                     selective: bool = False,
-                    node_times: Callable[[fx.GraphModule], str] | None = None) -> MeasuredProblem:
+                    node_times: Callable[[fx.GraphModule], str] | None = None,
+                    param_dtype: torch.dtype | None = None) -> MeasuredProblem:
     """Trace and measure `model` on `sample` where `where` says, leaving the model as it was.
     The arguments are `plan()`'s, already checked. With `effort="thorough"`, where the whole
     step runs here, what checkpoint calls and runs cost is also read off the model's own
     training steps (`planner.costs.calls`, `planner.costs.step`: a minute or more on a CPU).
+    With `param_dtype` (FSDP2's mixed precision), the model runs with its parameters and
+    floating inputs in it (`planner.measure.precision`).
 
     Example:
         >>> model, tokens = planner.examples.gpt()
@@ -231,64 +236,70 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
         >>> len(measured.problem.nodes)
         290
     """
+    sample = inputs_in(sample, param_dtype)  # (FSDP2 casts floating inputs, planner.measure.precision)
     args, kwargs = split_sample(sample)
     clock = _Stopwatch()
-    say("tracing")
-    on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *sample_tensors(sample)))
-    traced = trace(model, sample, leaves, frontend, fake_device=where.profile_device if on_meta else None)
-    inputs = traced.graph_inputs(args, kwargs)
-    clock.lap("tracing")
-    with preserved_state(model, [where.device] if where.local else []):
-        summary = measure_model(traced.gm, inputs, where, measure, repeats, say,
-                                loss=lambda result: training_loss(traced.model_output(result)),
-                                model_call=(model, args, kwargs), node_times=node_times)
+    with parameters_in(model, param_dtype):  # (FSDP2's unsharded parameters: in param_dtype)
+        say("tracing")
+        on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *sample_tensors(sample)))
+        traced = trace(model, sample, leaves, frontend, fake_device=where.profile_device if on_meta else None)
+        inputs = traced.graph_inputs(args, kwargs)
+        clock.lap("tracing")
+        with preserved_state(model, [where.device] if where.local else []):
+            summary = measure_model(traced.gm, inputs, where, measure, repeats, say,
+                                    loss=lambda result: training_loss(traced.model_output(result)),
+                                    model_call=(model, args, kwargs), node_times=node_times)
     breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes,
-                                 where.device, optimizer, world_size, reserved_bytes, summary.loss_bytes)
-    uncached = casts_uncached(traced.gm)
-    wrapped = {call.nodes: spec for call in module_calls(traced.gm)
-               if (spec := module_checkpoint(traced.gm, call, type(model).__name__, uncached)) is not None}
-    clock.lap("measuring" if node_times is None else "sizes")
-    # Measured where the plan runs; for a GPU elsewhere, this CPU's (checkpoint's own work is
-    # mostly on the host), an estimate like the target's node times.
-    overhead_device = where.device if where.local else torch.device("cpu")
-    overhead_ms, saved_tensor_ms = checkpoint_overhead_ms(overhead_device)
-    segments, sequentials = sequential_segments(model, traced.gm, wrapped)
-    problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms, summary.rng_state_bytes,
-                            summary.gradients, saved_tensor_ms, tuple(segments), sequentials)
-    blocks_here = where.local and not on_meta and node_times is None
-    if blocks_here:
-        say("timing checkpoint, a selective policy and run recording on one of the model's blocks")
-    costs = selective_overhead_for_plan(
-        model, problem, wrapped, overhead_device, blocks_here, lambda: model(*args, **kwargs),
-        lambda region, kept: saved_calls(traced.gm, region, kept),
-        MAX_BLOCK_ROUNDS if effort == "thorough" else FINE_ROUNDS)
-    problem = replace(problem, **asdict(costs))
-    clock.lap("checkpoint's costs")
-    whole_step = summary.measurement == "whole step" and where.local and not on_meta  # (the step fits here)
-    if whole_step and effort == "thorough":
-        say("timing checkpoint calls of the model's smallest repeated submodule, alone and in its forward")
-        with preserved_state(model, [where.device]):
-            problem = replace(problem, region_overhead_ms=small_call_cost(
-                model, problem, wrapped, where.device, lambda module: module(*args, **kwargs)))
-        say("timing checkpoint calls and runs in training steps (checkpoint's cost per block within one step "
-            "first), and the nodes again in the same rounds")
-        node_rounds = NodeRounds(traced.gm, inputs, where.device)
-        residuals = step_residuals(
-            model, problem, wrapped, lambda runs: run_checkpoints(traced.gm, problem, runs, wrapped).values(),
-            lambda keeps: [replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, kept))
-                           for region, kept in keeps],
-            lambda module: training_step(module, sample), where.device,
-            node_rounds=node_rounds)
-        problem = residuals.priced(problem)
-        summary = replace(summary, timing=node_rounds.described(summary.timing))
-        clock.lap("costs in training steps")
-    if whole_step and world_size == 1:  # (FSDP2's per-rank terms are not what one unsharded step holds)
-        say("measuring the model's own step against the traced graph")
-        problem, breakdown = keep_free_beyond_graph(model, sample, problem, breakdown, where.device, where.name)
-        clock.lap("the unplanned step")
-    if not selective:
-        problem = replace(problem, nodes=tuple(replace(node, keepable=False) for node in problem.nodes))
-    return MeasuredProblem(traced, summary, on_time_grid(problem), breakdown, {**wrapped, **segments}, clock.seconds)
+                                 where.device, optimizer, world_size, reserved_bytes, summary.loss_bytes,
+                                 param_dtype)  # (of the parameters as FSDP2 shards them: the model's own)
+    with parameters_in(model, param_dtype):
+        uncached = casts_uncached(traced.gm)
+        wrapped = {call.nodes: spec for call in module_calls(traced.gm)
+                   if (spec := module_checkpoint(traced.gm, call, type(model).__name__, uncached)) is not None}
+        clock.lap("measuring" if node_times is None else "sizes")
+        # Measured where the plan runs; for a GPU elsewhere, this CPU's (checkpoint's own work is
+        # mostly on the host), an estimate like the target's node times.
+        overhead_device = where.device if where.local else torch.device("cpu")
+        overhead_ms, saved_tensor_ms = checkpoint_overhead_ms(overhead_device)
+        segments, sequentials = sequential_segments(model, traced.gm, wrapped)
+        problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms,
+                                summary.rng_state_bytes, summary.gradients, saved_tensor_ms, tuple(segments),
+                                sequentials)
+        blocks_here = where.local and not on_meta and node_times is None
+        if blocks_here:
+            say("timing checkpoint, a selective policy and run recording on one of the model's blocks")
+        costs = selective_overhead_for_plan(
+            model, problem, wrapped, overhead_device, blocks_here, lambda: model(*args, **kwargs),
+            lambda region, kept: saved_calls(traced.gm, region, kept),
+            MAX_BLOCK_ROUNDS if effort == "thorough" else FINE_ROUNDS)
+        problem = replace(problem, **asdict(costs))
+        clock.lap("checkpoint's costs")
+        whole_step = summary.measurement == "whole step" and where.local and not on_meta  # (the step fits here)
+        if whole_step and effort == "thorough":
+            say("timing checkpoint calls of the model's smallest repeated submodule, alone and in its forward")
+            with preserved_state(model, [where.device]):
+                problem = replace(problem, region_overhead_ms=small_call_cost(
+                    model, problem, wrapped, where.device, lambda module: module(*args, **kwargs)))
+            say("timing checkpoint calls and runs in training steps (checkpoint's cost per block within one step "
+                "first), and the nodes again in the same rounds")
+            node_rounds = NodeRounds(traced.gm, inputs, where.device)
+            residuals = step_residuals(
+                model, problem, wrapped, lambda runs: run_checkpoints(traced.gm, problem, runs, wrapped).values(),
+                lambda keeps: [replace(wrapped[region], saved_calls=saved_calls(traced.gm, region, kept))
+                               for region, kept in keeps],
+                lambda module: training_step(module, sample), where.device,
+                node_rounds=node_rounds)
+            problem = residuals.priced(problem)
+            summary = replace(summary, timing=node_rounds.described(summary.timing))
+            clock.lap("costs in training steps")
+        if whole_step and world_size == 1 and param_dtype is None:  # (FSDP2's terms: not one unsharded step's)
+            say("measuring the model's own step against the traced graph")
+            problem, breakdown = keep_free_beyond_graph(model, sample, problem, breakdown, where.device, where.name)
+            clock.lap("the unplanned step")
+        if not selective:
+            problem = replace(problem, nodes=tuple(replace(node, keepable=False) for node in problem.nodes))
+        return MeasuredProblem(traced, summary, on_time_grid(problem), breakdown, {**wrapped, **segments},
+                               clock.seconds)
 
 
 class _Stopwatch:

@@ -151,7 +151,7 @@ def _fsdp2_planning(name: str, rank: int, budget_path: str) -> dict[str, Any]:
     return result
 
 
-def _fsdp2(name: str, rank: int, plan_path: str | planner.Plan) -> dict[str, Any]:
+def _fsdp2(name: str, rank: int, plan_path: str | planner.Plan, **shard_options: Any) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -161,8 +161,8 @@ def _fsdp2(name: str, rank: int, plan_path: str | planner.Plan) -> dict[str, Any
         model = _built(name, run, plan_path, result)
         blocks = {"gpt": lambda: model.blocks, "cnn": lambda: model.stages}.get(name, lambda: model.transformer.h)()
         for block in blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, **shard_options)
+        fully_shard(model, mesh=mesh, **shard_options)
         result[f"{run}_checkpointed"] = _checkpointed(model)  # still there after fully_shard
         result[f"{run}_class"] = [cls.__name__ for cls in type(model).__mro__]
         result[run] = _train(name, model, model, rank, lambda grad: grad.full_tensor())
@@ -197,7 +197,17 @@ def _fsdp2_warned(name: str, rank: int, plan_path: str) -> dict[str, Any]:
     return result
 
 
-JOBS = {"fsdp2": _fsdp2, "ddp": _ddp, "fsdp2_warned": _fsdp2_warned, "fsdp2_planning": _fsdp2_planning}
+def _fsdp2_mixed(name: str, rank: int, plan_path: str) -> dict[str, Any]:
+    """`_fsdp2` under FSDP2's mixed precision, as torchtitan sets it: bfloat16 parameters,
+    gradients reduced in float32 (the plan made with `param_dtype=torch.bfloat16`)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return _fsdp2(name, rank, plan_path,
+                  mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+
+
+JOBS = {"fsdp2": _fsdp2, "ddp": _ddp, "fsdp2_warned": _fsdp2_warned, "fsdp2_planning": _fsdp2_planning,
+        "fsdp2_mixed": _fsdp2_mixed}
 
 
 def _rank_main(rank: int, port: int, job: str, name: str, plan_path: str, out_dir: str) -> None:

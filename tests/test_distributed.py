@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from distributed_ranks import WORLD, build, check, plan_on_one_thread, spawn, warned
 
 import planner
@@ -88,4 +89,17 @@ def test_every_rank_calling_plan_gets_rank_zeros_plan_and_trains_like_unplanned(
     results = spawn("fsdp2_planning", "gpt", budget, tmp_path / "ranks")
     assert results[0]["plan"] and results[0]["plan"] == results[1]["plan"]
     assert results[0]["measured_here"] and not results[1]["measured_here"]  # rank 1 measured nothing
+    check(results)
+
+
+def test_fsdp2_mixed_precision_plan_matches_unplanned(tmp_path):
+    # Planned for FSDP2's MixedPrecisionPolicy(param_dtype=torch.bfloat16) (activations in
+    # bfloat16: half the float32 plan's), applied, and trained under that policy beside the
+    # unplanned model under it: the same losses and gradients on every rank.
+    model, sample = build("gpt")
+    p = plan_on_one_thread(model, sample, param_dtype=torch.bfloat16, world_size=WORLD)
+    static = p.problem.static_bytes
+    p = p.replan(budget_gb=(static + 0.6 * (p.baseline_peak_bytes - static)) / GIB)
+    assert p.checkpoints and p.record.planned_for["param_dtype"] == "bfloat16"
+    results = spawn("fsdp2_mixed", "gpt", Path(p.save(tmp_path / "plan.json")), tmp_path / "ranks")
     check(results)

@@ -104,7 +104,8 @@ def _plan(args: argparse.Namespace) -> int:
         p = plan(model, sample, budget_gb=args.budget_gb, solver=args.solver, reserved_gb=args.reserved_gb,
                  frontend=args.frontend, repeats=args.repeats, progress=say, target=args.target,
                  world_size=args.world_size, optimizer=_optimizer(args.optimizer), measure=args.measure,
-                 effort=args.effort, selective=args.selective, autocast=args.autocast)
+                 effort=args.effort, selective=args.selective, autocast=args.autocast,
+                 param_dtype=args.param_dtype)
     except InfeasibleBudget as error:
         return _infeasible(error)
     except (TraceError, RuntimeError, TypeError, ValueError) as error:
@@ -304,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="let regions keep some nodes' outputs under a selective-checkpoint policy")
     planning.add_argument("--autocast", choices=("bfloat16", "float16"),
                           help="plan the step trained under torch.autocast to this dtype (the Trainer's --bf16)")
+    planning.add_argument("--param-dtype", choices=("bfloat16", "float16"),
+                          help="plan the step FSDP2 runs under MixedPrecisionPolicy(param_dtype=this dtype)")
     planning.add_argument("--config", metavar="K=V,...", help="hf: models: config overrides, e.g. "
                           "hidden_size=4096,num_hidden_layers=32")
     planning.add_argument("--seq", type=_positive_int, default=None, metavar="N",

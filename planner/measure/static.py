@@ -14,7 +14,12 @@ Hugging Face's FSDP integration do):
   prefetched), and one block's unsharded gradients before they are reduce-scattered;
 * the root's own parameters (embeddings, the output layer, final norms) are all-gathered once
   and kept unsharded for the whole step (FSDP2 does not reshard the root after forward), and
-  their gradients are unsharded until the end of backward.
+  their gradients are unsharded until the end of backward;
+* with FSDP2's mixed precision (`param_dtype`, `MixedPrecisionPolicy(param_dtype=...)`: these
+  terms appear for one rank too), the unsharded parameters and gradients are in `param_dtype`,
+  and a block's gradients in flight are counted again in the parameters' own dtype, the copy a
+  float32 `reduce_dtype` (torchtitan's, accelerate's) reduce-scatters; the shards, their
+  gradients and the optimizer's state stay in the parameters' own dtype.
 
 Blocks are the model's `_no_split_modules` classes (Hugging Face models name their layers so),
 else the children of its largest `nn.ModuleList`.
@@ -78,6 +83,7 @@ class _Parameter:
     shape: tuple[int, ...]
     element_bytes: int
     trainable: bool
+    floating: bool = True
 
     @property
     def numel(self) -> int:
@@ -115,7 +121,7 @@ def fsdp_blocks(model: nn.Module) -> list[str]:
 
 
 def _parameters(module: nn.Module, prefix: str = "") -> list[_Parameter]:
-    return [_Parameter(prefix + name, tuple(p.shape), p.element_size(), p.requires_grad)
+    return [_Parameter(prefix + name, tuple(p.shape), p.element_size(), p.requires_grad, p.is_floating_point())
             for name, p in module.named_parameters()]
 
 
@@ -128,9 +134,10 @@ def static_breakdown(
     world_size: int = 1,
     reserved_bytes: int = 0,
     loss_bytes: int = 0,
+    param_dtype: torch.dtype | None = None,
 ) -> dict[str, int]:
     """Static memory per rank, term by term, in bytes (see the module docstring); the plan's
-    static memory is their sum. FSDP2 terms appear only for `world_size` > 1.
+    static memory is their sum. FSDP2 terms appear for `world_size` > 1, or with `param_dtype`.
 
     Example:
         >>> breakdown = static_breakdown(model, 0, 4096, torch.device("cuda"), "adamw", 8)
@@ -155,16 +162,22 @@ def static_breakdown(
     breakdown.update({"buffers": buffer_bytes, "inputs": input_bytes})
     if loss_bytes:  # the loss computed outside the model and backward's seed gradient
         breakdown["loss"] = loss_bytes
-    if world_size > 1:
+    if world_size > 1 or param_dtype is not None:
+        def unsharded(p: _Parameter) -> int:  # (FSDP2's all-gathered copy, in param_dtype where given)
+            return p.numel * (param_dtype.itemsize if param_dtype is not None and p.floating else p.element_bytes)
+
+        def reduced(p: _Parameter) -> int:  # (and where cast, the copy reduce-scattered in its own dtype)
+            return unsharded(p) + (p.numel * p.element_bytes if param_dtype is not None and p.floating else 0)
+
         blocks = fsdp_blocks(model)
         in_blocks = {f"{path}.{p.name}" for path in blocks for p in _parameters(model.get_submodule(path))}
-        block_sizes = [(sum(p.numel * p.element_bytes for p in _parameters(model.get_submodule(path))),
-                        sum(p.numel * p.element_bytes for p in _parameters(model.get_submodule(path)) if p.trainable))
+        block_sizes = [(sum(unsharded(p) for p in _parameters(model.get_submodule(path))),
+                        sum(reduced(p) for p in _parameters(model.get_submodule(path)) if p.trainable))
                        for path in blocks]
         largest_parameters, largest_gradients = max(block_sizes, default=(0, 0))
         root = [p for p in parameters if p.name not in in_blocks]
-        breakdown["root parameters, unsharded (FSDP)"] = sum(p.numel * p.element_bytes for p in root)
-        breakdown["root gradients, unsharded (FSDP)"] = sum(p.numel * p.element_bytes for p in root if p.trainable)
+        breakdown["root parameters, unsharded (FSDP)"] = sum(unsharded(p) for p in root)
+        breakdown["root gradients, unsharded (FSDP)"] = sum(unsharded(p) for p in root if p.trainable)
         breakdown[f"block parameters in flight (FSDP, {IN_FLIGHT_BLOCKS} blocks)"] = IN_FLIGHT_BLOCKS * largest_parameters
         breakdown["block gradients in flight (FSDP, 1 block)"] = largest_gradients
     breakdown["reserved"] = reserved_bytes

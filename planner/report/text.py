@@ -41,6 +41,8 @@ def measured(record: PlanRecord) -> str:
         text += f"; the step under autocast to {planned_for['autocast']}"
         if planned_for.get("autocast_emulated"):
             text += " (CUDA autocast's casts, applied on this machine's CPU: an estimate)"
+    if planned_for.get("param_dtype"):
+        text += f"; parameters and inputs in {planned_for['param_dtype']}, as FSDP2's MixedPrecisionPolicy runs them"
     return text
 
 
@@ -58,7 +60,8 @@ def _static(record: PlanRecord) -> str:
     if terms and "optimizer state" not in terms:
         text += "; optimizer state not counted (pass optimizer=)"
     world_size = (record.planned_for or {}).get("world_size", 1)
-    return text + (f" (per rank, FSDP2 over {world_size} ranks)" if world_size > 1 else "")
+    fsdp = world_size > 1 or (record.planned_for or {}).get("param_dtype")
+    return text + (f" (per rank, FSDP2 over {world_size} rank{'s' * (world_size > 1)})" if fsdp else "")
 
 
 def _regions(record: PlanRecord) -> list[str]:

@@ -289,6 +289,9 @@ def plan_throughput(model: nn.Module, sample_for: Callable[[int], Any], budget_g
     """
     started = time.perf_counter()
     say = progress or (lambda message: logger.info(message))
+    if plan_options.get("param_dtype") is not None:  # (its steps would run in the parameters' own dtype)
+        raise ValueError("plan_throughput does not search under FSDP2's mixed precision (param_dtype): "
+                         "plan each batch size with plan(..., param_dtype=...)")
     budget_bytes = int(check_gb("budget_gb", budget_gb) * GIB)
     reserved_bytes = int(check_gb("reserved_gb", plan_options.get("reserved_gb", 0.0), allow_zero=True) * GIB)
     candidates = sorted({int(b) for b in batch_sizes})

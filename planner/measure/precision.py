@@ -1,0 +1,84 @@
+"""FSDP2's mixed precision, as planning measures it.
+
+Under `fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))` each
+sharded module all-gathers its parameters in `param_dtype` and computes with them, and the
+root casts the floating inputs to it (`cast_forward_inputs`): activations, what backward saves
+and the gradients it passes on are in `param_dtype`, while each rank's shards of the parameters,
+their gradients and the optimizer's state stay in the parameters' own dtype
+(`planner.measure.static` counts those, and the unsharded copies in flight). Planning runs the
+model with its floating parameters swapped for `param_dtype` copies (`parameters_in`) on
+floating inputs cast the same way (`inputs_in`); the model gets its own tensors back after.
+
+Example:
+    >>> with parameters_in(model, torch.bfloat16):
+    ...     model(inputs_in(x, torch.bfloat16)).dtype
+    torch.bfloat16
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map_only
+
+PARAM_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_param_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """`plan(param_dtype=...)`: None, torch.bfloat16 or torch.float16 (or their names).
+
+    Example:
+        >>> check_param_dtype("bfloat16")
+        torch.bfloat16
+    """
+    if dtype is None or dtype in PARAM_DTYPES.values():
+        return dtype  # type: ignore[return-value]
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in PARAM_DTYPES:
+        return PARAM_DTYPES[dtype.removeprefix("torch.")]
+    raise ValueError(f"param_dtype={dtype!r}: give the param_dtype of FSDP2's MixedPrecisionPolicy, "
+                     "torch.bfloat16 or torch.float16 (or None where parameters compute in their own dtype)")
+
+
+@contextlib.contextmanager
+def parameters_in(model: nn.Module, dtype: torch.dtype | None) -> Iterator[None]:
+    """The model's floating parameters computing in `dtype`, as FSDP2's unsharded parameters do:
+    each parameter's data (and gradient, set aside) swapped for a `dtype` copy, its own restored
+    on exit. A no-op for None.
+
+    Example:
+        >>> with parameters_in(model, torch.bfloat16):
+        ...     next(model.parameters()).dtype
+        torch.bfloat16
+    """
+    swapped: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor | None]] = []
+    if dtype is not None:
+        for parameter in model.parameters():
+            if parameter.is_floating_point() and parameter.dtype != dtype:
+                swapped.append((parameter, parameter.data, parameter.grad))
+                parameter.grad = None
+                parameter.data = parameter.data.to(dtype)
+    try:
+        yield
+    finally:
+        for parameter, data, grad in swapped:
+            parameter.grad = None
+            parameter.data = data
+            parameter.grad = grad
+
+
+def inputs_in(sample: Any, dtype: torch.dtype | None) -> Any:
+    """The sample with its floating tensors cast to `dtype` (FSDP2's `cast_forward_inputs`);
+    token ids and masks of other dtypes as they are. None leaves it as it is.
+
+    Example:
+        >>> inputs_in({"pixel_values": images, "labels": labels}, torch.bfloat16)["pixel_values"].dtype
+        torch.bfloat16
+    """
+    if dtype is None:
+        return sample
+    return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, sample)
+
+
+__all__ = ["PARAM_DTYPES", "check_param_dtype", "inputs_in", "parameters_in"]
