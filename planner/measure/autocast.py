@@ -123,12 +123,25 @@ def check_autocast(dtype: torch.dtype | str | None) -> torch.dtype | None:
         >>> check_autocast("bfloat16")
         torch.bfloat16
     """
+    return low_precision_dtype(dtype, "autocast", "the dtype the step runs matrix products in under torch.autocast",
+                               "a float32 step")
+
+
+def low_precision_dtype(dtype: torch.dtype | str | None, argument: str, meaning: str,
+                        none_means: str) -> torch.dtype | None:
+    """`dtype` as `plan(<argument>=...)` takes it: None, torch.bfloat16 or torch.float16 (or their
+    names); else a ValueError asking for `meaning`.
+
+    Example:
+        >>> low_precision_dtype("float16", "param_dtype", "FSDP2's param_dtype", "no cast")
+        torch.float16
+    """
     if dtype is None or dtype in AUTOCAST_DTYPES.values():
         return dtype  # type: ignore[return-value]
     if isinstance(dtype, str) and dtype.removeprefix("torch.") in AUTOCAST_DTYPES:
         return AUTOCAST_DTYPES[dtype.removeprefix("torch.")]
-    raise ValueError(f"autocast={dtype!r}: give the dtype the step runs matrix products in under torch.autocast, "
-                     "torch.bfloat16 or torch.float16 (or None for a float32 step)")
+    raise ValueError(f"{argument}={dtype!r}: give {meaning}, torch.bfloat16 or torch.float16 (or None for "
+                     f"{none_means})")
 
 
 @contextlib.contextmanager
@@ -281,4 +294,5 @@ def _kernel(op: Any, name: str, policy: str, dtype: torch.dtype, cache: _CastCac
     return kernel
 
 
-__all__ = ["AUTOCAST_DTYPES", "CUDA_POLICY", "autocast_name", "check_autocast", "cuda_autocast_on_cpu", "cuda_ops", "emulates_cuda", "step_autocast"]
+__all__ = ["AUTOCAST_DTYPES", "CUDA_POLICY", "autocast_name", "check_autocast", "cuda_autocast_on_cpu", "cuda_ops",
+           "emulates_cuda", "low_precision_dtype", "step_autocast"]

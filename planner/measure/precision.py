@@ -23,8 +23,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-PARAM_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-
+from planner.measure.autocast import low_precision_dtype
 
 def check_param_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     """`plan(param_dtype=...)`: None, torch.bfloat16 or torch.float16 (or their names).
@@ -33,12 +32,8 @@ def check_param_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
         >>> check_param_dtype("bfloat16")
         torch.bfloat16
     """
-    if dtype is None or dtype in PARAM_DTYPES.values():
-        return dtype  # type: ignore[return-value]
-    if isinstance(dtype, str) and dtype.removeprefix("torch.") in PARAM_DTYPES:
-        return PARAM_DTYPES[dtype.removeprefix("torch.")]
-    raise ValueError(f"param_dtype={dtype!r}: give the param_dtype of FSDP2's MixedPrecisionPolicy, "
-                     "torch.bfloat16 or torch.float16 (or None where parameters compute in their own dtype)")
+    return low_precision_dtype(dtype, "param_dtype", "the param_dtype of FSDP2's MixedPrecisionPolicy",
+                               "parameters computing in their own dtype")
 
 
 @contextlib.contextmanager
@@ -81,4 +76,4 @@ def inputs_in(sample: Any, dtype: torch.dtype | None) -> Any:
     return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, sample)
 
 
-__all__ = ["PARAM_DTYPES", "check_param_dtype", "inputs_in", "parameters_in"]
+__all__ = ["check_param_dtype", "inputs_in", "parameters_in"]
