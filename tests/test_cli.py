@@ -88,6 +88,13 @@ def test_autocast_plans_the_mixed_precision_step(capsys):
     assert code == 0 and "the step under autocast to bfloat16" in out
 
 
+def test_param_dtype_plans_fsdp2s_mixed_precision_step(capsys):
+    code, out, _ = run(capsys, "plan", "mlp", "--budget-gb", "1", "--sample", "32x256", "--quiet",
+                       "--param-dtype", "bfloat16", *FAST)
+    assert code == 0 and "parameters and inputs in bfloat16, as FSDP2's MixedPrecisionPolicy runs them" in out
+    assert "root parameters, unsharded (FSDP)" in out and "(per rank, FSDP2 over 1 rank)" in out
+
+
 def test_quiet_prints_only_the_report(capsys):
     code, out, err = run(capsys, "plan", "mlp", "--budget-gb", "1", "--sample", "32x256", "--quiet", *FAST)
     assert code == 0 and out.startswith("Checkpoint plan") and err == ""
