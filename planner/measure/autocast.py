@@ -107,7 +107,8 @@ def emulates_cuda(where: PlanDevice) -> bool:
 
 
 def autocast_name(dtype: torch.dtype | None) -> str | None:
-    """How a plan's record names the autocast dtype (`check_autocast` reads it back).
+    """How a plan's record names a dtype: autocast's, FSDP2's `param_dtype` (`check_autocast`,
+    `planner.measure.precision.check_param_dtype` read it back).
 
     Example:
         >>> autocast_name(torch.bfloat16)

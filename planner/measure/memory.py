@@ -172,7 +172,8 @@ class LiveBytesTracker(TorchDispatchMode):
             for value in tree_flatten((args, kwargs))[0]
             if isinstance(value, torch.Tensor)
         }
-        self.cast_reads.update(self._cast_sources[key] for key in inputs if key in self._cast_sources)
+        if self._cast_sources:  # (none outside autocast: no work on every op of a float32 step)
+            self.cast_reads.update(self._cast_sources[key] for key in inputs if key in self._cast_sources)
         if func is torch.ops.aten._to_copy.default and args[0].is_leaf and args[0].requires_grad:
             self.casts[storage_key(result)] = result.untyped_storage().nbytes()
             self.cast_reads.add(storage_key(args[0]))

@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_map_only
 
 from planner.measure.autocast import low_precision_dtype
 
+
 def check_param_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     """`plan(param_dtype=...)`: None, torch.bfloat16 or torch.float16 (or their names).
 
