@@ -343,16 +343,15 @@ print(json.dumps({{"seconds": time.perf_counter() - started,
 
 def _expected_breakdown(shapes: list[list[int]], world_size: int, layers: int) -> dict[str, int]:
     """The arithmetic: bf16 parameters (2 bytes) split on dim 0 across ranks, as many gradients,
-    AdamW's two states; the root (embeddings, output layer, final norm) unsharded with its
-    gradients; two blocks' parameters and one block's gradients in flight."""
+    AdamW's two states; the root (embeddings, output layer, final norm) unsharded; two blocks'
+    parameters in flight. (The unsharded gradients are placed in backward, not static.)"""
     total = sum(math.prod(s) for s in shapes)
     per_block = sum(math.prod(s) for s in shapes[1:-2]) // layers  # shapes: embed, blocks..., norm, head
     root = total - per_block * layers
     return {"parameters": total * 2 // world_size, "gradients": total * 2 // world_size,
             "optimizer state": 2 * total * 2 // world_size,
-            "root parameters, unsharded (FSDP)": root * 2, "root gradients, unsharded (FSDP)": root * 2,
-            "block parameters in flight (FSDP, 2 blocks)": 2 * per_block * 2,
-            "block gradients in flight (FSDP, 1 block)": per_block * 2}
+            "root parameters, unsharded (FSDP)": root * 2,
+            "block parameters in flight (FSDP, 2 blocks)": 2 * per_block * 2}
 
 
 def part_llama() -> tuple[str, str]:

@@ -48,7 +48,7 @@ from planner.measure.device import PlanDevice
 from planner.measure.memory import preserved_state
 from planner.measure.paths import measure_model
 from planner.measure.precision import inputs_in, parameters_in
-from planner.measure.static import static_breakdown
+from planner.measure.static import collective_copies, fsdp_blocks, reduce_scatter_bytes, static_breakdown
 from planner.measure.steps import keep_free_beyond_graph
 from planner.problem.graph import (
     build_problem,
@@ -59,6 +59,7 @@ from planner.problem.graph import (
     saved_calls,
 )
 from planner.problem.segments import sequential_segments
+from planner.problem.fsdp import fsdp_backward
 from planner.trace.structure import module_calls
 from planner.trace.tracing import Traced, trace
 from solvers import InfeasibleBudget, Problem
@@ -252,6 +253,8 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
     breakdown = static_breakdown(model, summary.buffer_bytes, summary.input_bytes,
                                  where.device, optimizer, world_size, reserved_bytes, summary.loss_bytes,
                                  param_dtype)  # (of the parameters as FSDP2 shards them: the model's own)
+    fsdp = world_size > 1 or param_dtype is not None
+    reduced = reduce_scatter_bytes(model, world_size, where.device) if fsdp else {}
     with parameters_in(model, param_dtype):
         uncached = casts_uncached(traced.gm)
         wrapped = {call.nodes: spec for call in module_calls(traced.gm)
@@ -265,6 +268,9 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
         problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms,
                                 summary.rng_state_bytes, summary.gradients, saved_tensor_ms, tuple(segments),
                                 sequentials)
+        if fsdp:  # (FSDP2's unsharded gradients and buffers in backward: planner.problem.fsdp)
+            problem = fsdp_backward(problem, traced.gm, fsdp_blocks(model), reduced,
+                                    collective_copies(where.device, world_size))
         blocks_here = where.local and not on_meta and node_times is None
         if blocks_here:
             say("timing checkpoint, a selective policy and run recording on one of the model's blocks")

@@ -174,6 +174,11 @@ class Problem:
     # first..last (last n: from before the first node's, the loss's backward made it). None:
     # derived from the graph (`gradient_spans`).
     measured_gradients: tuple[tuple[int, int, int], ...] | None = None
+    # Memory backward holds whatever the plan beyond the gradients in flight: (first, last,
+    # bytes) alive at the backward of nodes first..last. FSDP2's unsharded parameter gradients,
+    # reduce-scatter buffers and the parameters of a block handing over to the next
+    # (`planner.problem.fsdp`); `gradient_spans` adds them to the gradients in flight.
+    held_in_backward: tuple[tuple[int, int, int], ...] = ()
     # A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that
     # costs this much per region and per ATen call it sees (forward and recomputation).
     keep_region_ms: float = 0.0
@@ -213,6 +218,10 @@ class Problem:
         for region in self.allowed_regions or ():
             if region.step != 1 or len(region) == 0 or region.start < 0 or region.stop > len(self.nodes):
                 raise ValueError(f"allowed region {region} is not a non-empty run of the {len(self.nodes)} nodes")
+        for first, last, size in self.held_in_backward:
+            if not 0 <= first <= last < len(self.nodes) or size < 0:
+                raise ValueError(f"held_in_backward span ({first}, {last}, {size}) is not a run of the "
+                                 f"{len(self.nodes)} nodes' backward with a size")
         for index, node in enumerate(self.nodes):
             if node.keepable and node.mutates:
                 raise ValueError(f"node {index} ({node.name!r}) writes in place, so its output cannot be kept")

@@ -60,14 +60,15 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
     tensor, always where the shared storage is larger: a cat's). A reader's gradient for a view
     it read (`NodeCost.view_grads`) is a storage of its own until the view's backward; where
     that view changes the size (a slice), the owner's gradient is made there. A shared
-    parameter's gradient lives from its last user's backward to its first's.
+    parameter's gradient lives from its last user's backward to its first's. What else backward
+    holds whatever the plan (`Problem.held_in_backward`: FSDP2's) is added as given.
 
     Example:
         >>> gradient_spans(Problem(nodes=(NodeCost("a", 1.0, grad_bytes=8),)))
         [(0, 0, 8)]
     """
     if problem.measured_gradients is not None:
-        return list(problem.measured_gradients)
+        return [*problem.measured_gradients, *problem.held_in_backward]
     nodes = problem.nodes
     n = len(nodes)
     owner_of = list(range(n))  # version -> the owner whose storage it is
@@ -137,7 +138,7 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
                 merged[v] = shared
     spans = [(first[r], last_consumer[r], size[r]) for r in sorted(first)] + view_spans
     spans += [(user, k, shared) for k, node in enumerate(nodes) for user, shared in node.shared_grads]
-    return spans
+    return spans + list(problem.held_in_backward)
 
 
 def _version_grad_bytes(nodes: tuple[NodeCost, ...], version: int, owner: int, consumer: int,

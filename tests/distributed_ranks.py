@@ -24,6 +24,7 @@ from torch import nn
 import planner
 from planner.apply.checkpoints import CheckpointedForward
 from planner.core import training_loss
+from planner.measure.memory import PeakMemory, storage_bytes
 
 WORLD = 2
 TIMEOUT_S = 90.0  # per test, for all ranks together (each takes a few seconds)
@@ -206,8 +207,33 @@ def _fsdp2_mixed(name: str, rank: int, plan_path: str) -> dict[str, Any]:
                   mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
 
 
+def _fsdp2_memory(name: str, rank: int, plan_path: str) -> dict[str, Any]:
+    """One rank's peak with the plan applied to the Hugging Face GPT-2 under FSDP2 (its mixed
+    precision where the plan is for it), on the plan's sample: the storages the rank holds when
+    the second step starts (its shards of the parameters and gradients, the sample) plus that
+    step's allocator peak."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    saved = planner.load_plan(plan_path)
+    model, sample = build(name)
+    saved.apply(model)
+    mixed = saved.record.planned_for.get("param_dtype") is not None
+    options = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} \
+        if mixed else {}
+    mesh = init_device_mesh("cpu", (WORLD,))
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
+    training_loss(model(**sample)).backward()  # (the gradients' shards exist from the second step on)
+    shards = [getattr(t, "_local_tensor", t) for p in model.parameters() for t in (p, p.grad) if t is not None]
+    with PeakMemory(torch.device("cpu")) as memory:
+        training_loss(model(**sample)).backward()
+    return {"peak": storage_bytes((shards, sample)) + memory.peak_bytes}
+
+
 JOBS = {"fsdp2": _fsdp2, "ddp": _ddp, "fsdp2_warned": _fsdp2_warned, "fsdp2_planning": _fsdp2_planning,
-        "fsdp2_mixed": _fsdp2_mixed}
+        "fsdp2_mixed": _fsdp2_mixed, "fsdp2_memory": _fsdp2_memory}
 
 
 def _rank_main(rank: int, port: int, job: str, name: str, plan_path: str, out_dir: str) -> None:
@@ -313,12 +339,12 @@ def warned(results: list[dict[str, Any]], phrase: str) -> list[list[str]]:
     return [[message for message in result["warnings"] if phrase in message] for result in results]
 
 
-def plan_on_one_thread(model: nn.Module, sample: Any, **options: Any) -> planner.Plan:
-    """`planner.plan(model, sample, budget_gb=80, repeats=1, **options)` measured on one thread,
+def plan_on_one_thread(model: nn.Module, sample: Any, budget_gb: float = 80, **options: Any) -> planner.Plan:
+    """`planner.plan(model, sample, budget_gb=budget_gb, repeats=1, **options)` measured on one thread,
     as each rank runs; the thread count is put back for the tests that follow."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return planner.plan(model, sample, budget_gb=80, repeats=1, **options)
+        return planner.plan(model, sample, budget_gb=budget_gb, repeats=1, **options)
     finally:
         torch.set_num_threads(threads)

@@ -10,16 +10,21 @@ Hugging Face's FSDP integration do):
 * parameters, gradients and optimizer state are sharded on dim 0: each rank holds
   ceil(dim0 / N) rows of every parameter (FSDP2 pads the last shard);
 * the blocks' parameters are all-gathered for forward, again for recompute and backward: two
-  blocks' unsharded parameters are in flight at a time (the one computing and the one being
-  prefetched), and one block's unsharded gradients before they are reduce-scattered;
+  blocks' unsharded parameters are in flight at a time (the block computing, or the output of
+  its all-gather, which FSDP2 holds in forward until the next one's, and the next block's);
+* on CPU ranks gloo's collectives copy their buffers, and a collective's work holds its
+  buffers until it is cleaned up, beyond FSDP2's release (`collective_copies`): a third block
+  in flight, a fourth in a block's backward (`planner.problem.fsdp`), and the reduce-scatter
+  buffers twice;
 * the root's own parameters (embeddings, the output layer, final norms) are all-gathered once
-  and kept unsharded for the whole step (FSDP2 does not reshard the root after forward), and
-  their gradients are unsharded until the end of backward;
+  and kept unsharded for the whole step (FSDP2 does not reshard the root after forward);
 * with FSDP2's mixed precision (`param_dtype`, `MixedPrecisionPolicy(param_dtype=...)`: these
-  terms appear for one rank too), the unsharded parameters and gradients are in `param_dtype`,
-  and a block's gradients in flight are counted again in the parameters' own dtype, the copy a
-  float32 `reduce_dtype` (torchtitan's, accelerate's) reduce-scatters; the shards, their
-  gradients and the optimizer's state stay in the parameters' own dtype.
+  terms appear for one rank too), the unsharded parameters are in `param_dtype`; the shards,
+  their gradients and the optimizer's state stay in the parameters' own dtype.
+
+The unsharded gradients and the reduce-scatter buffers are not static: backward makes and
+frees them, and the problem places them there (`reduce_scatter_bytes` gives the buffers' sizes;
+`planner.problem.sharded`).
 
 Blocks are the model's `_no_split_modules` classes (Hugging Face models name their layers so),
 else the children of its largest `nn.ModuleList`.
@@ -41,7 +46,7 @@ from torch import nn
 
 OPTIMIZER_STATES = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
 SCALAR_STEP_BYTES = 4  # Adam's per-parameter `step`: a float32 scalar, on the CPU unless fused
-IN_FLIGHT_BLOCKS = 2  # FSDP2: the block computing and the next one being all-gathered
+IN_FLIGHT_BLOCKS = 2  # FSDP2: the block computing (or its all-gather's output) and the next one's
 
 
 def check_optimizer(optimizer: Any) -> str | float | None:
@@ -125,6 +130,50 @@ def _parameters(module: nn.Module, prefix: str = "") -> list[_Parameter]:
             for name, p in module.named_parameters()]
 
 
+def fsdp_units(model: nn.Module) -> dict[str, list[_Parameter]]:
+    """The parameters each FSDP2 unit shards, by unit: the blocks (`fsdp_blocks`) and the root,
+    "", which shards the rest. A tied parameter is counted once, where `named_parameters` names it.
+
+    Example:
+        >>> list(fsdp_units(gpt2))[:2]  # (GPT-2's blocks are its `_no_split_modules`)
+        ['', 'transformer.h.0']
+    """
+    units: dict[str, list[_Parameter]] = {"": []}
+    blocks = fsdp_blocks(model)
+    for parameter in _parameters(model):
+        owner = next((path for path in blocks if parameter.name.startswith(path + ".")), "")
+        units.setdefault(owner, []).append(parameter)
+    return units
+
+
+def collective_copies(device: torch.device, world_size: int) -> int:
+    """How many copies of a collective's buffer a rank may hold beside FSDP2's own: one on CPU
+    ranks, where gloo's all-gather and reduce-scatter copy their buffers and the work keeps them
+    (and FSDP2's, past FSDP2's release) until it is cleaned up; none on CUDA (NCCL).
+
+    Example:
+        >>> collective_copies(torch.device("cuda"), 8), collective_copies(torch.device("cpu"), 2)
+        (0, 1)
+    """
+    return 1 if device.type == "cpu" and world_size > 1 else 0
+
+
+def reduce_scatter_bytes(model: nn.Module, world_size: int, device: torch.device) -> dict[str, int]:
+    """Per FSDP2 unit ("" the root), the bytes of the buffer its gradients are reduce-scattered
+    from: every trainable floating parameter's gradient, dim 0 padded to a multiple of
+    `world_size`, in the parameters' own dtype (what a float32 `reduce_dtype` reduces; a
+    bfloat16 one would need half); with gloo's copy on CPU ranks (`collective_copies`).
+
+    Example:
+        >>> reduce_scatter_bytes(nn.Sequential(nn.Linear(3, 4)), 8, torch.device("cuda"))  # 4 rows padded to 8
+        {'': 128}
+    """
+    copies = 1 + collective_copies(device, world_size)
+    return {path: copies * sum(p.bytes_per_rank(world_size) * world_size for p in parameters
+                               if p.trainable and p.floating)
+            for path, parameters in fsdp_units(model).items()}
+
+
 def static_breakdown(
     model: nn.Module,
     buffer_bytes: int,
@@ -166,23 +215,14 @@ def static_breakdown(
         def unsharded(p: _Parameter) -> int:  # (FSDP2's all-gathered copy, in param_dtype where given)
             return p.numel * (param_dtype.itemsize if param_dtype is not None and p.floating else p.element_bytes)
 
-        def reduced(p: _Parameter) -> int:  # (and where cast, the copy reduce-scattered in its own dtype)
-            return unsharded(p) + (p.numel * p.element_bytes if param_dtype is not None and p.floating else 0)
-
-        blocks = fsdp_blocks(model)
-        in_blocks = {f"{path}.{p.name}" for path in blocks for p in _parameters(model.get_submodule(path))}
-        block_sizes = [(sum(unsharded(p) for p in _parameters(model.get_submodule(path))),
-                        sum(reduced(p) for p in _parameters(model.get_submodule(path)) if p.trainable))
-                       for path in blocks]
-        largest_parameters, largest_gradients = max(block_sizes, default=(0, 0))
-        root = [p for p in parameters if p.name not in in_blocks]
-        breakdown["root parameters, unsharded (FSDP)"] = sum(unsharded(p) for p in root)
-        breakdown["root gradients, unsharded (FSDP)"] = sum(unsharded(p) for p in root if p.trainable)
-        breakdown[f"block parameters in flight (FSDP, {IN_FLIGHT_BLOCKS} blocks)"] = IN_FLIGHT_BLOCKS * largest_parameters
-        breakdown["block gradients in flight (FSDP, 1 block)"] = largest_gradients
+        units = fsdp_units(model)
+        largest_block = max((sum(unsharded(p) for p in units[path]) for path in units if path), default=0)
+        breakdown["root parameters, unsharded (FSDP)"] = sum(unsharded(p) for p in units[""])
+        blocks = IN_FLIGHT_BLOCKS + collective_copies(device, world_size)
+        breakdown[f"block parameters in flight (FSDP, {blocks} blocks)"] = blocks * largest_block
     breakdown["reserved"] = reserved_bytes
     return breakdown
 
 
 __all__ = ["IN_FLIGHT_BLOCKS", "OPTIMIZER_STATES", "SCALAR_STEP_BYTES", "check_optimizer", "check_world_size",
-           "fsdp_blocks", "static_breakdown"]
+           "collective_copies", "fsdp_blocks", "fsdp_units", "reduce_scatter_bytes", "static_breakdown"]
