@@ -458,3 +458,27 @@ def test_planning_node_by_node_prints_no_profiler_warning():
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr
     assert "unknown size" not in done.stderr, done.stderr
+
+
+class _ScaledByCast(nn.Module):
+    """A weight read through a cast to its own dtype: export checks its metadata (a node that
+    reads the weight and whose backward never runs) and aliases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 64)
+        self.scale = nn.Parameter(torch.ones(64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.linear(x) * self.scale.to(torch.float32)).relu().sum(-1)
+
+
+def test_a_metadata_check_reading_a_weight_makes_no_gradient():
+    torch.manual_seed(0)
+    model, x = _ScaledByCast(), torch.randn(512, 64)
+    p = plan(model, x, budget_gb=80, measure="no-run", frontend="export")
+    grads = {node.name: node.param_grad_bytes for node in p.problem.nodes}
+    assert grads["_assert_tensor_metadata_default"] == 0 and grads["mul"] == 64 * 4  # (made once, by the product)
+    assert not any(node.shared_grads for node in p.problem.nodes)  # (the weight is not tied to anything)
+    measured = plan(model, x, budget_gb=80, frontend="export")
+    assert p.baseline_peak_bytes == measured.baseline_peak_bytes == measured.verify(steps=1).planned_peak_bytes

@@ -431,9 +431,11 @@ class ProfileInterpreter(fx.Interpreter):
         return [p for p in parameters.values() if p.requires_grad]
 
 
-def parameter_readers(nodes: Iterable[fx.Node], cast: bool = False) -> dict[str, list[fx.Node]]:
+def parameter_readers(nodes: Iterable[fx.Node], cast: bool = False,
+                      backward: bool = False) -> dict[str, list[fx.Node]]:
     """Each parameter's profiled readers in graph order (`NodeProfile.parameters`; with `cast`,
-    the nodes that used its autocast copy: `NodeProfile.cast_parameters`).
+    the nodes that used its autocast copy: `NodeProfile.cast_parameters`; with `backward`, only
+    those whose backward runs: a metadata check that reads a weight makes no gradient).
 
     Example:
         >>> [n.name for n in parameter_readers(gm.graph.nodes)["head.weight"]]  # tied to the embedding
@@ -442,7 +444,9 @@ def parameter_readers(nodes: Iterable[fx.Node], cast: bool = False) -> dict[str,
     readers: dict[str, list[fx.Node]] = {}
     for node in nodes:
         record = node.meta.get(META_KEY)
-        for name in () if record is None else record.cast_parameters if cast else record.parameters:
+        if record is None or (backward and not record.backward_runs):
+            continue
+        for name in record.cast_parameters if cast else record.parameters:
             readers.setdefault(name, []).append(node)
     return readers
 

@@ -63,7 +63,7 @@ def fsdp_backward(problem: Problem, gm: fx.GraphModule, blocks: Sequence[str],
     sizes = {name: p.numel() * p.element_size() for name, p in gm.named_parameters()}
     spans: list[tuple[int, int, int]] = []
     made = [0] * len(nodes)
-    for name, readers in parameter_readers(nodes).items():
+    for name, readers in parameter_readers(nodes, backward=True).items():
         last = max(_gradient_maker(reader, index) for reader in readers)
         earliest = min(index[reader] for reader in readers)
         made[last] += sizes[name]

@@ -311,7 +311,8 @@ def _parameter_gradients(nodes: list[fx.Node], index: dict[str, int]) -> list[in
     """Each node's parameters' gradient bytes (`NodeCost.param_grad_bytes`). A node that only
     views a parameter (`self.weight.T`: no storage, no gradient of its own) reads it, but the
     gradient is made by the backward of the view's last reader, which runs first (the view's
-    own backward hands it on uncopied): it is counted there."""
+    own backward hands it on uncopied): it is counted there. A node whose backward never runs and
+    that nothing reads (a metadata check on a weight) makes none."""
     sizes = [node.meta[META_KEY].param_grad_bytes for node in nodes]
     for i, node in enumerate(nodes):
         record = node.meta[META_KEY]
@@ -319,6 +320,7 @@ def _parameter_gradients(nodes: list[fx.Node], index: dict[str, int]) -> list[in
             readers = [index[user.name] for user in node.users if user.name in index]
             if readers:
                 sizes[max(readers)] += sizes[i]
+            if readers or not record.backward_runs:
                 sizes[i] = 0
     return sizes
 
@@ -376,7 +378,7 @@ def _shared_gradients(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[int, lis
     sizes = {name: p.numel() * p.element_size() for name, p in gm.named_parameters()}
     index = {node: i for i, node in enumerate(nodes)}
     shared: dict[int, list[tuple[int, int]]] = {}
-    for name, users in parameter_readers(nodes).items():
+    for name, users in parameter_readers(nodes, backward=True).items():
         if len(users) > 1:
             shared.setdefault(index[users[-1]], []).append((index[users[0]], sizes[name]))
     return shared
