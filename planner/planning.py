@@ -47,7 +47,7 @@ from planner.costs.step import step_residuals
 from planner.measure.device import PlanDevice
 from planner.measure.memory import preserved_state
 from planner.measure.paths import measure_model
-from planner.measure.precision import inputs_in, parameters_in
+from planner.measure.precision import block_input_casts, inputs_in, parameters_in
 from planner.measure.static import collective_copies, fsdp_blocks, reduce_scatter_bytes, static_breakdown
 from planner.measure.steps import keep_free_beyond_graph
 from planner.problem.graph import (
@@ -255,6 +255,8 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
                                  param_dtype)  # (of the parameters as FSDP2 shards them: the model's own)
     fsdp = world_size > 1 or param_dtype is not None
     reduced = reduce_scatter_bytes(model, world_size, where.device) if fsdp else {}
+    if param_dtype is not None and (casts := block_input_casts(traced.gm, fsdp_blocks(model), param_dtype)):
+        breakdown = {**breakdown, "block inputs cast to param_dtype (FSDP, estimate)": casts}
     with parameters_in(model, param_dtype):
         uncached = casts_uncached(traced.gm)
         wrapped = {call.nodes: spec for call in module_calls(traced.gm)

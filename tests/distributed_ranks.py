@@ -23,7 +23,7 @@ from torch import nn
 
 import planner
 from planner.apply.checkpoints import CheckpointedForward
-from planner.core import training_loss
+from planner.core import split_sample, training_loss
 from planner.measure.memory import PeakMemory, storage_bytes
 
 WORLD = 2
@@ -208,8 +208,8 @@ def _fsdp2_mixed(name: str, rank: int, plan_path: str) -> dict[str, Any]:
 
 
 def _fsdp2_memory(name: str, rank: int, plan_path: str) -> dict[str, Any]:
-    """One rank's peak with the plan applied to the Hugging Face GPT-2 under FSDP2 (its mixed
-    precision where the plan is for it), on the plan's sample: the storages the rank holds when
+    """One rank's peak with the plan applied under FSDP2 (its mixed precision where the plan is
+    for it), on the plan's sample: the storages the rank holds when
     the second step starts (its shards of the parameters and gradients, the sample) plus that
     step's allocator peak."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -222,13 +222,14 @@ def _fsdp2_memory(name: str, rank: int, plan_path: str) -> dict[str, Any]:
     options = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} \
         if mixed else {}
     mesh = init_device_mesh("cpu", (WORLD,))
-    for block in model.transformer.h:
+    for block in model.blocks if name == "gpt" else model.transformer.h:
         fully_shard(block, mesh=mesh, **options)
     fully_shard(model, mesh=mesh, **options)
-    training_loss(model(**sample)).backward()  # (the gradients' shards exist from the second step on)
+    args, kwargs = split_sample(sample)
+    training_loss(model(*args, **kwargs)).backward()  # (the gradients' shards exist from the second step on)
     shards = [getattr(t, "_local_tensor", t) for p in model.parameters() for t in (p, p.grad) if t is not None]
     with PeakMemory(torch.device("cpu")) as memory:
-        training_loss(model(**sample)).backward()
+        training_loss(model(*args, **kwargs)).backward()
     return {"peak": storage_bytes((shards, sample)) + memory.peak_bytes}
 
 

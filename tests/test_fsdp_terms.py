@@ -5,6 +5,7 @@ import torch
 from test_precision import _Stack
 
 from planner import load_plan, plan
+from planner.examples import TinyGPT
 from planner.measure.static import collective_copies, reduce_scatter_bytes, static_breakdown
 
 BLOCK = (16 + 16 + 64 * 16 + 64 + 16 * 64 + 16) * 4  # a block's LayerNorm(16), Linear(16, 64), Linear(64, 16)
@@ -49,3 +50,15 @@ def test_reduce_scatter_buffers_pad_dim_0_and_gloo_copies_them():
     assert collective_copies(torch.device("cuda"), 8) == 0 and collective_copies(torch.device("cpu"), 1) == 0
     gpus = static_breakdown(model, 0, 0, torch.device("cuda"), None, world_size=3)
     assert gpus["block parameters in flight (FSDP, 2 blocks)"] == 2 * BLOCK
+
+
+def test_a_float32_buffer_passed_to_every_block_is_counted_once_per_block_in_param_dtype():
+    # FSDP2 casts each block's floating inputs to param_dtype: the built-in GPT's float32 causal
+    # mask (32 x 32) is copied in bfloat16 for each of its 2 blocks
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=64, width=16, heads=2, blocks=2, context=32)
+    tokens = torch.randint(0, 64, (2, 32))
+    mixed = plan(model, tokens, budget_gb=80, measure="no-run", param_dtype=torch.bfloat16).static_breakdown
+    assert mixed["block inputs cast to param_dtype (FSDP, estimate)"] == 2 * 32 * 32 * 2
+    sharded = plan(model, tokens, budget_gb=80, measure="no-run", world_size=2).static_breakdown
+    assert not any("cast" in term for term in sharded)  # (no param_dtype: nothing cast)

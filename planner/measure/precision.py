@@ -17,13 +17,16 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
+import torch.fx as fx
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from planner.measure.autocast import low_precision_dtype
+from planner.measure.static import fsdp_unit_of
+from planner.trace.structure import compute_nodes, module_path
 
 
 def check_param_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
@@ -64,6 +67,31 @@ def parameters_in(model: nn.Module, dtype: torch.dtype | None) -> Iterator[None]
             parameter.grad = grad
 
 
+def block_input_casts(gm: fx.GraphModule, blocks: Sequence[str], dtype: torch.dtype) -> int:
+    """Bytes of the copies FSDP2's `cast_forward_inputs` makes where a block is passed a
+    floating buffer of the model's in another dtype (a mask kept in float32): one per block,
+    each counted for the whole step (an estimate: a block that does not save it frees it after
+    its forward). Planning runs the blocks on the buffer itself, so it sees none of them.
+
+    Example:
+        >>> block_input_casts(gm, ["blocks.0", "blocks.1"], torch.bfloat16)  # a 32 x 32 float32 mask
+        4096
+    """
+    copies: dict[tuple[str, str], int] = {}
+    for node in compute_nodes(gm):
+        block = fsdp_unit_of(module_path(node), blocks)
+        for read in node.all_input_nodes if block else ():
+            if read.op != "get_attr" or str(read.target).startswith(block + "."):
+                continue
+            try:
+                buffer = gm.get_buffer(str(read.target))
+            except AttributeError:  # (a parameter: in param_dtype already)
+                continue
+            if buffer.is_floating_point() and buffer.dtype != dtype:
+                copies[block, str(read.target)] = buffer.numel() * dtype.itemsize
+    return sum(copies.values())
+
+
 def inputs_in(sample: Any, dtype: torch.dtype | None) -> Any:
     """The sample with its floating tensors cast to `dtype` (FSDP2's `cast_forward_inputs`);
     token ids and masks of other dtypes as they are. None leaves it as it is.
@@ -77,4 +105,4 @@ def inputs_in(sample: Any, dtype: torch.dtype | None) -> Any:
     return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, sample)
 
 
-__all__ = ["check_param_dtype", "inputs_in", "parameters_in"]
+__all__ = ["block_input_casts", "check_param_dtype", "inputs_in", "parameters_in"]

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -130,6 +130,17 @@ def _parameters(module: nn.Module, prefix: str = "") -> list[_Parameter]:
             for name, p in module.named_parameters()]
 
 
+def fsdp_unit_of(name: str, blocks: Sequence[str]) -> str:
+    """The FSDP2 unit a module path or a parameter's name lies in: one of `blocks`, else the
+    root, "".
+
+    Example:
+        >>> fsdp_unit_of("transformer.h.0.attn.c_attn.weight", ["transformer.h.0"]), fsdp_unit_of("lm_head", [])
+        ('transformer.h.0', '')
+    """
+    return next((block for block in blocks if name == block or name.startswith(block + ".")), "")
+
+
 def fsdp_units(model: nn.Module) -> dict[str, list[_Parameter]]:
     """The parameters each FSDP2 unit shards, by unit: the blocks (`fsdp_blocks`) and the root,
     "", which shards the rest. A tied parameter is counted once, where `named_parameters` names it.
@@ -141,8 +152,7 @@ def fsdp_units(model: nn.Module) -> dict[str, list[_Parameter]]:
     units: dict[str, list[_Parameter]] = {"": []}
     blocks = fsdp_blocks(model)
     for parameter in _parameters(model):
-        owner = next((path for path in blocks if parameter.name.startswith(path + ".")), "")
-        units.setdefault(owner, []).append(parameter)
+        units.setdefault(fsdp_unit_of(parameter.name, blocks), []).append(parameter)
     return units
 
 
@@ -225,4 +235,4 @@ def static_breakdown(
 
 
 __all__ = ["IN_FLIGHT_BLOCKS", "OPTIMIZER_STATES", "SCALAR_STEP_BYTES", "check_optimizer", "check_world_size",
-           "collective_copies", "fsdp_blocks", "fsdp_units", "reduce_scatter_bytes", "static_breakdown"]
+           "collective_copies", "fsdp_blocks", "fsdp_unit_of", "fsdp_units", "reduce_scatter_bytes", "static_breakdown"]

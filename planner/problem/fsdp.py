@@ -32,6 +32,7 @@ from typing import Mapping, Sequence
 import torch.fx as fx
 
 from planner.measure.profile import META_KEY, parameter_readers
+from planner.measure.static import fsdp_unit_of
 from planner.trace.structure import compute_nodes, module_path
 from solvers import Problem
 
@@ -51,14 +52,10 @@ def fsdp_backward(problem: Problem, gm: fx.GraphModule, blocks: Sequence[str],
     """
     nodes = compute_nodes(gm)
     index = {node: i for i, node in enumerate(nodes)}
-    in_block = [next((block for block in blocks if path == block or path.startswith(block + ".")), "")
-                for path in map(module_path, nodes)]
+    in_block = [fsdp_unit_of(module_path(node), blocks) for node in nodes]
     first_node = {"": 0}  # a unit's reduce-scatter follows the backward of its first node
     for i, block in enumerate(in_block):
         first_node.setdefault(block, i)
-
-    def unit(name: str) -> str:
-        return next((block for block in blocks if name.startswith(block + ".")), "")
 
     sizes = {name: p.numel() * p.element_size() for name, p in gm.named_parameters()}
     spans: list[tuple[int, int, int]] = []
@@ -67,7 +64,7 @@ def fsdp_backward(problem: Problem, gm: fx.GraphModule, blocks: Sequence[str],
         last = max(_gradient_maker(reader, index) for reader in readers)
         earliest = min(index[reader] for reader in readers)
         made[last] += sizes[name]
-        until = min(first_node.get(unit(name), 0), earliest)
+        until = min(first_node.get(fsdp_unit_of(name, blocks), 0), earliest)
         if problem.measured_gradients is not None and len(readers) > 1:
             # measured: a tied parameter's summed gradient is in flight from its last reader to its
             # first (`planner.measure.allocations.backward_memory`); it is `.grad` after that
@@ -76,8 +73,8 @@ def fsdp_backward(problem: Problem, gm: fx.GraphModule, blocks: Sequence[str],
             spans.append((until, last, sizes[name]))
     block_bytes = dict.fromkeys((block for block in first_node if block), 0)
     for name, size in sizes.items():
-        if unit(name) in block_bytes:
-            block_bytes[unit(name)] += size
+        if (block := fsdp_unit_of(name, blocks)) in block_bytes:
+            block_bytes[block] += size
     block_nodes = [i for i, block in enumerate(in_block) if block]
     if block_nodes:
         spans.append((block_nodes[0], block_nodes[-1], copies * max(block_bytes.values())))
