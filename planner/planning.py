@@ -50,6 +50,7 @@ from planner.measure.paths import measure_model
 from planner.measure.precision import block_input_casts, inputs_in, parameters_in
 from planner.measure.static import collective_copies, fsdp_blocks, reduce_scatter_bytes, static_breakdown
 from planner.measure.steps import keep_free_beyond_graph
+from planner.problem.fsdp import fsdp_backward
 from planner.problem.graph import (
     build_problem,
     casts_uncached,
@@ -59,7 +60,6 @@ from planner.problem.graph import (
     saved_calls,
 )
 from planner.problem.segments import sequential_segments
-from planner.problem.fsdp import fsdp_backward
 from planner.trace.structure import module_calls
 from planner.trace.tracing import Traced, trace
 from solvers import InfeasibleBudget, Problem

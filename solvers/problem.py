@@ -175,9 +175,9 @@ class Problem:
     # derived from the graph (`gradient_spans`).
     measured_gradients: tuple[tuple[int, int, int], ...] | None = None
     # Memory backward holds whatever the plan beyond the gradients in flight: (first, last,
-    # bytes) alive at the backward of nodes first..last. FSDP2's unsharded parameter gradients,
-    # reduce-scatter buffers and the parameters of a block handing over to the next
-    # (`planner.problem.fsdp`); `gradient_spans` adds them to the gradients in flight.
+    # bytes) alive at the backward of nodes first..last: FSDP2's unsharded parameter gradients
+    # and reduce-scatter buffers (`planner.problem.fsdp`). `gradient_spans` adds them to the
+    # gradients in flight.
     held_in_backward: tuple[tuple[int, int, int], ...] = ()
     # A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that
     # costs this much per region and per ATen call it sees (forward and recomputation).

@@ -24,7 +24,7 @@ Hugging Face's FSDP integration do):
 
 The unsharded gradients and the reduce-scatter buffers are not static: backward makes and
 frees them, and the problem places them there (`reduce_scatter_bytes` gives the buffers' sizes;
-`planner.problem.sharded`).
+`planner.problem.fsdp`).
 
 Blocks are the model's `_no_split_modules` classes (Hugging Face models name their layers so),
 else the children of its largest `nn.ModuleList`.
