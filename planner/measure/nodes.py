@@ -41,10 +41,12 @@ from planner.measure.allocations import (
 from planner.measure.clock import ahead_for, elapsed_ms, launch_ms
 from planner.measure.memory import LiveBytesTracker
 from planner.measure.profile import (
+    LOSS_LABEL,
     META_KEY,
     SIGNATURE_KEY,
     NODE_LABEL,
     claim_autograd_nodes,
+    count_loss_scratch,
     tensors_in,
 )
 from planner.measure.sizes import (
@@ -154,6 +156,16 @@ class _NodeRunner:
         return statistics.median(times[self.warmup:]), scratch, backward_scratch, grown
 
 
+    def loss_scratch(self, loss: Callable[[Any], torch.Tensor]) -> int:
+        """The kernel scratch of `loss` computed on real outputs shaped like the graph's."""
+        output = next(node for node in self.gm.graph.nodes if node.op == "output")
+        real = tree_map_only(FakeTensor, self._real, fx.node.map_arg(output.args[0], lambda a: self.fake.values[a]))
+        with torch.enable_grad(), _collection_off(), memory_profile() as allocations:
+            with torch.profiler.record_function(LOSS_LABEL):
+                loss(real)
+        return forward_scratch(allocations, self.device.type, LOSS_LABEL).get("", 0)
+
+
 @contextlib.contextmanager
 def _collection_off() -> Iterator[None]:
     collecting = gc.isenabled()
@@ -204,11 +216,13 @@ def measure_nodes(
     repeats: int = 5,
     warmup: int = 1,
     progress: Callable[[str], None] | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> int:
     """Run every distinct compute node of `gm` alone on `device`; set its forward time and add
     its kernels' scratch (what the allocator sees beyond the tensors, forward and backward) and
-    what its real outputs hold beyond the fake ones to its `NodeProfile`. Returns how many
-    distinct nodes ran. The caller restores
+    what its real outputs hold beyond the fake ones to its `NodeProfile`; with `loss`, the
+    loss's scratch on real outputs too (`count_loss_scratch`). Returns how many distinct nodes
+    ran. The caller restores
     state that the runs change (BatchNorm statistics of a real model, RNG): see
     `planner.measure.memory.preserved_state`.
 
@@ -240,6 +254,8 @@ def measure_nodes(
         if record.stop_transient_bytes is not None:  # (all of it: not cut off at the last pack here)
             record.stop_transient_bytes += scratch
         record.backward_transient_bytes += backward_scratch
+    if loss is not None:
+        count_loss_scratch(gm, runner.loss_scratch(loss))
     return len(measured)
 
 

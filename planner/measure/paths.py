@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from planner.core import GraphProfile
+from planner.core import GraphProfile, training_loss
 from planner.measure.device import PlanDevice, can_run, check_measure, measurable_bytes
 from planner.measure.holds import EagerLifetimes, OwnCheckpoints, eager_holds, fake_eager_holds
 from planner.measure.nodes import estimate_nodes, measure_nodes
@@ -106,7 +106,7 @@ def measure_model(
             if node_times is not None:
                 return graph_profile(gm, inputs, where.device, node_times(gm), measurement="sizes on fake tensors",
                                      times_estimated=True, scratch_measured=False, loss_bytes=fake.loss_bytes)
-            return _no_run(gm, inputs, fake, where, repeats, say)
+            return _no_run(gm, inputs, fake, where, repeats, say, loss)
     say("measuring the whole step")
     summary = profile(gm, inputs, repeats=repeats, progress=say, loss=loss)
     if model_call is not None:
@@ -181,9 +181,9 @@ def note_holds(gm: fx.GraphModule, lifetimes: EagerLifetimes) -> None:
 
 
 def _no_run(gm: fx.GraphModule, inputs: list[torch.Tensor], fake: Any, where: PlanDevice, repeats: int,
-            say: Callable[[str], None]) -> GraphProfile:
+            say: Callable[[str], None], loss: Callable[[Any], torch.Tensor] | None) -> GraphProfile:
     if where.local:
-        count = measure_nodes(gm, fake, where.device, repeats=repeats, progress=say)
+        count = measure_nodes(gm, fake, where.device, repeats=repeats, progress=say, loss=loss or training_loss)
         say(f"ran {count} distinct nodes one at a time")
         timing = "CUDA events" if where.device.type == "cuda" else "time.perf_counter"
         return graph_profile(gm, inputs, where.device, f"{timing}, node by node", measurement="node by node",

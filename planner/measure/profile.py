@@ -168,6 +168,25 @@ NODE_LABEL = "planner.node:"  # record_function label of each node's forward, fo
 
 PACK_MARK = "planner.saved_tensor"  # record_function at each saved tensor, for the profiler
 
+LOSS_LABEL = "planner.loss"  # record_function around the loss computed outside the graph
+
+
+def count_loss_scratch(gm: fx.GraphModule, scratch: int) -> None:
+    """The loss outside the graph runs when forward is done, the graph's outputs alive: its
+    kernel scratch (under CUDA's autocast a CPU sum of bfloat16 logits copies them to float32)
+    is counted at the first backward step, the last node's, beside what that step holds in its
+    place: the outputs' gradients stand in for the outputs (the same sizes), and the gradients
+    the node's backward makes (its parameters', its inputs') for part of the scratch.
+
+    Example:
+        >>> count_loss_scratch(gm, forward_scratch(profile, "cpu", LOSS_LABEL).get("", 0))
+    """
+    node = [node for node in gm.graph.nodes if META_KEY in node.meta][-1]
+    record = node.meta[META_KEY]
+    made = record.param_grad_bytes + sum(read.meta[META_KEY].grad_bytes for read in node.all_input_nodes
+                                         if META_KEY in read.meta)
+    record.backward_transient_bytes = max(record.backward_transient_bytes, scratch - made)
+
 
 # Backward kinds that can return the output's gradient (or a view of it) as an input's gradient.
 ALIASING_BACKWARDS = ("AddBackward0", "CatBackward0", "CloneBackward0")
@@ -505,7 +524,8 @@ def profile(
             output = interpreter.run(*inputs)
             if progress:
                 progress("measuring backward temporaries")
-            value, loss_bytes = training_loss_bytes(loss or training_loss, output)
+            with torch.profiler.record_function(LOSS_LABEL):
+                value, loss_bytes = training_loss_bytes(loss or training_loss, output)
             # Backward as in a training step: forward's values are held by autograd alone, so
             # a node's saved tensors are freed when its backward releases them.
             interpreter.env.clear()
@@ -524,6 +544,7 @@ def profile(
         for name, record in records.items():
             record.backward_runs = name in backward.temporaries
             record.backward_transient_bytes = backward_transient_bytes(backward.temporaries, name, record)
+        count_loss_scratch(gm, forward_scratch(allocations, device.type, LOSS_LABEL).get("", 0))
         del interpreter
         times: dict[str, list[float]] = {}
         stop_times: dict[str, list[float]] = {}
