@@ -254,8 +254,9 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
                                  where.device, optimizer, world_size, reserved_bytes, summary.loss_bytes,
                                  param_dtype)  # (of the parameters as FSDP2 shards them: the model's own)
     fsdp = world_size > 1 or param_dtype is not None
+    blocks = fsdp_blocks(model) if fsdp else []
     reduced = reduce_scatter_bytes(model, world_size, where.device) if fsdp else {}
-    if param_dtype is not None and (casts := block_input_casts(traced.gm, fsdp_blocks(model), param_dtype)):
+    if param_dtype is not None and (casts := block_input_casts(traced.gm, blocks, param_dtype)):
         breakdown = {**breakdown, "block inputs cast to param_dtype (FSDP, estimate)": casts}
     with parameters_in(model, param_dtype):
         uncached = casts_uncached(traced.gm)
@@ -271,7 +272,7 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
                                 summary.rng_state_bytes, summary.gradients, saved_tensor_ms, tuple(segments),
                                 sequentials)
         if fsdp:  # (FSDP2's unsharded gradients and buffers in backward: planner.problem.fsdp)
-            problem = fsdp_backward(problem, traced.gm, fsdp_blocks(model), reduced,
+            problem = fsdp_backward(problem, traced.gm, blocks, reduced,
                                     collective_copies(where.device, world_size))
         blocks_here = where.local and not on_meta and node_times is None
         if blocks_here:

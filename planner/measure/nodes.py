@@ -155,7 +155,6 @@ class _NodeRunner:
                      for _ in range(self.warmup + self.repeats)]
         return statistics.median(times[self.warmup:]), scratch, backward_scratch, grown
 
-
     def loss_scratch(self, loss: Callable[[Any], torch.Tensor]) -> int:
         """The kernel scratch of `loss` computed on real outputs shaped like the graph's."""
         output = next(node for node in self.gm.graph.nodes if node.op == "output")

@@ -31,8 +31,9 @@ from typing import Mapping, Sequence
 
 import torch.fx as fx
 
-from planner.measure.profile import META_KEY, parameter_readers
+from planner.measure.profile import parameter_readers
 from planner.measure.static import fsdp_unit_of
+from planner.problem.graph import gradient_maker
 from planner.trace.structure import compute_nodes, module_path
 from solvers import Problem
 
@@ -51,7 +52,7 @@ def fsdp_backward(problem: Problem, gm: fx.GraphModule, blocks: Sequence[str],
         True
     """
     nodes = compute_nodes(gm)
-    index = {node: i for i, node in enumerate(nodes)}
+    index = {node.name: i for i, node in enumerate(nodes)}
     in_block = [fsdp_unit_of(module_path(node), blocks) for node in nodes]
     first_node = {"": 0}  # a unit's reduce-scatter follows the backward of its first node
     for i, block in enumerate(in_block):
@@ -61,8 +62,8 @@ def fsdp_backward(problem: Problem, gm: fx.GraphModule, blocks: Sequence[str],
     spans: list[tuple[int, int, int]] = []
     made = [0] * len(nodes)
     for name, readers in parameter_readers(nodes, backward=True).items():
-        last = max(_gradient_maker(reader, index) for reader in readers)
-        earliest = min(index[reader] for reader in readers)
+        last = max(gradient_maker(reader, index) for reader in readers)
+        earliest = min(index[reader.name] for reader in readers)
         made[last] += sizes[name]
         until = min(first_node.get(fsdp_unit_of(name, blocks), 0), earliest)
         if problem.measured_gradients is not None and len(readers) > 1:
@@ -91,18 +92,6 @@ def fsdp_backward(problem: Problem, gm: fx.GraphModule, blocks: Sequence[str],
                              shared_grads=()))
     held = tuple(sorted((*problem.held_in_backward, *(span for span in spans if span[2] > 0))))
     return replace(problem, nodes=tuple(costs), held_in_backward=held)
-
-
-def _gradient_maker(reader: fx.Node, index: dict[fx.Node, int]) -> int:
-    """The node whose backward makes a parameter's gradient for `reader`: the reader, or where
-    it only views the parameter (`self.weight.T`), the view's last reader, whose backward runs
-    first (as `planner.problem.graph` counts parameter gradients)."""
-    record = reader.meta[META_KEY]
-    if not (record.output_bytes or record.grad_bytes or record.uses or record.saves):
-        users = [index[user] for user in reader.users if user in index]
-        if users:
-            return max(users)
-    return index[reader]
 
 
 __all__ = ["fsdp_backward"]

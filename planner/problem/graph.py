@@ -316,13 +316,30 @@ def _parameter_gradients(nodes: list[fx.Node], index: dict[str, int]) -> list[in
     sizes = [node.meta[META_KEY].param_grad_bytes for node in nodes]
     for i, node in enumerate(nodes):
         record = node.meta[META_KEY]
-        if sizes[i] and not (record.output_bytes or record.grad_bytes or record.uses or record.saves):
-            readers = [index[user.name] for user in node.users if user.name in index]
-            if readers:
-                sizes[max(readers)] += sizes[i]
-            if readers or not record.backward_runs:
-                sizes[i] = 0
+        if sizes[i] and (maker := gradient_maker(node, index)) != i:
+            sizes[maker] += sizes[i]
+            sizes[i] = 0
+        elif sizes[i] and not (record.backward_runs or record.output_bytes or record.grad_bytes or record.uses
+                               or record.saves):
+            sizes[i] = 0
     return sizes
+
+
+def gradient_maker(reader: fx.Node, index: dict[str, int]) -> int:
+    """The node whose backward makes a parameter's gradient for `reader`: the reader, or where
+    it only views the parameter (`self.weight.T`), the view's last reader, whose backward runs
+    first (the view's own backward hands it on uncopied).
+
+    Example:
+        >>> names[gradient_maker(t_node, index)]  # `self.weight.T` read by a matmul
+        'matmul'
+    """
+    record = reader.meta[META_KEY]
+    if not (record.output_bytes or record.grad_bytes or record.uses or record.saves):
+        users = [index[user.name] for user in reader.users if user.name in index]
+        if users:
+            return max(users)
+    return index[reader.name]
 
 
 def _touching_written_inputs(nodes: list[fx.Node]) -> set[int]:
