@@ -59,9 +59,9 @@ class NodeCost:
     # by then (its unpack held the last reference); any other node frees them after.
     late_grad_bytes: int = 0
     backward_transient_bytes: int = 0  # temporaries alive only while the node's backward runs
-    # (earlier user, bytes) per parameter this node shares with earlier nodes (tied weights): its
-    # gradient is created by this node's backward, which runs first, and held until the earlier
-    # user's backward has run and autograd adds the sum to `.grad`.
+    # (earlier node, bytes) per parameter gradient this node's backward makes and autograd holds
+    # until the earlier node's backward has run: a tied weight's, until its first reader's adds
+    # the sum to `.grad`; one for a view of a parameter, until the view's backward hands it on.
     shared_grads: tuple[tuple[int, int], ...] = ()
     # what autograd saves for its backward past the saved-tensor hooks (a Python number a call
     # took as a tensor: `x * 0.5` saves its 0.5), so no region drops it: held from its forward to

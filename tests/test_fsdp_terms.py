@@ -62,3 +62,18 @@ def test_a_float32_buffer_passed_to_every_block_is_counted_once_per_block_in_par
     assert mixed["block inputs cast to param_dtype (FSDP, estimate)"] == 2 * 32 * 32 * 2
     sharded = plan(model, tokens, budget_gb=80, measure="no-run", world_size=2).static_breakdown
     assert not any("cast" in term for term in sharded)  # (no param_dtype: nothing cast)
+
+
+def test_a_root_weight_viewed_by_every_block_is_held_from_the_last_blocks_backward():
+    # DeBERTa-style relative embeddings (a root parameter): its unsharded gradient from the last
+    # layer's backward to the root's reduce-scatter at the end; the first layer's gradient for
+    # its view a storage of its own until the view hands it on
+    from test_no_run import _RelativeEmbeddings
+
+    torch.manual_seed(0)
+    p = plan(_RelativeEmbeddings(width=16, span=32, layers=2), torch.randn(2, 8, 16), budget_gb=80, world_size=2,
+             measure="no-run")
+    names = [node.name for node in p.problem.nodes]
+    held = sorted((names[first], names[last]) for first, last, size in p.problem.held_in_backward
+                  if size == 32 * 16 * 4)
+    assert held == [(names[0], "layers_1_query"), ("getitem_1", "layers_0_query")]

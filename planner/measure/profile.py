@@ -450,11 +450,33 @@ class ProfileInterpreter(fx.Interpreter):
         return [p for p in parameters.values() if p.requires_grad]
 
 
+def passes_on(record: NodeProfile) -> bool:
+    """Whether a node has nothing of its own (no storage, gradient, saved tensor or node input):
+    a view of what it reads, or that tensor itself (dropout at p=0, a cast to its own dtype)."""
+    return not (record.output_bytes or record.grad_bytes or record.uses or record.saves)
+
+
+def reaches_backward(node: fx.Node) -> bool:
+    """Whether gradients flow through `node` to what it read: its backward runs, or it passes
+    what it read on (`passes_on`: dropout at p=0 hands on the parameter itself, which has no
+    backward of its own) to a node that does. A metadata check reading a weight does not.
+
+    Example:
+        >>> reaches_backward(dropout_of_weight)  # read by a linear
+        True
+    """
+    record = node.meta.get(META_KEY)
+    if record is None:
+        return False
+    return record.backward_runs or (passes_on(record) and any(reaches_backward(user) for user in node.users))
+
+
 def parameter_readers(nodes: Iterable[fx.Node], cast: bool = False,
                       backward: bool = False) -> dict[str, list[fx.Node]]:
     """Each parameter's profiled readers in graph order (`NodeProfile.parameters`; with `cast`,
     the nodes that used its autocast copy: `NodeProfile.cast_parameters`; with `backward`, only
-    those whose backward runs: a metadata check that reads a weight makes no gradient).
+    those through which gradients reach it (`reaches_backward`): a metadata check that reads a
+    weight makes no gradient).
 
     Example:
         >>> [n.name for n in parameter_readers(gm.graph.nodes)["head.weight"]]  # tied to the embedding
@@ -463,7 +485,7 @@ def parameter_readers(nodes: Iterable[fx.Node], cast: bool = False,
     readers: dict[str, list[fx.Node]] = {}
     for node in nodes:
         record = node.meta.get(META_KEY)
-        if record is None or (backward and not record.backward_runs):
+        if record is None or (backward and not reaches_backward(node)):
             continue
         for name in record.cast_parameters if cast else record.parameters:
             readers.setdefault(name, []).append(node)

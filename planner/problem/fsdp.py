@@ -31,9 +31,8 @@ from typing import Mapping, Sequence
 
 import torch.fx as fx
 
-from planner.measure.profile import parameter_readers
 from planner.measure.static import fsdp_unit_of
-from planner.problem.graph import gradient_maker
+from planner.problem.graph import parameter_gradient_paths
 from planner.trace.structure import compute_nodes, module_path
 from solvers import Problem
 
@@ -61,15 +60,21 @@ def fsdp_backward(problem: Problem, gm: fx.GraphModule, blocks: Sequence[str],
     sizes = {name: p.numel() * p.element_size() for name, p in gm.named_parameters()}
     spans: list[tuple[int, int, int]] = []
     made = [0] * len(nodes)
-    for name, readers in parameter_readers(nodes, backward=True).items():
-        last = max(gradient_maker(reader, index) for reader in readers)
-        earliest = min(index[reader.name] for reader in readers)
+    for name, paths in parameter_gradient_paths(nodes, index).items():
+        last, earliest = max(paths.values()), min(paths)
         made[last] += sizes[name]
         until = min(first_node.get(fsdp_unit_of(name, blocks), 0), earliest)
-        if problem.measured_gradients is not None and len(readers) > 1:
+        if problem.measured_gradients is not None and len(paths) > 1:
             # measured: a tied parameter's summed gradient is in flight from its last reader to its
             # first (`planner.measure.allocations.backward_memory`); it is `.grad` after that
             last = earliest - 1
+        elif problem.measured_gradients is None:
+            # derived: another path's gradient for a view of it is a storage of its own until the
+            # view hands it on (`planner.problem.graph`'s parameter gradients)
+            for entry, maker in paths.items():
+                if entry < maker != last:
+                    spans.append((entry, maker, sizes[name]))
+                    made[maker] += sizes[name]
         if until <= last:
             spans.append((until, last, sizes[name]))
     block_bytes = dict.fromkeys((block for block in first_node if block), 0)

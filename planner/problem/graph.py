@@ -17,7 +17,7 @@ import torch.fx as fx
 
 from planner.core import ModuleCheckpoint, counted_call
 from planner.measure.allocations import LOSS_BACKWARD
-from planner.measure.profile import META_KEY, parameter_readers
+from planner.measure.profile import META_KEY, parameter_readers, passes_on, reaches_backward
 from planner.trace.structure import ModuleCall, compute_nodes
 from solvers import NodeCost, Problem
 
@@ -195,8 +195,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
         if record is not None and record.output_bytes == 0:
             returned.update(record.uses)  # returns views or a record of tensors made earlier
         returned.add(node.name)
-    shared = _shared_gradients(gm, nodes)
-    parameter_grads = _parameter_gradients(nodes, index)
+    parameter_grads, shared = _parameter_gradients(gm, nodes, index, derived=gradients is None)
     released = _released_with_outputs(nodes, index)
     # A kept output must not be written in place later: the cached copy would be stale.
     written = {index[name] for node in nodes for name in node.meta[META_KEY].mutates}
@@ -209,7 +208,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     for i, node in enumerate(nodes):
         record = node.meta[META_KEY]
         runs = record.backward_runs
-        param_grad_bytes = parameter_grads[i] - sum(size for _, size in shared.get(i, ()))
+        param_grad_bytes = parameter_grads[i]
         costs.append(
             NodeCost(
                 name=node.name,
@@ -307,39 +306,83 @@ def _replayable(call_span: tuple[int, int] | None, index: int, spans: tuple[rang
                for span in spans if index in span)
 
 
-def _parameter_gradients(nodes: list[fx.Node], index: dict[str, int]) -> list[int]:
-    """Each node's parameters' gradient bytes (`NodeCost.param_grad_bytes`). A node that only
-    views a parameter (`self.weight.T`: no storage, no gradient of its own) reads it, but the
-    gradient is made by the backward of the view's last reader, which runs first (the view's
-    own backward hands it on uncopied): it is counted there. A node whose backward never runs and
-    that nothing reads (a metadata check on a weight) makes none."""
-    sizes = [node.meta[META_KEY].param_grad_bytes for node in nodes]
-    for i, node in enumerate(nodes):
-        record = node.meta[META_KEY]
-        if sizes[i] and (maker := gradient_maker(node, index)) != i:
-            sizes[maker] += sizes[i]
-            sizes[i] = 0
-        elif sizes[i] and not (record.backward_runs or record.output_bytes or record.grad_bytes or record.uses
-                               or record.saves):
-            sizes[i] = 0
-    return sizes
-
-
 def gradient_maker(reader: fx.Node, index: dict[str, int]) -> int:
     """The node whose backward makes a parameter's gradient for `reader`: the reader, or where
-    it only views the parameter (`self.weight.T`), the view's last reader, whose backward runs
-    first (the view's own backward hands it on uncopied).
+    it only views the parameter (`self.weight.T`) or passes it on (`passes_on`), the last node
+    reading down that chain, whose backward runs first.
 
     Example:
         >>> names[gradient_maker(t_node, index)]  # `self.weight.T` read by a matmul
         'matmul'
     """
-    record = reader.meta[META_KEY]
-    if not (record.output_bytes or record.grad_bytes or record.uses or record.saves):
-        users = [index[user.name] for user in reader.users if user.name in index]
-        if users:
-            return max(users)
+    if passes_on(reader.meta[META_KEY]):
+        makers = [gradient_maker(user, index) for user in reader.users if user.name in index and reaches_backward(user)]
+        if makers:
+            return max(makers)
     return index[reader.name]
+
+
+def gradient_entries(reader: fx.Node, index: dict[str, int]) -> list[int]:
+    """Where a parameter's gradient for `reader` joins the parameter's own (the sum autograd adds
+    to `.grad`): at the reader's backward (a view's hands it on), or, where the reader has no
+    backward (it passes the parameter itself on: dropout at p=0), at its readers'.
+
+    Example:
+        >>> [names[i] for i in gradient_entries(dropout_node, index)]  # DeBERTa: `dropout(weight)[0:n]`
+        ['alias_1']
+    """
+    if reader.meta[META_KEY].backward_runs:
+        return [index[reader.name]]
+    return [entry for user in reader.users if user.name in index and reaches_backward(user)
+            for entry in gradient_entries(user, index)]
+
+
+def parameter_gradient_paths(nodes: list[fx.Node], index: dict[str, int]) -> dict[str, dict[int, int]]:
+    """Per trainable parameter read in backward, where each of its gradients joins the
+    parameter's (`gradient_entries`) -> the node whose backward makes it (`gradient_maker`).
+
+    Example:
+        >>> parameter_gradient_paths(nodes, index)["head.weight"]  # tied to the embedding at node 1
+        {1: 1, 40: 40}
+    """
+    return {name: {entry: gradient_maker(nodes[entry], index)
+                   for reader in readers for entry in gradient_entries(reader, index)}
+            for name, readers in parameter_readers(nodes, backward=True).items()}
+
+
+def _parameter_gradients(gm: fx.GraphModule, nodes: list[fx.Node], index: dict[str, int], derived: bool
+                         ) -> tuple[list[int], dict[int, list[tuple[int, int]]]]:
+    """Each node's parameters' gradient bytes (`NodeCost.param_grad_bytes`: temporaries of its
+    backward, as in a step where `.grad` already holds the sum) and the parameter gradients that
+    live across nodes' backward (`NodeCost.shared_grads`, by the node whose backward makes one).
+
+    A node that only views a parameter (`self.weight.T`: no storage, no gradient of its own) or
+    passes it on reads it, but its gradient is made by the backward of the last node reading down
+    the chain (`parameter_gradient_paths`), which runs first, and lives until the view's own
+    backward hands it on. Where gradients reach a parameter along several paths (tied weights;
+    DeBERTa's relative embeddings, viewed by every layer), autograd sums them in one buffer
+    before adding it to `.grad`: the path whose gradient gets there first holds it until the
+    last path's has (at the earliest node's backward). A node whose backward never runs and
+    that nothing reads (a metadata check on a weight) makes none. Where gradients in flight were
+    measured (not `derived`), a view's storage is counted as a temporary of its maker's
+    backward, as the measured windows leave it, and only a tied parameter's sum is held."""
+    sizes = [0 if passes_on(node.meta[META_KEY]) else node.meta[META_KEY].param_grad_bytes for node in nodes]
+    parameter_bytes = {name: p.numel() * p.element_size() for name, p in gm.named_parameters()}
+    held: dict[int, list[tuple[int, int]]] = {}
+    readers = parameter_readers(nodes, backward=True)
+    for name, paths in parameter_gradient_paths(nodes, index).items():
+        size = parameter_bytes[name]
+        for reader in readers[name]:
+            if passes_on(reader.meta[META_KEY]):  # made down its chains
+                for entry in gradient_entries(reader, index):
+                    sizes[paths[entry]] += size
+        first, last = min(paths), max(paths)
+        for entry, maker in paths.items():
+            until = first if entry == last else entry
+            if until < maker and (derived or entry == maker):  # held from the backward that makes it
+                held.setdefault(maker, []).append((until, size))
+                sizes[maker] = max(0, sizes[maker] - size)
+    return sizes, held
 
 
 def _touching_written_inputs(nodes: list[fx.Node]) -> set[int]:
@@ -385,17 +428,3 @@ def _released_with_outputs(nodes: list[fx.Node], index: dict[str, int]) -> dict[
             if outputs & {*records[m].uses, *records[m].holds}:
                 kept.setdefault(m, set()).update(saved)
     return kept
-
-
-def _shared_gradients(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[int, list[tuple[int, int]]]:
-    """For parameters read by several nodes (tied weights), what `NodeCost.shared_grads` says:
-    by the last reader's index, (first reader's index, gradient bytes). Autograd sums the
-    readers' gradients in one buffer before adding it to `.grad`, so the last reader's backward
-    (the first to run) creates a buffer that lives until the first reader's has run."""
-    sizes = {name: p.numel() * p.element_size() for name, p in gm.named_parameters()}
-    index = {node: i for i, node in enumerate(nodes)}
-    shared: dict[int, list[tuple[int, int]]] = {}
-    for name, users in parameter_readers(nodes, backward=True).items():
-        if len(users) > 1:
-            shared.setdefault(index[users[-1]], []).append((index[users[0]], sizes[name]))
-    return shared
