@@ -249,3 +249,38 @@ def test_the_losss_kernel_scratch_is_counted_where_backward_starts(measure):
         p = plan(model, x, budget_gb=80, measure=measure)
         measured = steady_peak(model, x, torch.device("cpu"))
     assert abs(p.baseline_peak_bytes - measured) <= 0.01 * measured, (p.baseline_peak_bytes, measured)
+
+
+class _NormAfterActivation(torch.nn.Module):
+    """A LayerNorm on a GELU of a linear (RoBERTa's output head): under CPU autocast its input is
+    bfloat16 and its weights float32, and the CPU kernel saves float32 statistics."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+        self.norm = torch.nn.LayerNorm(64)
+        self.head = torch.nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(F.gelu(self.fc(x))))
+
+
+def test_a_norms_statistics_on_fake_tensors_have_the_dtype_its_kernel_gives_them():
+    from torch._subclasses import FakeTensorMode
+
+    from planner.measure.sizes import NormStatistics
+
+    torch.manual_seed(0)
+    model, x = _NormAfterActivation(), torch.randn(256, 64)
+    saved = {}
+    for measure in ("run", "no-run"):  # (PyTorch's fake CPU kernel gives them the input's dtype)
+        p = plan(model, x, budget_gb=80, measure=measure, autocast=torch.bfloat16, repeats=1)
+        saved[measure] = next(node.saved_bytes for node in p.problem.nodes if "norm" in node.name)
+    assert saved["no-run"] == saved["run"] == 2 * 256 * 4  # mean and inverse deviation, float32
+    with FakeTensorMode():  # a CUDA GPU keeps float32 statistics for any 16-bit input
+        half = torch.empty(8, 64, dtype=torch.bfloat16), torch.ones(64, dtype=torch.bfloat16)
+        with NormStatistics(cuda=True):
+            _, mean, rstd = torch.ops.aten.native_layer_norm(half[0], [64], half[1], None, 1e-5)
+        with NormStatistics(cuda=False):
+            _, cpu_mean, _ = torch.ops.aten.native_layer_norm(half[0], [64], half[1], None, 1e-5)
+    assert mean.dtype == rstd.dtype == torch.float32 and cpu_mean.dtype == torch.bfloat16

@@ -76,7 +76,7 @@ def measure_model(
                          "use measure='no-run' (or 'auto')")
     if mode != "run":
         say("measuring sizes on fake tensors")
-        fake = profile_sizes(gm, inputs, where.profile_device, cuda_attention=where.device.type == "cuda", loss=loss)
+        fake = profile_sizes(gm, inputs, where.profile_device, cuda=where.device.type == "cuda", loss=loss)
         room = measurable_bytes(where.device) if runnable else 0
         if mode == "auto" and runnable and fake.needed_bytes <= room:
             logger.info("measuring the whole step: it holds about %s, and %s has room for %s",

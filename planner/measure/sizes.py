@@ -81,6 +81,43 @@ class _EngineSums(TorchDispatchMode):
         return result
 
 
+_aten = torch.ops.aten
+# Norms whose mean and inverse deviation are saved for backward: each op's weight argument.
+_NORM_WEIGHTS = {_aten.native_layer_norm: 2, _aten.native_group_norm: 1, _aten.native_batch_norm: 1,
+                 _aten._native_batch_norm_legit: 1, _aten._native_batch_norm_legit_functional: 1,
+                 _aten._batch_norm_with_update: 1}
+
+
+class NormStatistics(TorchDispatchMode):
+    """Makes the statistics a norm saves for backward (outputs 1 and 2: mean and inverse
+    deviation) float32 on fake tensors where the plan's device computes them so: PyTorch's fake
+    CPU kernels give them the input's dtype, but the CPU kernels keep float32 for a 16-bit input
+    with float32 weights (under autocast), and a CUDA GPU does for any 16-bit input (`cuda`).
+
+    Example:
+        >>> with FakeTensorMode(), NormStatistics(cuda=False):
+        ...     out, mean, rstd = torch.ops.aten.native_layer_norm(x_bf16, [64], w_fp32, b_fp32, 1e-5)
+        >>> mean.dtype
+        torch.float32
+    """
+
+    def __init__(self, cuda: bool) -> None:
+        super().__init__()
+        self.cuda = cuda
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        at = _NORM_WEIGHTS.get(func.overloadpacket)
+        if at is None or args[0].dtype not in (torch.bfloat16, torch.float16):
+            return result
+        weight = args[at] if len(args) > at else None
+        if not (self.cuda or (isinstance(weight, torch.Tensor) and weight.dtype == torch.float32)):
+            return result
+        statistics = tuple(t.new_empty(t.shape, dtype=torch.float32) if t.dtype == args[0].dtype else t
+                           for t in result[1:3])
+        return (result[0], *statistics, *result[3:])
+
+
 class BackwardWindows:
     """While active (around a backward pass, with `tracker` active too: it enters it), cuts
     `tracker`'s log into one window per owner: a window opens when an autograd node that
@@ -232,14 +269,15 @@ def profile_sizes(
     gm: fx.GraphModule,
     inputs: list[torch.Tensor],
     device: torch.device,
-    cuda_attention: bool = False,
+    cuda: bool = False,
     loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> FakeProfile:
     """Profile `gm` on fake copies of its state and of `inputs` (real or meta) on `device`.
 
     Writes each compute node's `NodeProfile` (times zero, scratch not included) and its
     `KernelCost`s into `node.meta`; returns the fake values for `planner.measure.nodes`.
-    `cuda_attention` runs attention as a CUDA GPU would (`planner.measure.targets.target_attention`).
+    `cuda`: the plan is for a CUDA GPU, whose kernels attention runs (`planner.measure.targets.target_attention`)
+    and whose norms keep float32 statistics (`NormStatistics`).
     One backward pass from `loss(output)` (default `planner.core.training_loss`) gives the
     tensor temporaries of each node's backward.
 
@@ -267,9 +305,9 @@ def profile_sizes(
 
     tracker = LiveBytesTracker(log=[])
     static_keys = {storage_key(t) for t in (*state.values(), *fake_inputs)}
-    with fake_model_state(gm, mode, device, state), mode, torch.enable_grad():
+    with fake_model_state(gm, mode, device, state), mode, NormStatistics(cuda), torch.enable_grad():
         # Built inside: it names the parameters and buffers it sees, the fake ones.
-        interpreter = _FakeInterpreter(gm, static_keys, tracker, fake, target_attention if cuda_attention else None)
+        interpreter = _FakeInterpreter(gm, static_keys, tracker, fake, target_attention if cuda else None)
         output = interpreter.run(*fake_inputs)
         value, loss_bytes = training_loss_bytes(loss or training_loss, output)
         loss_output = next((node.name for node, found in interpreter.env.items() if found is value), None)
