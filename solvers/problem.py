@@ -89,6 +89,9 @@ class NodeCost:
     # checkpoint keeps a region's arguments, so a region starting here keeps them too
     arguments: tuple[int, ...] = ()
     is_output: bool = False  # returned by the graph: alive until backward starts
+    # False where no gradient reaches it (an output the loss does not read, a metadata check): its
+    # backward never runs, so it makes no gradient for what it read
+    backward_runs: bool = True
     random: bool = False  # draws random numbers: a region holding it keeps a copy of the RNG state
     # bytes of the buffers it writes in place (BatchNorm's running statistics): a region holding
     # it copies them while it recomputes, to put them back after

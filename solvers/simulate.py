@@ -53,7 +53,8 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
     `relu_`) at node m makes a new version of its owner, which later readers read, and m's
     backward turns the new version's gradient into the old one's. So the gradient of version v
     (an owner j, or the mutator m that made it) appears at the backward of v's last reader
-    (n, the loss's, if none and the tensor is returned; none at all for an unread mutated version) and
+    (n, the loss's, if none and the tensor is returned; none at all for an unread mutated version; a
+    node whose backward never runs, `NodeCost.backward_runs`, reads nothing here) and
     is freed after v's own backward. Where that reader is v's only one and hands its result's
     gradient on unchanged (`grad_aliases`: an add, a cat, an in-place add), the two share one
     storage, held until the later of them is done (with other readers autograd sums into a new
@@ -76,10 +77,10 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
     readers: list[list[int]] = [[] for _ in range(n)]  # per version, in forward order
     through: dict[tuple[int, int], tuple[int, int]] = {}  # (version, reader) -> (its view, gradient bytes)
     for k, node in enumerate(nodes):
-        for owner in set(node.uses):
+        for owner in set(node.uses) if node.backward_runs else ():
             if owner < k:
                 readers[current[owner]].append(k)
-        for owner, view, view_bytes in node.view_grads:
+        for owner, view, view_bytes in node.view_grads if node.backward_runs else ():
             if owner < view < k and owner not in node.grad_aliases:
                 through[current[owner], k] = (view, view_bytes)
         if not node.output_bytes:  # a node with outputs of its own keeps its index for them

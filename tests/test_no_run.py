@@ -519,3 +519,27 @@ def test_a_weight_viewed_by_every_layer_holds_its_gradients_as_autograd_does():
     # one path a layer, from its view to the later of its two projections
     assert len(paths) == 3 and all(entry < maker for entry, maker in paths.items())
     assert all(nodes[maker].meta[META_KEY].parameters[0].endswith("query.weight") for maker in paths.values())
+
+
+class _IgnoredOutput(nn.Module):
+    """Returns its loss and a hidden state, transposed, that the loss does not read (as Swin
+    returns its reshaped hidden states): no gradient ever reaches that output, nor through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        wide = self.body[1](self.body[0](x))
+        loss = nn.functional.cross_entropy(self.head(self.body[2](wide)), labels)
+        return {"loss": loss, "wide": wide.transpose(0, 1).contiguous()}
+
+
+def test_an_output_the_loss_does_not_read_gets_no_gradient():
+    torch.manual_seed(0)
+    model, sample = _IgnoredOutput(), {"x": torch.randn(512, 64), "labels": torch.randint(0, 8, (512,))}
+    no_run = plan(model, sample, budget_gb=80, measure="no-run", repeats=1)
+    record = no_run.verify(steps=1)
+    assert abs(record.original_peak_error) <= 0.001, str(record)  # (its gradient was counted before)
+    assert no_run.baseline_peak_bytes == plan(model, sample, budget_gb=80, repeats=1).baseline_peak_bytes

@@ -215,7 +215,8 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 compute_ms=record.forward_ms,
                 output_bytes=record.output_bytes + (0 if runs else record.saved_bytes + record.unhooked_saved_bytes
                                                     + record.cast_bytes - record.cast_saved_bytes),
-                grad_bytes=record.grad_bytes,
+                grad_bytes=record.grad_bytes if runs else 0,  # (no gradient reaches it: an output the loss ignores)
+                backward_runs=runs,
                 # (where regions run with autocast's cache off, the casts a node saves are saved tensors)
                 saved_bytes=record.saved_bytes - (0 if uncached else record.cast_saved_bytes) if runs else 0,
                 transient_bytes=record.transient_bytes,
