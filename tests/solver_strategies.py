@@ -73,6 +73,8 @@ def problems(
                 # a module call's arguments that it does not read (a region starting here keeps them)
                 arguments=(draw(st.integers(0, i - 1)),) if i and draw(st.integers(0, 5)) == 0 else (),
                 is_output=i == n - 1 or draw(st.integers(0, 9)) == 0,
+                # an output the loss does not read: no gradient reaches it, nor through it
+                backward_runs=i == n - 1 or draw(st.integers(0, 9)) != 0,
                 random=draw(st.integers(0, 4)) == 0,  # dropout: its region keeps an RNG state
                 # BatchNorm's running statistics: a region holding it copies them to recompute
                 buffer_bytes=draw(st.sampled_from([0, 0, 0, 0, 2])),
