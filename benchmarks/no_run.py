@@ -202,14 +202,14 @@ def part_small(steps: int, rounds: int = 11) -> tuple[str, str]:
             overheads = measured_overheads(model, [run.module(), applied], sample, rounds)
             measured_ratio = (overheads[1] / overheads[0] if overheads[0] > 0 else
                               (1.0 if overheads[1] <= 0 else math.inf))
+            ratio_cell = f"{measured_ratio:.2f}" if measured_ratio < math.inf else "(run path: none)"
             rows.append(f"| {name} | {label} | run | {len(run.checkpoints)} | {format_bytes(run.predicted_peak_bytes)} "
                         f"| | | | {run.recompute_ms:.1f} ms | | {overheads[0]:.1f} ms | | |")
             rows.append(
                 f"| {name} | {label} | no-run | {len(no_run.checkpoints)} | {format_bytes(record.predicted_peak_bytes)} "
                 f"| {format_bytes(record.planned_peak_bytes)} | {100 * record.peak_error:+.1f}% "
                 f"| {'yes' if record.within_budget else 'NO'} | {cost:.1f} ms | {ratio:.2f} "
-                f"| {overheads[1]:.1f} ms | {measured_ratio:.2f} | {'yes' if record.gradients_match else 'NO'} |"
-                .replace("| inf |", "| (run path: none) |"))
+                f"| {overheads[1]:.1f} ms | {ratio_cell} | {'yes' if record.gradients_match else 'NO'} |")
             print(rows[-2], rows[-1], sep="\n", flush=True)
             where = f"{name} at {fraction:.0%}"
             if not record.within_budget:
@@ -218,7 +218,7 @@ def part_small(steps: int, rounds: int = 11) -> tuple[str, str]:
                 misses.append(f"{where}: prediction off by {100 * record.peak_error:+.1f}%")
             same_plan = [c.wrapped for c in run.checkpoints] == [c.wrapped for c in no_run.checkpoints]
             if same_plan:
-                rows[-1] = rows[-1].replace(f"| {measured_ratio:.2f} |", f"| {measured_ratio:.2f} (same plan) |")
+                rows[-1] = rows[-1].replace(f"| {ratio_cell} |", f"| {ratio_cell} (same plan) |")
             elif measured_ratio > 1.10 and overheads[1] - overheads[0] > NOISE_MS:
                 on_clock = (f"{measured_ratio:.2f}x the run path's plan" if overheads[0] > 0 else
                             f"{overheads[1]:.1f} ms where the run path's plan measured none")

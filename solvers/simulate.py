@@ -144,8 +144,11 @@ def gradient_spans(problem: Problem) -> list[tuple[int, int, int]]:
 
 def _version_grad_bytes(nodes: tuple[NodeCost, ...], version: int, owner: int, consumer: int,
                         current: list[int]) -> int:
-    """Bytes of the gradient of one version: its owner's gradient size, except for a version
-    made in place that nothing reads and that is not returned (no gradient reaches it)."""
+    """Bytes of the gradient of one version: its owner's gradient size, except where no gradient
+    reaches it: a version made in place that nothing reads and that is not returned, or one whose
+    node's backward never runs (an output the loss does not read)."""
+    if not nodes[version].backward_runs:
+        return 0
     if version == owner:
         return nodes[version].grad_bytes
     returned = nodes[version].is_output or (nodes[owner].is_output and current[owner] == version)

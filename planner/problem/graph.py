@@ -215,7 +215,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                 compute_ms=record.forward_ms,
                 output_bytes=record.output_bytes + (0 if runs else record.saved_bytes + record.unhooked_saved_bytes
                                                     + record.cast_bytes - record.cast_saved_bytes),
-                grad_bytes=record.grad_bytes if runs else 0,  # (no gradient reaches it: an output the loss ignores)
+                grad_bytes=record.grad_bytes,
                 backward_runs=runs,
                 # (where regions run with autocast's cache off, the casts a node saves are saved tensors)
                 saved_bytes=record.saved_bytes - (0 if uncached else record.cast_saved_bytes) if runs else 0,
@@ -317,7 +317,7 @@ def gradient_maker(reader: fx.Node, index: dict[str, int]) -> int:
         'matmul'
     """
     if passes_on(reader.meta[META_KEY]):
-        makers = [gradient_maker(user, index) for user in reader.users if user.name in index and reaches_backward(user)]
+        makers = [gradient_maker(user, index) for user in _gradient_readers(reader, index)]
         if makers:
             return max(makers)
     return index[reader.name]
@@ -334,8 +334,12 @@ def gradient_entries(reader: fx.Node, index: dict[str, int]) -> list[int]:
     """
     if reader.meta[META_KEY].backward_runs:
         return [index[reader.name]]
-    return [entry for user in reader.users if user.name in index and reaches_backward(user)
-            for entry in gradient_entries(user, index)]
+    return [entry for user in _gradient_readers(reader, index) for entry in gradient_entries(user, index)]
+
+
+def _gradient_readers(node: fx.Node, index: dict[str, int]) -> list[fx.Node]:
+    """The compute nodes reading `node`'s output through which gradients reach it."""
+    return [user for user in node.users if user.name in index and reaches_backward(user)]
 
 
 def parameter_gradient_paths(nodes: list[fx.Node], index: dict[str, int]) -> dict[str, dict[int, int]]:
