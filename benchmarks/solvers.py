@@ -49,7 +49,8 @@ def transformer() -> Problem:
     summary = profile(traced.gm, traced.graph_inputs((x,), {}))
     static = summary.parameter_bytes + summary.gradient_bytes + summary.buffer_bytes + summary.input_bytes
     # Any run of nodes may be a region here (a solver benchmark, not a plan to apply).
-    return build_problem(traced.gm, static, rng_state_bytes=summary.rng_state_bytes)
+    return build_problem(traced.gm, static, rng_state_bytes=summary.rng_state_bytes,
+                         loss_scratch_bytes=summary.loss_scratch_bytes)
 
 
 def planned_transformer() -> Problem:

@@ -108,6 +108,7 @@ class GraphProfile:
     times_estimated: bool = False  # times are roofline estimates for a target GPU, not measured
     scratch_measured: bool = True  # kernel scratch (workspace the allocator sees) was measured
     loss_bytes: int = 0  # held through backward by the loss outside the graph (see training_loss_bytes)
+    loss_scratch_bytes: int = 0  # that loss's kernel scratch, when forward is done (Problem.loss_scratch_bytes)
     # Gradients in flight, measured: (node whose backward made the storage, node whose backward
     # freed it, bytes), where the whole step ran (None: derived from the graph by the solvers)
     gradients: tuple[tuple[str, str, int], ...] | None = None

@@ -270,7 +270,7 @@ def measure_problem(model: nn.Module, sample: Any, where: PlanDevice, reserved_b
         segments, sequentials = sequential_segments(model, traced.gm, wrapped)
         problem = build_problem(traced.gm, sum(breakdown.values()), tuple(wrapped), overhead_ms,
                                 summary.rng_state_bytes, summary.gradients, saved_tensor_ms, tuple(segments),
-                                sequentials)
+                                sequentials, summary.loss_scratch_bytes)
         if fsdp:  # (FSDP2's unsharded gradients and buffers in backward: planner.problem.fsdp)
             problem = fsdp_backward(problem, traced.gm, blocks, reduced,
                                     collective_copies(where.device, world_size))

@@ -182,6 +182,11 @@ class Problem:
     # and reduce-scatter buffers (`planner.problem.fsdp`). `gradient_spans` adds them to the
     # gradients in flight.
     held_in_backward: tuple[tuple[int, int, int], ...] = ()
+    # The loss the caller computes from the graph's outputs when forward is done, before any
+    # backward: its kernel scratch (under CUDA's casts a CPU sum of bfloat16 logits copies them
+    # to float32). At that point the last node's temporaries, and the outputs no later step
+    # needs (read last by the last node, not returned, not kept for backward), are gone.
+    loss_scratch_bytes: int = 0
     # A region that keeps nodes runs under a selective-checkpoint policy: a dispatch mode that
     # costs this much per region and per ATen call it sees (forward and recomputation).
     keep_region_ms: float = 0.0
@@ -221,6 +226,8 @@ class Problem:
         for region in self.allowed_regions or ():
             if region.step != 1 or len(region) == 0 or region.start < 0 or region.stop > len(self.nodes):
                 raise ValueError(f"allowed region {region} is not a non-empty run of the {len(self.nodes)} nodes")
+        if self.loss_scratch_bytes < 0:
+            raise ValueError(f"loss_scratch_bytes is {self.loss_scratch_bytes}: a size is at least 0")
         for first, last, size in self.held_in_backward:
             if not 0 <= first <= last < len(self.nodes) or size < 0:
                 raise ValueError(f"held_in_backward span ({first}, {last}, {size}) is not a run of the "

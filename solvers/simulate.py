@@ -1,6 +1,7 @@
 """The one memory simulator: peak bytes of one forward+backward under a plan.
 
-Time is a list of steps: forward of nodes 0..n-1, then backward of n-1..0, where a region's
+Time is a list of steps: forward of nodes 0..n-1, the loss (which the caller computes from the
+graph's outputs: `Problem.loss_scratch_bytes`), then backward of n-1..0, where a region's
 recomputation runs just before the backward of its last node that saves a tensor, and only up
 to that node (`Problem.recomputed`: non-reentrant checkpoint's early stop). Every buffer (a
 node's output, its internally saved tensors, a gradient) is alive over an interval of steps;
@@ -27,7 +28,7 @@ Example:
     >>> problem = Problem(nodes=(NodeCost("a", 1.0, output_bytes=8, grad_bytes=8),
     ...                          NodeCost("b", 1.0, output_bytes=8, uses=(0,), saves=(0,))))
     >>> simulate(problem).labels
-    ('forward a', 'forward b', 'backward b', 'backward a')
+    ('forward a', 'forward b', 'loss', 'backward b', 'backward a')
     >>> peak_bytes(problem)
     16
     >>> gradient_spans(Problem(nodes=(NodeCost("a", 1.0, grad_bytes=8),)))
@@ -215,13 +216,15 @@ class Buffers:
     Kinds: "output", "saved" (a node's), "unhooked" (`NodeCost.unhooked_saved_bytes`), "cached"
     (`NodeCost.forward_held_bytes`), "rng" (a region's RNG state), "copies" (what a region copies
     while recomputing: `Problem.recompute_copy_bytes`), "gradient".
-    `backward_step[i]` is the step of node i's backward.
+    `backward_step[i]` is the step of node i's backward; `loss_step`, between forward and
+    backward, that of the loss the caller computes from the outputs (`Problem.loss_scratch_bytes`).
     `simulate` sums them; `solvers.bound.recompute` asks which node owns what at each step."""
 
     labels: tuple[str, ...]
     held: tuple[tuple[int, str, int, int, int], ...]
     transient: tuple[int, ...]
     backward_step: tuple[int, ...]
+    loss_step: int
 
 
 def simulate(problem: Problem, regions: tuple[range, ...] = (), kept: Collection[int] = ()) -> Timeline:
@@ -251,7 +254,9 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
     n = len(nodes)
     region_of: dict[int, range] = {i: region for region in regions for i in region}
 
-    labels: list[str] = [f"forward {node.name}" for node in nodes]
+    # Forward, then the loss the caller computes from the graph's outputs, then backward.
+    labels: list[str] = [*(f"forward {node.name}" for node in nodes), "loss"]
+    loss_step = n
     backward_step: dict[int, int] = {}
     recompute_step: dict[int, int] = {}
     recomputed_of = {region: problem.recomputed(region) for region in regions}
@@ -265,10 +270,10 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
         backward_step[i] = len(labels)
         labels.append(f"backward {nodes[i].name}")
     steps = len(labels)
-    end_of_forward = n - 1
 
     held: list[tuple[int, str, int, int, int]] = []
     transient = [0] * steps
+    transient[loss_step] = problem.loss_scratch_bytes
 
     def hold(owner: int, kind: str, size: int, first: int, last: int) -> None:
         if size > 0:
@@ -284,8 +289,8 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
     # every tensor a submodule call it checkpoints is passed; a run's tape, what its calls read).
     last = list(last_forward_use)
     for j, node in enumerate(nodes):
-        if node.is_output:
-            last[j] = max(last[j], end_of_forward)
+        if node.is_output:  # (read by the loss)
+            last[j] = max(last[j], loss_step)
     runs = {region for region in regions if problem.run_span_of(region) is not None}
     for k, node in enumerate(nodes):
         region = region_of.get(k)
@@ -300,7 +305,7 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
     for j, node in enumerate(nodes):
         transient[j] += node.transient_bytes
         hold(j, "unhooked", node.unhooked_saved_bytes, j, backward_step[j])  # whatever the plan
-        hold(j, "cached", node.forward_held_bytes, j, end_of_forward)  # whatever the plan
+        hold(j, "cached", node.forward_held_bytes, j, loss_step)  # whatever the plan
         if j in kept:
             hold(j, "saved", node.saved_bytes, j, backward_step[j])  # cached from forward to its backward
             first_copy_until[j] = last[j]
@@ -361,11 +366,12 @@ def plan_buffers(problem: Problem, regions: tuple[range, ...] = (), kept: Collec
 
     # Gradients (see `gradient_spans`), and what each node's backward adds while it runs.
     for first, last_node, size in gradient_spans(problem):  # (last n: from backward's first step on)
-        hold(-1, "gradient", size, backward_step.get(last_node, n), backward_step[first])
+        hold(-1, "gradient", size, backward_step.get(last_node, loss_step + 1), backward_step[first])
     for j, node in enumerate(nodes):
         transient[backward_step[j]] += node.param_grad_bytes + node.backward_transient_bytes
 
-    return Buffers(tuple(labels), tuple(held), tuple(transient), tuple(backward_step[i] for i in range(n)))
+    return Buffers(tuple(labels), tuple(held), tuple(transient), tuple(backward_step[i] for i in range(n)),
+                   loss_step)
 
 
 def held_after_forward(problem: Problem, regions: tuple[range, ...] = (), kept: Collection[int] = ()) -> int:

@@ -66,6 +66,12 @@ class Structure:
             `NodeCost.forward_held_bytes` of 0..t).
         unhooked_through: `NodeCost.unhooked_saved_bytes` of nodes 0..t, per t.
         forward_held_through: `NodeCost.forward_held_bytes` of nodes 0..t, per t (held in forward only).
+        loss_fixed: bytes alive whatever the plan while the loss runs after the last forward step
+            (`Problem.loss_scratch_bytes`): `forward_fixed[n - 1]` less the last node's temporaries,
+            plus the loss's scratch. Of those, the last node's saved tensors are dropped where it
+            lies in a region, and the outputs in `loss_graduates` are freed unless the plan keeps
+            them for backward (0 where the loss has no scratch: the last forward step covers it).
+        loss_graduates: outputs the last node reads last that are not returned (`graduates[n - 1]`).
         graduates: nodes j with `last_ref[j] == t`, per t.
         startable: `Problem.can_start_region`, per node.
         useful_start: startable, and not a start that another plan beats for sure (see _build).
@@ -93,6 +99,8 @@ class Structure:
     forward_fixed: tuple[int, ...]
     unhooked_through: tuple[int, ...]
     forward_held_through: tuple[int, ...]
+    loss_fixed: int
+    loss_graduates: tuple[int, ...]
     graduates: tuple[tuple[int, ...], ...]
     startable: tuple[bool, ...]
     useful_start: tuple[bool, ...]
@@ -210,6 +218,7 @@ def _build(problem: Problem) -> Structure:
     for t, node in enumerate(nodes):
         running += alive_delta[t]
         forward_fixed.append(running + node.saved_bytes + node.transient_bytes + unhooked[t] + forward_held[t])
+    loss_fixed = forward_fixed[-1] - nodes[-1].transient_bytes + problem.loss_scratch_bytes if n else 0
 
     graduates: list[list[int]] = [[] for _ in range(n)]
     for j in range(n):
@@ -252,6 +261,8 @@ def _build(problem: Problem) -> Structure:
         forward_fixed=tuple(forward_fixed),
         unhooked_through=unhooked,
         forward_held_through=forward_held,
+        loss_fixed=loss_fixed if problem.loss_scratch_bytes else 0,
+        loss_graduates=tuple(j for j in graduates[n - 1] if not nodes[j].is_output) if n else (),
         graduates=tuple(map(tuple, graduates)),
         startable=tuple(startable),
         useful_start=tuple(useful_start),

@@ -101,7 +101,9 @@ def problems(
     held = tuple(draw(st.lists(span, max_size=2))) if draw(st.integers(0, 3)) == 0 else ()
     return Problem(tuple(nodes), static_bytes=draw(st.sampled_from([0, 100])),
                    rng_state_bytes=draw(st.sampled_from([0, 3, 6])), measured_gradients=measured,
-                   held_in_backward=held)
+                   held_in_backward=held,
+                   # the loss outside the graph: its scratch when forward is done
+                   loss_scratch_bytes=draw(st.sampled_from([0, 0, 5, 40])))
 
 
 @st.composite
@@ -147,7 +149,8 @@ def module_problems(draw: st.DrawFn, max_nodes: int = 9, **options: object) -> P
     segments = tuple(r for r in allowed if r not in run_spans and draw(st.booleans())) if options.get("segments") else ()
     return Problem(nodes, problem.static_bytes, allowed_regions=allowed, region_overhead_ms=overhead,
                    rng_state_bytes=problem.rng_state_bytes, measured_gradients=problem.measured_gradients,
-                   held_in_backward=problem.held_in_backward, keep_region_ms=keep_region_ms,
+                   held_in_backward=problem.held_in_backward, loss_scratch_bytes=problem.loss_scratch_bytes,
+                   keep_region_ms=keep_region_ms,
                    keep_call_ms=keep_call_ms, saved_tensor_ms=saved_tensor_ms,
                    kept_node_ms=kept_node_ms, run_spans=run_spans, run_call_ms=run_call_ms,
                    recorded_call_ms=recorded_call_ms, run_region_ms=run_region_ms, max_run_nodes=max_run_nodes,

@@ -58,10 +58,10 @@ def test_plot_memory_needs_only_the_problem(tmp_path):
 def test_step_positions_line_up_forward_and_backward():
     problem = chain(4)
     baseline = simulate(problem, ())
-    assert step_positions(baseline, 4) == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert step_positions(baseline, 4) == [0, 1, 2, 3, 3.5, 4, 5, 6, 7]  # (the loss at 3.5)
     planned = simulate(problem, (range(1, 3),))
     positions = step_positions(planned, 4)
-    assert len(positions) == len(planned.labels) == 10
+    assert len(positions) == len(planned.labels) == 11
     assert positions == sorted(positions), "steps stay in order"
     by_label = dict(zip(planned.labels, positions))
     # forward and backward steps sit where they sit without a plan

@@ -1,6 +1,6 @@
 """The simulator against peaks computed by hand.
 
-Conventions of the hand computations: steps are forward 0..n-1, then backward n-1..0, with a
+Conventions of the hand computations: steps are forward 0..n-1, the loss, then backward n-1..0, with a
 region's recomputation just before the backward of its last node. An output lives from its
 node until its last forward use, its last saver's backward, or (as a region input) the end of
 that region's backward. A gradient lives from its last consumer's backward to its owner's; a
@@ -28,28 +28,29 @@ def chain4() -> Problem:
 
 
 def test_chain_without_plan():
-    # F0..F3: a, a+b, a+b+c, a+b+c+d.  B3: a,b,c + grads c,d.  B2: a,b + grads b,c.
-    # B1: a + grads a,b.  B0: grad a.
+    # F0..F3: a, a+b, a+b+c, a+b+c+d.  The loss: the same.  B3: a,b,c + grads c,d.
+    # B2: a,b + grads b,c.  B1: a + grads a,b.  B0: grad a.
     timeline = simulate(chain4(), ())
-    assert timeline.live_bytes == (10, 20, 30, 40, 50, 40, 30, 10)
+    assert timeline.live_bytes == (10, 20, 30, 40, 40, 50, 40, 30, 10)
     assert timeline.peak_bytes == 50
 
 
 def test_chain_with_one_region():
     # Region {b, c}: a is its input (held until B1); b is dropped after c's forward; c is kept
-    # because d (outside) saves it. Steps F0-F3, B3, RC-b, RC-c, B2, B1, B0.
+    # because d (outside) saves it. Steps F0-F3, the loss, B3, RC-b, RC-c, B2, B1, B0.
     timeline = simulate(chain4(), (range(1, 3),))
-    assert timeline.labels[4:8] == ("backward d", "recompute b", "recompute c", "backward c")
-    assert timeline.live_bytes == (10, 20, 30, 30, 40, 30, 40, 40, 30, 10)
+    assert timeline.labels[4:9] == ("loss", "backward d", "recompute b", "recompute c", "backward c")
+    assert timeline.live_bytes == (10, 20, 30, 30, 30, 40, 30, 40, 40, 30, 10)
     assert timeline.peak_bytes == 40
 
 
 def test_region_whose_input_is_another_regions_output():
     # Regions {a, b} and {c, d}: b is the second region's input, held until B2. d's gradient
     # (10) is alive while {c, d} recomputes: the loss's backward made it before d's backward.
+    # At the loss, c (read by d alone, in its region) is gone: b and d are left.
     timeline = simulate(chain4(), (range(0, 2), range(2, 4)))
-    assert timeline.labels[4:7] == ("recompute c", "recompute d", "backward d")
-    assert timeline.live_bytes == (10, 20, 20, 30, 30, 40, 40, 30, 20, 30, 30, 10)
+    assert timeline.labels[4:8] == ("loss", "recompute c", "recompute d", "backward d")
+    assert timeline.live_bytes == (10, 20, 20, 30, 20, 30, 40, 40, 30, 20, 30, 30, 10)
     assert timeline.peak_bytes == 40
 
 
@@ -61,7 +62,7 @@ def test_diamond():
         node("d", 5, uses=(1, 2), saves=(1, 2), is_output=True),
     ))
     # B3 holds a, b, c and the gradients of b, c, d: 10+20+30 + 20+30+5 = 115.
-    assert simulate(problem, ()).live_bytes == (10, 30, 60, 65, 115, 70, 40, 10)
+    assert simulate(problem, ()).live_bytes == (10, 30, 60, 65, 65, 115, 70, 40, 10)
     assert peak_bytes(problem) == 115
 
 
@@ -72,7 +73,23 @@ def test_skip_connection():
         node("c", 10, uses=(0, 1), saves=(1,), is_output=True),
     ))
     # a's gradient starts at c's backward (its last consumer), not at b's.
-    assert simulate(problem, ()).live_bytes == (10, 20, 30, 50, 30, 10)
+    assert simulate(problem, ()).live_bytes == (10, 20, 30, 30, 50, 30, 10)
+
+
+def test_the_loss_runs_after_forward_with_what_forward_leaves_for_backward():
+    # The loss's scratch (40) comes once the last node's temporaries (25) are gone, and b, which
+    # only c read and nothing saved, with them: a (saved by b) and c (returned) are left.
+    problem = Problem((
+        node("a", 10),
+        node("b", 10, uses=(0,), saves=(0,)),
+        node("c", 10, uses=(1,), transient_bytes=25, is_output=True),
+    ), loss_scratch_bytes=40)
+    timeline = simulate(problem, ())
+    assert timeline.labels[2:4] == ("forward c", "loss")
+    assert timeline.live_bytes[2:4] == (30, 20)
+    assert timeline.peak_bytes == 20 + 40 and timeline.peak_step == 3  # (forward c: 30 + 25)
+    # With b in a region, its input a is held for it, and it saves nothing: the same at the loss.
+    assert simulate(problem, (range(1, 2),)).live_bytes[3] == 20
 
 
 def test_static_saved_transient_and_parameter_gradients():
@@ -83,10 +100,10 @@ def test_static_saved_transient_and_parameter_gradients():
         ),
         static_bytes=1000,
     )
-    # F0: a + its saved 7, plus 100 of temporaries -> 117. F1: a, 7, b -> 27. B1: b is not
-    # saved, so it is gone: a (saved by b) + 7, plus 50 of parameter gradients -> 67. B0: 7.
+    # F0: a + its saved 7, plus 100 of temporaries -> 117. F1 and the loss: a, 7, b -> 27. B1: b
+    # is not saved, so it is gone: a (saved by b) + 7, plus 50 of parameter gradients -> 67. B0: 7.
     timeline = simulate(problem, ())
-    assert timeline.live_bytes == (17, 27, 17, 7)
+    assert timeline.live_bytes == (17, 27, 27, 17, 7)
     assert timeline.peak_bytes == 1000 + 117
     # In a region, a's saved bytes are created and dropped in forward, then held again from
     # its recomputation until its backward.
@@ -102,10 +119,10 @@ def test_shared_parameter_gradient_lives_from_last_to_first_user():
         node("b", 10, uses=(0,), saves=(0,)),
         node("c", 10, uses=(1,), saves=(1,), is_output=True, shared_grads=((0, 40),)),
     ))
-    # Without sharing: F 10,20,30; B2: a,b + grads b,c = 40; B1: a + grads a,b = 30; B0: 10.
-    # With it: 40 more from B2 to B0, and B0's 40-byte temporary on top of its 50.
+    # Without sharing: F 10,20,30; the loss 30; B2: a,b + grads b,c = 40; B1: a + grads a,b = 30;
+    # B0: 10. With it: 40 more from B2 to B0, and B0's 40-byte temporary on top of its 50.
     timeline = simulate(problem, ())
-    assert timeline.live_bytes == (10, 20, 30, 80, 70, 50)
+    assert timeline.live_bytes == (10, 20, 30, 30, 80, 70, 50)
     assert timeline.peak_bytes == 90
     # In a region, the hold is the same: it does not depend on the plan.
     assert simulate(problem, (range(1, 2),)).live_bytes[-1] == 50

@@ -46,7 +46,6 @@ from planner.measure.profile import (
     SIGNATURE_KEY,
     NODE_LABEL,
     claim_autograd_nodes,
-    count_loss_scratch,
     tensors_in,
 )
 from planner.measure.sizes import (
@@ -220,7 +219,7 @@ def measure_nodes(
     """Run every distinct compute node of `gm` alone on `device`; set its forward time and add
     its kernels' scratch (what the allocator sees beyond the tensors, forward and backward) and
     what its real outputs hold beyond the fake ones to its `NodeProfile`; with `loss`, the
-    loss's scratch on real outputs too (`count_loss_scratch`). Returns how many distinct nodes
+    loss's scratch on real outputs too (`FakeProfile.loss_scratch_bytes`). Returns how many distinct nodes
     ran. The caller restores
     state that the runs change (BatchNorm statistics of a real model, RNG): see
     `planner.measure.memory.preserved_state`.
@@ -254,7 +253,7 @@ def measure_nodes(
             record.stop_transient_bytes += scratch
         record.backward_transient_bytes += backward_scratch
     if loss is not None:
-        count_loss_scratch(gm, runner.loss_scratch(loss))
+        fake.loss_scratch_bytes = runner.loss_scratch(loss)
     return len(measured)
 
 

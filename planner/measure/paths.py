@@ -187,7 +187,7 @@ def _no_run(gm: fx.GraphModule, inputs: list[torch.Tensor], fake: Any, where: Pl
         say(f"ran {count} distinct nodes one at a time")
         timing = "CUDA events" if where.device.type == "cuda" else "time.perf_counter"
         return graph_profile(gm, inputs, where.device, f"{timing}, node by node", measurement="node by node",
-                             loss_bytes=fake.loss_bytes)
+                             loss_bytes=fake.loss_bytes, loss_scratch_bytes=fake.loss_scratch_bytes)
     assert where.target is not None
     estimate_nodes(gm, where.target)
     return graph_profile(gm, inputs, where.device, f"estimated: roofline on {where.target.title}",

@@ -171,23 +171,6 @@ PACK_MARK = "planner.saved_tensor"  # record_function at each saved tensor, for 
 LOSS_LABEL = "planner.loss"  # record_function around the loss computed outside the graph
 
 
-def count_loss_scratch(gm: fx.GraphModule, scratch: int) -> None:
-    """The loss outside the graph runs when forward is done, the graph's outputs alive: its
-    kernel scratch (under CUDA's autocast a CPU sum of bfloat16 logits copies them to float32)
-    is counted at the first backward step, the last node's, beside what that step holds in its
-    place: the outputs' gradients stand in for the outputs (the same sizes), and the gradients
-    the node's backward makes (its parameters', its inputs') for part of the scratch.
-
-    Example:
-        >>> count_loss_scratch(gm, forward_scratch(profile, "cpu", LOSS_LABEL).get("", 0))
-    """
-    node = [node for node in gm.graph.nodes if META_KEY in node.meta][-1]
-    record = node.meta[META_KEY]
-    made = record.param_grad_bytes + sum(read.meta[META_KEY].grad_bytes for read in node.all_input_nodes
-                                         if META_KEY in read.meta)
-    record.backward_transient_bytes = max(record.backward_transient_bytes, scratch - made)
-
-
 # Backward kinds that can return the output's gradient (or a view of it) as an input's gradient.
 ALIASING_BACKWARDS = ("AddBackward0", "CatBackward0", "CloneBackward0")
 
@@ -566,7 +549,7 @@ def profile(
         for name, record in records.items():
             record.backward_runs = name in backward.temporaries
             record.backward_transient_bytes = backward_transient_bytes(backward.temporaries, name, record)
-        count_loss_scratch(gm, forward_scratch(allocations, device.type, LOSS_LABEL).get("", 0))
+        loss_scratch = forward_scratch(allocations, device.type, LOSS_LABEL).get("", 0)
         del interpreter
         times: dict[str, list[float]] = {}
         stop_times: dict[str, list[float]] = {}
@@ -595,7 +578,7 @@ def profile(
             if node.name in stop_times:
                 record.stop_ms = min(forward_ms, statistics.median(stops))
     return graph_profile(gm, inputs, device, "CUDA events" if device.type == "cuda" else "time.perf_counter",
-                         loss_bytes=loss_bytes, gradients=tuple(backward.gradients))
+                         loss_bytes=loss_bytes, loss_scratch_bytes=loss_scratch, gradients=tuple(backward.gradients))
 
 
 def graph_profile(gm: fx.GraphModule, inputs: list[torch.Tensor], device: torch.device, timing: str,

@@ -223,6 +223,7 @@ class FakeProfile:
     needed_bytes: int = 0
     loss_bytes: int = 0  # held through backward by the loss outside the graph
     loss_output: str | None = None  # the node whose output is the loss, where the graph returns it
+    loss_scratch_bytes: int = 0  # the loss's kernel scratch, run on real outputs node by node (measure_nodes)
 
 
 class _FakeInterpreter(ProfileInterpreter):

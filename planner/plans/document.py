@@ -350,6 +350,7 @@ def problem_record(problem: Problem, names: list[str]) -> dict[str, Any]:
                                else [[names[first], names[last] if last < len(names) else LOSS_BACKWARD, size]
                                      for first, last, size in problem.measured_gradients]),
         "held_in_backward": [[names[first], names[last], size] for first, last, size in problem.held_in_backward],
+        "loss_scratch_bytes": problem.loss_scratch_bytes,
         "allowed_regions": (None if problem.allowed_regions is None
                             else [[region.start, region.stop] for region in problem.allowed_regions]),
         "run_spans": [[span.start, span.stop] for span in problem.run_spans],
@@ -393,6 +394,7 @@ def problem_from_record(data: dict[str, Any], index: dict[str, int]) -> Problem:
                                        for first, last, size in data["measured_gradients"])),
         held_in_backward=tuple((index[first], index[last], size)
                                 for first, last, size in data.get("held_in_backward", ())),
+        loss_scratch_bytes=data.get("loss_scratch_bytes", 0),
     )
 
 

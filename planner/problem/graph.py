@@ -169,7 +169,7 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
                   region_overhead_ms: float = 0.0, rng_state_bytes: int = 0,
                   gradients: tuple[tuple[str, str, int], ...] | None = None,
                   saved_tensor_ms: float = 0.0, segments: tuple[range, ...] = (),
-                  sequentials: tuple[range, ...] = ()) -> Problem:
+                  sequentials: tuple[range, ...] = (), loss_scratch_bytes: int = 0) -> Problem:
     """Collect the per-node profiles of `gm` into a Problem (plain ints and floats), with the
     static memory the plan does not change (see `planner.measure.static`). Regions are limited to the
     node ranges `allowed_regions` (None: any run of nodes), each costs `region_overhead_ms` more,
@@ -177,7 +177,9 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     RNG state of `rng_state_bytes`. `segments`, slices of an `nn.Sequential`'s children
     (`planner.problem.segments`), are allowed regions too; no run is recorded inside them nor inside the
     calls in `sequentials`. `gradients`
-    (measured gradients in flight, `GraphProfile.gradients`) replace the graph's estimate.
+    (measured gradients in flight, `GraphProfile.gradients`) replace the graph's estimate;
+    `loss_scratch_bytes` is the scratch of the loss computed outside the graph
+    (`GraphProfile.loss_scratch_bytes`).
 
     Example:
         >>> problem = build_problem(gm, sum(static_breakdown(...).values()))
@@ -260,7 +262,8 @@ def build_problem(gm: fx.GraphModule, static_bytes: int, allowed_regions: tuple[
     return Problem(nodes=tuple(costs), static_bytes=static_bytes, allowed_regions=allowed_regions,
                    region_overhead_ms=region_overhead_ms, rng_state_bytes=rng_state_bytes,
                    measured_gradients=measured, saved_tensor_ms=saved_tensor_ms,
-                   run_spans=spans, max_run_nodes=MAX_RUN_NODES, segment_regions=segments)
+                   run_spans=spans, max_run_nodes=MAX_RUN_NODES, segment_regions=segments,
+                   loss_scratch_bytes=loss_scratch_bytes)
 
 
 # Time figures are put on a dyadic grid (multiples of this many ms, about 15 ns): sums and

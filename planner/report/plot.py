@@ -44,22 +44,22 @@ def step_positions(timeline: Timeline, node_count: int) -> list[float]:
     """The x position of every step of `timeline` on the shared forward/backward axis.
 
     Forward of node i sits at i and backward of node i at 2n - 1 - i, so timelines with and
-    without recomputation line up; recomputation steps share the unit just before the backward
-    step that follows them.
+    without recomputation line up; the loss's step and recomputation steps share the unit just
+    before the backward step that follows them.
 
     Example:
         >>> t = simulate(problem, (range(1, 3),))  # 4 nodes, one region of 2
         >>> step_positions(t, 4)
-        [0, 1, 2, 3, 4, 4.333, 4.667, 5, 6, 7]  # (rounded)
+        [0, 1, 2, 3, 3.5, 4, 4.333, 4.667, 5, 6, 7]  # (rounded)
     """
     positions: list[float] = []
-    pending: list[int] = []  # indices of recomputation steps waiting for their backward step
+    pending: list[int] = []  # indices of loss and recomputation steps waiting for their backward step
     backward_done = 0
     for label in timeline.labels:
         kind = label.split(" ", 1)[0]
         if kind == "forward":
             positions.append(float(len(positions)))
-        elif kind == "recompute":
+        elif kind in ("recompute", "loss"):
             pending.append(len(positions))
             positions.append(0.0)  # placed once the next backward step is known
         else:

@@ -22,7 +22,7 @@ REVIVAL_WINDOW = 12
 
 class BackwardHolds:
     """Rows and variables of `solvers.bound.recompute._Program` for what backward holds; the
-    program provides `solver`, `problem`, `rows`, `held_until`, `backward_step`, `node_at`
+    program provides `solver`, `problem`, `rows`, `held_until`, `backward_step`, `loss_step`, `node_at`
     (backward step -> its node), `bounded`, the variables `recomputed`, `in_region`, `apart`
     and `keeps`, and `apart_after` (an empty dict that `outside` fills)."""
 
@@ -34,8 +34,7 @@ class BackwardHolds:
         region's last node that saves or before: alive at the rows of the nodes past it (within
         `REVIVAL_WINDOW`)."""
         solver, nodes = self.solver, self.problem.nodes
-        end_of_forward = len(nodes) - 1
-        backward_rows = sorted(step for step, _ in self.rows if step > end_of_forward)
+        backward_rows = sorted(step for step, _ in self.rows if step > self.loss_step)
         held: dict[int, dict[int, object]] = defaultdict(dict)
         for i, until in self.held_until.items():
             steps = [step for step in backward_rows if step <= until]

@@ -11,7 +11,7 @@ up to its last saved tensor (cost `NodeCost.stop_cost_ms`) and f_j <= x_j whethe
 output made (the rest of its `compute_ms`). What a plan cannot change:
 - gradients, temporaries, static memory, and what unrecomputable nodes hold;
 - a node's output until its last forward use (the model's code reads it; a graph output until
-  forward ends); its saved tensors as they are made;
+  the loss has run); its saved tensors as they are made;
 - what backward needs of a recomputed node: its saved tensors at its own backward, its output
   at the backward of each node that saved it.
 Past that, a node's saved tensors go only if it is recomputed (x_j); so does its output, but
@@ -126,10 +126,10 @@ def recompute_lower_bound(problem: Problem, budget_bytes: int, time_limit_s: flo
         return RecomputeBound(0.0)
     freed = kept_inputs(problem, buffers)
     held_to = held_until(problem, buffers.backward_step, freed)
-    rows = memory_rows(fixed, dropped_at_most, freed, held_to, allowance, len(problem) - 1)
+    rows = memory_rows(fixed, dropped_at_most, freed, held_to, allowance, buffers.loss_step)
     if any(dropped_at_most[step] < need for step, need in rows):
         return RecomputeBound(math.inf)
-    program = _Program(problem, droppable, freed, held_to, buffers.backward_step, rows)
+    program = _Program(problem, droppable, freed, held_to, buffers.backward_step, buffers.loss_step, rows)
     for backend in ("SCIP", "GLOP"):  # GLOP: the linear relaxation, where SCIP found nothing in time
         solver = pywraplp.Solver.CreateSolver(backend)
         solver.SetTimeLimit(int(time_limit_s * 1000))
@@ -155,6 +155,7 @@ class _Program(BackwardHolds):
     kept_inputs: dict[int, tuple[int, int]]
     held_until: dict[int, int]
     backward_step: tuple[int, ...]
+    loss_step: int  # (after forward, before backward: `solvers.simulate.Buffers.loss_step`)
     rows: list[tuple[int, int]]
 
     def build(self, solver, integral: bool) -> None:
@@ -164,7 +165,6 @@ class _Program(BackwardHolds):
         self.integral = integral
         self.gone: dict[Droppable, object] = {}
         nodes = self.problem.nodes
-        end_of_forward = len(nodes) - 1
         recomputed = {j: self.variable(f"x{j}") for j, node in enumerate(nodes) if node.recomputable}
         self.recomputed = recomputed
         in_full = {j: self.variable(f"f{j}") for j in recomputed}
@@ -191,7 +191,7 @@ class _Program(BackwardHolds):
             if step in node_at:
                 terms += self.recomputed_saved(node_at[step], self.droppable[step])
             terms += [(-size, kept[i]) for i, (after, size) in self.kept_inputs.items()
-                      if after < step <= end_of_forward]
+                      if after < step <= self.loss_step]
             terms += [(-self.kept_inputs[i][1], alive) for i, alive in held.get(step, {}).items()]
             scale = max(abs(need), *(abs(size) for size, _ in terms))
             solver.Add(sum(size / scale * variable for size, variable in terms) >= need / scale)

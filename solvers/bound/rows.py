@@ -21,7 +21,6 @@ def split_buffers(problem: Problem, buffers: Buffers) -> tuple[list[int], list[d
     """Per step of the unplanned timeline: the bytes no plan can drop, and the bytes a plan
     may drop by recomputing a node (keyed by the variable that drops them)."""
     nodes = problem.nodes
-    end_of_forward = len(nodes) - 1
     fixed = list(buffers.transient)
     # A recomputed node's late gradients reuse what its unpacks free (`NodeCost.late_grad_bytes`,
     # `solvers.simulate.plan_buffers`): at most that much of its backward step is not fixed.
@@ -37,8 +36,8 @@ def split_buffers(problem: Problem, buffers: Buffers) -> tuple[list[int], list[d
             savers[owner].append(k)
         for owner in (*node.uses, *node.holds, *node.arguments):
             forward_until[owner] = max(forward_until[owner], k)
-        if node.is_output:
-            forward_until[k] = end_of_forward
+        if node.is_output:  # (read by the loss)
+            forward_until[k] = buffers.loss_step
     for owner, kind, size, first, last in buffers.held:
         if owner < 0 or not nodes[owner].recomputable or kind not in ("output", "saved"):
             for step in range(first, last + 1):
@@ -61,12 +60,11 @@ def split_buffers(problem: Problem, buffers: Buffers) -> tuple[list[int], list[d
 
 
 def kept_inputs(problem: Problem, buffers: Buffers) -> dict[int, tuple[int, int]]:
-    """Nodes whose output the unplanned step frees before forward ends, as node -> (the last
-    step it is alive, its bytes): kept for a recomputation, it stays until forward ends."""
-    end_of_forward = len(problem) - 1
+    """Nodes whose output the unplanned step frees before the loss runs, as node -> (the last
+    step it is alive, its bytes): kept for a recomputation, it stays until backward."""
     freed: dict[int, tuple[int, int]] = {}
     for owner, kind, size, _first, last in buffers.held:
-        if kind == "output" and owner >= 0 and last < end_of_forward:
+        if kind == "output" and owner >= 0 and last < buffers.loss_step:
             freed[owner] = (last, size)
     return freed
 
@@ -86,12 +84,12 @@ def held_until(problem: Problem, backward_step: tuple[int, ...],
 
 
 def memory_rows(fixed: list[int], dropped_at_most: list[int], kept_inputs: dict[int, tuple[int, int]],
-                 held_until: dict[int, int], allowance: int, end_of_forward: int) -> list[tuple[int, int]]:
+                 held_until: dict[int, int], allowance: int, loss_step: int) -> list[tuple[int, int]]:
     """(step, bytes over the allowance in the unplanned step) for each step that could go over
     it: over already, or a step where keeping every freed output a plan may keep would."""
     kept_after = [0] * (len(fixed) + 1)  # step -> bytes of freed outputs a plan may keep there
     for i, (after, size) in kept_inputs.items():
-        last = max(end_of_forward, held_until.get(i, -1))
+        last = max(loss_step, held_until.get(i, -1))
         kept_after[after + 1] += size
         kept_after[last + 1] -= size
     for step in range(1, len(fixed)):

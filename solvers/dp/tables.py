@@ -51,8 +51,10 @@ class DpTables:
         # step of each node k >= t, and its backward (inside a region or not) with the gradients
         # in flight. A state holding more than the budget less this has no way to the end.
         need = [0] * (n + 1)
+        if structure.loss_fixed:  # (the loss's step, freeing all it may)
+            need[n - 1] = structure.loss_fixed - structure.saved_bytes[n - 1] - self.unkept_at_loss(0)
         for k in range(n - 1, -1, -1):
-            need[k] = max(need[k + 1], structure.forward_fixed[k], structure.gradient_backward[k])
+            need[k] = max(need[k], need[k + 1], structure.forward_fixed[k], structure.gradient_backward[k])
         self.fixed_need = need
         # frontier set -> its outputs' bytes (the search also writes those of the sets it makes)
         self.mask_bytes_table: dict[int, int] = {}
@@ -75,6 +77,12 @@ class DpTables:
                 rest ^= low
             self.mask_bytes_table[mask] = cached
         return cached
+
+    def unkept_at_loss(self, kept: int) -> int:
+        """The bytes of `Structure.loss_graduates` outside frontier set `kept`: gone when the
+        loss runs (`Problem.loss_scratch_bytes`), where the plan keeps only `kept` for backward."""
+        out = self.structure.output_bytes
+        return sum(out[j] for j in self.structure.loss_graduates if not kept >> j & 1)
 
     def scan(self, t: int, keep: tuple[int, ...], replayed: bool) -> RegionScan:
         """The region scan from t keeping `keep` (of runs, where `replayed`), cached: it does not
@@ -122,7 +130,10 @@ class DpTables:
                 if kept >> g & 1:
                     resolved += out[g]
             backward = kept_bytes + saved[k] + gradient_backward[k]
-            chain.append((k, mask, backward if backward > forward_fixed[k] else forward_fixed[k], resolved + saved[k]))
+            need = backward if backward > forward_fixed[k] else forward_fixed[k]
+            if k == n - 1 and structure.loss_fixed:  # (the loss's step)
+                need = max(need, structure.loss_fixed - self.unkept_at_loss(kept))
+            chain.append((k, mask, need, resolved + saved[k]))
             k, mask, mask_bytes = k + 1, kept & frontier[k + 1], kept_bytes - resolved
         following = 0 if k == n else known[k, mask]
         for k, mask, need, added in reversed(chain):

@@ -135,8 +135,9 @@ def build_model(
     model = cp_model.CpModel()
 
     sizes = [v for node in nodes for v in (node.output_bytes, node.saved_bytes, node.transient_bytes,
-                                           node.stop_transient, node.buffer_bytes)]
-    sizes += [*structure.gradient_backward, *structure.gradient_recompute, upper_live, problem.rng_state_bytes]
+                                           node.stop_transient, node.buffer_bytes, node.forward_held_bytes)]
+    sizes += [*structure.gradient_backward, *structure.gradient_recompute, upper_live, problem.rng_state_bytes,
+              problem.loss_scratch_bytes]
     unit = reduce(math.gcd, [v for v in sizes if v], 0) or 1
 
     def scaled(value: int) -> int:
@@ -267,6 +268,16 @@ def build_model(
                 held = into_backward[j] + keep.get(j, {}).get(n - 1, 0)
                 held_terms.append(scaled(nodes[j].output_bytes) * held)
         model.add(scaled(fixed) + sum(held_terms) + saved_outside[t] + kept_saved[t] + rngs[t] <= budget)
+    if n and problem.loss_scratch_bytes:
+        # The loss's step, after the last forward step: the last node's temporaries are gone, and
+        # so are the outputs no plan keeps for backward, except those the graph returns.
+        last = n - 1
+        fixed = (problem.loss_scratch_bytes + structure.unhooked_through[last] + structure.forward_held_through[last]
+                 + sum(node.output_bytes for node in nodes if node.is_output))
+        held_terms = [scaled(nodes[j].output_bytes) * (into_backward[j] + keep.get(j, {}).get(last, 0))
+                      for j in into_backward if nodes[j].output_bytes and not nodes[j].is_output]
+        last_kept_saved = kept_saved[last] + scaled(nodes[last].saved_bytes) * kept_of(keep, last)
+        model.add(scaled(fixed) + sum(held_terms) + saved_outside[n] + last_kept_saved + rngs[last] <= budget)
 
     # Backward steps, and recomputation at the nodes that save (see the module docstring).
     next_saver: list[int | None] = [None] * (n + 1)  # the first node >= i that saves a tensor
