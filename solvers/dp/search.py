@@ -9,6 +9,9 @@ that each transition can make on its own (see `solvers.structure` for the deriva
   nodes before them keep, plus plan-independent bytes;
 * a region's recomputation and backward see what the nodes before the region keep, the
   region's inputs, the gradients in flight and the region's own recomputed tensors.
+* the loss's step, after the last node (where the loss has scratch,
+  `Problem.loss_scratch_bytes`), sees what the whole plan keeps for backward and the outputs
+  the graph returns: it is checked with the last node's transitions.
 
 So the state at boundary t is the memory that the prefix keeps alive into backward. It is a sum
 of per-buffer contributions, except that an output can be kept by several later nodes (a
