@@ -218,7 +218,8 @@ def _build(problem: Problem) -> Structure:
     for t, node in enumerate(nodes):
         running += alive_delta[t]
         forward_fixed.append(running + node.saved_bytes + node.transient_bytes + unhooked[t] + forward_held[t])
-    loss_fixed = forward_fixed[-1] - nodes[-1].transient_bytes + problem.loss_scratch_bytes if n else 0
+    loss_fixed = (forward_fixed[-1] - nodes[-1].transient_bytes + problem.loss_scratch_bytes
+                  if n and problem.loss_scratch_bytes else 0)
 
     graduates: list[list[int]] = [[] for _ in range(n)]
     for j in range(n):
@@ -261,7 +262,7 @@ def _build(problem: Problem) -> Structure:
         forward_fixed=tuple(forward_fixed),
         unhooked_through=unhooked,
         forward_held_through=forward_held,
-        loss_fixed=loss_fixed if problem.loss_scratch_bytes else 0,
+        loss_fixed=loss_fixed,
         loss_graduates=tuple(j for j in graduates[n - 1] if not nodes[j].is_output) if n else (),
         graduates=tuple(map(tuple, graduates)),
         startable=tuple(startable),

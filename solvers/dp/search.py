@@ -111,7 +111,6 @@ class DpSearch:
         stops_before = tables.stops_before
         uses_before, reads_before = structure.uses_before, structure.reads_before
         forward_fixed, graduates, boundary = structure.forward_fixed, structure.graduates, self.boundary
-        loss_fixed = structure.loss_fixed
         # Where regions must be allowed ones, the stops allowed from t (`Problem.allows_region`;
         # the caller's `last` already respects `Problem.last_region_stop`).
         allowed = None if self.problem.allowed_regions is None else allowed_stops(self.problem).get(t, frozenset())
@@ -142,8 +141,6 @@ class DpSearch:
                 forward = forward_fixed[k] + released + kept_saved
                 if forward > forward_max:
                     forward_max = forward
-                loss_at = k == n - 1 and loss_fixed  # (the loss's step, after this one: see below)
-                released_before = released
                 if replayed is not None:
                     for j in reads_before[k]:
                         if j >= t:
@@ -158,12 +155,10 @@ class DpSearch:
                     kept_out += out[k]
                     kept_saved += saved[k]
                     kept_ms += compute_ms[k]
-                if loss_at:  # what the region keeps, and its last node's saved tensors, dropped
-                    loss = loss_fixed - saved[k] - tables.unkept_at_loss(inputs) + released_before + kept_saved
-                    forward_max = max(forward_max, loss)
+                if k == n - 1 and structure.loss_fixed:  # the loss's step (before k's graduates go)
+                    forward_max = max(forward_max, tables.loss_need(inputs, True) + released + kept_saved)
                     if replayed is not None:
-                        run_loss = loss_fixed - saved[k] - tables.unkept_at_loss(run_inputs) + run_released
-                        run_forward_max = max(run_forward_max, run_loss)
+                        run_forward_max = max(run_forward_max, tables.loss_need(run_inputs, True) + run_released)
                 for g in graduates[k]:
                     if inputs >> g & 1:
                         released += out[g]
@@ -279,7 +274,7 @@ class DpSearch:
                         kept_bytes += out[j]
                 limit = live_budget - max(forward_need, kept_bytes + backward_fixed)
                 if loss_after:  # (the loss's step: what is not kept is gone)
-                    limit = min(limit, live_budget - structure.loss_fixed + tables.unkept_at_loss(kept))
+                    limit = min(limit, live_budget - tables.loss_need(kept, False))
                 hi = bisect_right(front.helds, limit)
                 if hi == 0:
                     continue

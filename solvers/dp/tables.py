@@ -52,7 +52,7 @@ class DpTables:
         # in flight. A state holding more than the budget less this has no way to the end.
         need = [0] * (n + 1)
         if structure.loss_fixed:  # (the loss's step, freeing all it may)
-            need[n - 1] = structure.loss_fixed - structure.saved_bytes[n - 1] - self.unkept_at_loss(0)
+            need[n - 1] = self.loss_need(0, in_region=True)
         for k in range(n - 1, -1, -1):
             need[k] = max(need[k], need[k + 1], structure.forward_fixed[k], structure.gradient_backward[k])
         self.fixed_need = need
@@ -78,11 +78,16 @@ class DpTables:
             self.mask_bytes_table[mask] = cached
         return cached
 
-    def unkept_at_loss(self, kept: int) -> int:
-        """The bytes of `Structure.loss_graduates` outside frontier set `kept`: gone when the
-        loss runs (`Problem.loss_scratch_bytes`), where the plan keeps only `kept` for backward."""
-        out = self.structure.output_bytes
-        return sum(out[j] for j in self.structure.loss_graduates if not kept >> j & 1)
+    def loss_need(self, kept: int, in_region: bool) -> int:
+        """What the loss's step holds beyond what the state's held bytes count
+        (`Structure.loss_fixed`, `Problem.loss_scratch_bytes`), where the plan keeps frontier set
+        `kept` for backward and the last node lies in a region or not: the outputs of
+        `Structure.loss_graduates` it does not keep are gone, and in a region the last node's
+        saved tensors too."""
+        structure = self.structure
+        out = structure.output_bytes
+        unkept = sum(out[j] for j in structure.loss_graduates if not kept >> j & 1)
+        return structure.loss_fixed - unkept - (structure.saved_bytes[-1] if in_region else 0)
 
     def scan(self, t: int, keep: tuple[int, ...], replayed: bool) -> RegionScan:
         """The region scan from t keeping `keep` (of runs, where `replayed`), cached: it does not
@@ -132,7 +137,7 @@ class DpTables:
             backward = kept_bytes + saved[k] + gradient_backward[k]
             need = backward if backward > forward_fixed[k] else forward_fixed[k]
             if k == n - 1 and structure.loss_fixed:  # (the loss's step)
-                need = max(need, structure.loss_fixed - self.unkept_at_loss(kept))
+                need = max(need, self.loss_need(kept, in_region=False))
             chain.append((k, mask, need, resolved + saved[k]))
             k, mask, mask_bytes = k + 1, kept & frontier[k + 1], kept_bytes - resolved
         following = 0 if k == n else known[k, mask]
