@@ -13,7 +13,7 @@ c10's allocators, with pointer, size and a nanosecond timestamp, whoever made it
   `peak_bytes_without_scratch` leaves out every allocation freed before the outermost `aten::`
   operator that made it returns, which is the tracker's view.
 - `forward_scratch` says, per profiled graph node, how far one operator's scratch raises its
-  forward's peak above what the tracker sees; `backward_temporaries` measures each node's
+  forward's peak above what the tracker sees; `backward_memory` measures each node's
   backward from the allocator alone (autograd's own allocations included).
 
 Example:
@@ -327,15 +327,6 @@ def backward_memory(profile: torch.profiler.profile, device_type: str, owners: d
     return window_memory(allocation_events(profile, device_type), starts, backward_start, settled)
 
 
-def backward_temporaries(profile: torch.profiler.profile, device_type: str, owners: dict[int, str]) -> dict[str, int]:
-    """`backward_memory(...).temporaries`, none below 0.
-
-    Example:
-        >>> backward_temporaries(profile, "cpu", {y.grad_fn._sequence_nr(): "conv"})["conv"]
-    """
-    return {owner: max(0, raised) for owner, raised in backward_memory(profile, device_type, owners).temporaries.items()}
-
-
 def backward_transient_bytes(temporaries: dict[str, int], name: str, record: NodeProfile) -> int:
     """`NodeProfile.backward_transient_bytes` from a node's window (`window_memory`): what its
     backward raised memory by, beyond what it kept. Below 0, down to minus its parameters'
@@ -353,28 +344,22 @@ def backward_transient_bytes(temporaries: dict[str, int], name: str, record: Nod
     return max(floor, temporaries.get(name, 0))
 
 
-def window_temporaries(events: list[AllocationEvent], starts: list[tuple[int, str]]) -> dict[str, int]:
-    """The window algorithm of `backward_memory` on any event source, none below 0: `events`
-    in time order, `starts` as (time, owner) of each autograd node an owner runs. (The
-    fake-tensor profile feeds it the tensor tracker's log and the ticks of autograd pre-hooks.)
-
-    Example:
-        >>> window_temporaries([AllocationEvent(2, 64, 1, None), AllocationEvent(3, -64, 1, None)],
-        ...                    [(1, "relu")])
-        {'relu': 64}
-    """
-    return {owner: max(0, raised) for owner, raised in window_memory(events, starts).temporaries.items()}
-
-
 def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
                   backward_start: int | None = None, settled: dict[int, str] | None = None) -> BackwardMemory:
-    """`window_temporaries`, and the gradients in flight between windows: storages a window
-    allocates and a later one frees, and, where `backward_start` (the time backward began) is
-    given, those allocated between it and the first window (named `LOSS_BACKWARD`); a storage
-    still live at the end that `settled` names (a shared parameter's `.grad`), until the
-    window of the owner it names.
+    """The window algorithm of `backward_memory` on any event source (`events` in time order,
+    `starts` as (time, owner) of each autograd node an owner runs; the fake-tensor profile
+    feeds it the tensor tracker's log and the ticks of autograd pre-hooks): per owner, the most
+    its window raised memory above what it started with, less what it left behind (below 0
+    where it freed room before making what it keeps); and the gradients in flight between
+    windows: storages a window allocates and a later one frees, and, where `backward_start`
+    (the time backward began) is given, those allocated between it and the first window (named
+    `LOSS_BACKWARD`); a storage still live at the end that `settled` names (a shared
+    parameter's `.grad`), until the window of the owner it names.
 
     Example:
+        >>> window_memory([AllocationEvent(2, 64, 1, None), AllocationEvent(3, -64, 1, None)],
+        ...               [(1, "relu")]).temporaries
+        {'relu': 64}
         >>> window_memory([AllocationEvent(2, 64, 1, None), AllocationEvent(5, -64, 1, None)],
         ...               [(1, "add"), (4, "relu")], backward_start=0).gradients
         [('add', 'relu', 64)]
@@ -450,5 +435,5 @@ def _scratch_extra(events: list[AllocationEvent]) -> int:
 
 
 __all__ = ["LOSS_BACKWARD", "AllocationEvent", "BackwardMemory", "ProfiledPeakMemory", "allocation_events",
-           "backward_memory", "backward_temporaries", "forward_scratch", "memory_profile", "replay",
-           "scratch_before_mark", "window_memory", "window_temporaries"]
+           "backward_memory", "forward_scratch", "memory_profile", "replay",
+           "scratch_before_mark", "window_memory"]

@@ -34,7 +34,8 @@ from torch.utils._pytree import tree_map_only
 
 from planner.core import after_autocast
 from planner.measure.allocations import (
-    backward_temporaries,
+    backward_memory,
+    backward_transient_bytes,
     forward_scratch,
     memory_profile,
 )
@@ -137,15 +138,19 @@ class _NodeRunner:
                 gradients: Any = ()
                 if outputs and wrt:  # held past the window, as a backward hands them on
                     strides = node.meta.get(GRADIENT_STRIDES_KEY, {})
-                    ones = [_gradient(t, strides.get(position)) for position, t in enumerate(tensors_in(result))
-                            if t.requires_grad and t.grad_fn is not None]
+                    handed = [_HandedGradient.apply(t, strides.get(position))
+                              for position, t in enumerate(tensors_in(result))
+                              if t.requires_grad and t.grad_fn is not None]
+                    seeds = [torch.ones((), dtype=t.dtype, device=t.device).expand(t.shape) for t in handed]
                     with BackwardWindows(tracker, owners) as windows, after_autocast():
-                        gradients = torch.autograd.grad(outputs, wrt, ones, allow_unused=True)
+                        gradients = torch.autograd.grad(handed, wrt, seeds, allow_unused=True)
                     tensors = windows.temporaries().get(node.name, 0)
             del result, outputs, gradients
             scratch = forward_scratch(allocations, self.device.type, NODE_LABEL).get(node.name, 0)
             numbers = {grad_fn._sequence_nr(): name for grad_fn, name in owners.items()}
-            allocated = backward_temporaries(allocations, self.device.type, numbers).get(node.name, 0)
+            allocated = backward_memory(allocations, self.device.type, numbers).temporaries.get(node.name, 0)
+            # (both what the window raised less what it kept, neither floored at 0: under autocast a
+            # window keeps float32 parameter gradients made after their 16-bit ones were freed)
             backward_scratch = max(0, allocated - tensors) if owners else 0
             del allocations
             # on CUDA its launch time sets how far ahead to queue (planner.measure.clock)
@@ -180,6 +185,21 @@ def _new_storage_bytes(value: Any, arguments: Any) -> int:
     read = {id(t.untyped_storage()) for t in tensors_in(arguments)}
     made = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors_in(value)}
     return sum(size for key, size in made.items() if key not in read)
+
+
+class _HandedGradient(torch.autograd.Function):
+    """The identity, whose backward makes the node's incoming gradient (`_gradient`): held by
+    autograd alone, it is freed when the node's backward is done with it, as in a step (a
+    gradient the caller passed in would stay alive through the node's window)."""
+
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
+        ctx.stride = stride
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx: Any, seed: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _gradient(seed, ctx.stride), None
 
 
 def _gradient(output: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
@@ -251,7 +271,8 @@ def measure_nodes(
         record.transient_bytes += scratch
         if record.stop_transient_bytes is not None:  # (all of it: not cut off at the last pack here)
             record.stop_transient_bytes += scratch
-        record.backward_transient_bytes += backward_scratch
+        temporaries = fake.backward_temporaries.get(node.name, 0) + backward_scratch
+        record.backward_transient_bytes = backward_transient_bytes({node.name: temporaries}, node.name, record)
     if loss is not None:
         fake.loss_scratch_bytes = runner.loss_scratch(loss)
     return len(measured)

@@ -13,10 +13,10 @@ roofline times), and the layout of the gradient each node's backward receives (w
 Backward temporaries at the tensor level come from `BackwardWindows`: `LiveBytesTracker`'s log
 of every allocation and free, cut into windows by autograd pre-hooks on the nodes each graph
 node created, and read by the allocator's window algorithm
-(`planner.measure.allocations.window_temporaries`). Where a tensor feeds several consumers, real
-tensors are summed in place into autograd's buffer and fake tensors out of place: those sums are
-replayed in place, except a sum freed before the buffer it read (a gradient others still hold,
-summed into a new tensor on real tensors too).
+(`planner.measure.allocations.window_memory`). Where a tensor feeds several consumers, real
+tensors are summed in place into the gradient autograd holds first, where that is dense, and
+fake tensors out of place: those sums are replayed in place, except a sum freed before the
+buffer it read (a gradient others still hold, summed into a new tensor on real tensors too).
 
 Example:
     >>> with torch.device("meta"):
@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -38,7 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.core import after_autocast, training_loss
-from planner.measure.allocations import AllocationEvent, window_temporaries
+from planner.measure.allocations import AllocationEvent, backward_transient_bytes, window_memory
 from planner.measure.memory import LiveBytesTracker, storage_key
 from planner.measure.profile import (
     META_KEY,
@@ -72,11 +72,11 @@ class _EngineSums(TorchDispatchMode):
         result = func(*args, **(kwargs or {}))
         if (self.windows.between_nodes and func is torch.ops.aten.add.Tensor and isinstance(result, FakeTensor)
                 and all(isinstance(a, torch.Tensor) for a in args[:2])):
-            old, new = args[0], args[1]
-            # Real tensors are summed into the old buffer where it is dense, else into the new one.
-            into = old if _dense(old) else new if _dense(new) else None
-            if into is not None:
-                self.windows.sums.append((self.windows.clock(), id(into.untyped_storage()),
+            old = args[0]
+            # Real dense tensors are summed in place only into the old buffer (autograd's
+            # InputBuffer); a new gradient is never the target.
+            if _dense(old):
+                self.windows.sums.append((self.windows.clock(), id(old.untyped_storage()),
                                           id(result.untyped_storage())))
         return result
 
@@ -167,9 +167,10 @@ class BackwardWindows:
         self._handles.clear()
 
     def temporaries(self) -> dict[str, int]:
-        """Per owner, the most its backward raised tensor memory above what it started with
-        and left behind (see `planner.measure.allocations.backward_temporaries`)."""
-        return window_temporaries(self.events(), self.starts)
+        """Per owner, the most its backward raised tensor memory above what it started with,
+        less what it left behind; below 0 where it freed room before making what it keeps
+        (see `planner.measure.allocations.window_memory`)."""
+        return window_memory(self.events(), self.starts).temporaries
 
     def events(self) -> list[AllocationEvent]:
         """The tracker's log as allocation events, with out-of-place sums replayed in place:
@@ -224,6 +225,9 @@ class FakeProfile:
     loss_bytes: int = 0  # held through backward by the loss outside the graph
     loss_output: str | None = None  # the node whose output is the loss, where the graph returns it
     loss_scratch_bytes: int = 0  # the loss's kernel scratch, run on real outputs node by node (measure_nodes)
+    # per node, what its backward raised tensor memory by beyond what it kept, not floored
+    # (`window_memory`): measure_nodes adds kernel scratch before the floor is applied
+    backward_temporaries: dict[str, int] = field(default_factory=dict)
 
 
 class _FakeInterpreter(ProfileInterpreter):
@@ -322,12 +326,12 @@ def profile_sizes(
     temporaries = windows.temporaries()
     for name, record in records.items():
         record.backward_runs = name in temporaries
-        # (not below 0, as the allocator's windows may be: fake tensors show no kernel scratch)
-        record.backward_transient_bytes = temporaries.get(name, 0)
+        record.backward_transient_bytes = backward_transient_bytes(temporaries, name, record)
     kept = sum(r.output_bytes + r.saved_bytes for r in records.values())
     peak_extra = max((r.transient_bytes + r.backward_transient_bytes for r in records.values()), default=0)
     needed = static + gradients + kept + 2 * sum(r.grad_bytes for r in records.values()) + peak_extra
-    return FakeProfile(dict(interpreter.env), sources, needed, loss_bytes, loss_output)
+    return FakeProfile(dict(interpreter.env), sources, needed, loss_bytes, loss_output,
+                       backward_temporaries=temporaries)
 
 
 def kernels_of(node: fx.Node) -> tuple[KernelCost, ...]:
