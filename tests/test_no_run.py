@@ -588,10 +588,11 @@ class _DepthwiseBlock(nn.Module):
 
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16])
 def test_a_depthwise_convolutions_backward_is_measured_node_by_node_as_in_the_whole_step(autocast):
-    # Under autocast its backward returns 16-bit weight gradients that are still alive while it
-    # sums its input's gradient into a new tensor (autograd sums in place only into the buffer
-    # that came first), and its kernel scratch peaks before the float32 gradients are made: node
-    # by node this read 2 048 B low on ConvNeXt, 3 200 B here.
+    # The convolution's backward fills a workspace before it returns; under autocast the cast
+    # weight's float32 gradient is made after it, when the incoming gradient is gone. Each
+    # operator's scratch is counted where that operator returns in the fake pass's backward:
+    # taken as the window's allocator peak less its tensor peak, this read 3 200 B low here
+    # (2 048 B on ConvNeXt).
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 32, 1), _DepthwiseBlock(), _DepthwiseBlock())
     x = torch.randn(2, 3, 8, 8)

@@ -13,8 +13,9 @@ c10's allocators, with pointer, size and a nanosecond timestamp, whoever made it
   `peak_bytes_without_scratch` leaves out every allocation freed before the outermost `aten::`
   operator that made it returns, which is the tracker's view.
 - `forward_scratch` says, per profiled graph node, how far one operator's scratch raises its
-  forward's peak above what the tracker sees; `backward_memory` measures each node's
-  backward from the allocator alone (autograd's own allocations included).
+  forward's peak above what the tracker sees (`backward_operator_scratch`: each operator of its
+  backward); `backward_memory` measures each node's backward from the allocator alone
+  (autograd's own allocations included).
 
 Example:
     >>> with ProfiledPeakMemory() as memory:
@@ -28,7 +29,7 @@ import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch._C._profiler import _EventType
@@ -177,7 +178,34 @@ def forward_scratch(profile: torch.profiler.profile, device_type: str, label_pre
     """
     return {label: max((_scratch_extra(_subtree_allocations(operator, device_type)) for operator in operators),
                        default=0)
-            for label, (operators, _) in _labelled_operators(profile, label_prefix, None).items()}
+            for label, (operators, _) in _labelled_operators(profile, _range_label(label_prefix), None).items()}
+
+
+def _range_label(label_prefix: str) -> Callable[[Any], str | None]:
+    """The label of a `record_function(label_prefix + name)` range: `name`."""
+    return lambda node: node.name[len(label_prefix):] if node.name.startswith(label_prefix) else None
+
+
+def backward_operator_scratch(profile: torch.profiler.profile, device_type: str,
+                              owners: dict[int, str]) -> dict[str, list[tuple[str, int]]]:
+    """`forward_scratch` for backward, operator by operator: per owner, in the order they ran,
+    each outermost `aten::` operator its autograd nodes run (`owners` maps their sequence
+    numbers to it, as in `backward_memory`) and how far it raised memory above its outputs. A
+    convolution's backward makes its gradient contiguous and fills a workspace before it returns.
+
+    Example:
+        >>> with memory_profile() as profile:
+        ...     torch.autograd.grad(y, [x, conv.weight], torch.ones_like(y))
+        >>> backward_operator_scratch(profile, "cpu", {y.grad_fn._sequence_nr(): "conv"})["conv"]
+    """
+    def owner_of(node: Any) -> str | None:
+        if not node.name.startswith("autograd::engine::evaluate_function"):
+            return None
+        return owners.get(node.typed[1].sequence_number)
+
+    return {owner: [(operator.name, _scratch_extra(_subtree_allocations(operator, device_type)))
+                    for operator in sorted(operators, key=lambda operator: operator.start_time_ns)]
+            for owner, (operators, _) in _labelled_operators(profile, owner_of, None).items()}
 
 
 def scratch_before_mark(profile: torch.profiler.profile, device_type: str, label_prefix: str,
@@ -192,7 +220,7 @@ def scratch_before_mark(profile: torch.profiler.profile, device_type: str, label
         0
     """
     scratch: dict[str, int] = {}
-    for label, (operators, mark_ns) in _labelled_operators(profile, label_prefix, mark).items():
+    for label, (operators, mark_ns) in _labelled_operators(profile, _range_label(label_prefix), mark).items():
         if mark_ns is None:
             continue
         before = ([event for event in _subtree_allocations(operator, device_type) if event.time_ns < mark_ns]
@@ -201,18 +229,20 @@ def scratch_before_mark(profile: torch.profiler.profile, device_type: str, label
     return scratch
 
 
-def _labelled_operators(profile: torch.profiler.profile, label_prefix: str,
+def _labelled_operators(profile: torch.profiler.profile, label_of: Callable[[Any], str | None],
                         mark: str | None) -> dict[str, tuple[list[Any], int | None]]:
-    """Per `record_function(label_prefix + name)` range: its outermost `aten::` operators, and
-    when the last `record_function(mark)` inside it started (None: none, or no `mark`)."""
+    """Per label (`label_of` names the events that open one: a `record_function` range, an
+    autograd node): the outermost `aten::` operators under its events, and when the last
+    `record_function(mark)` inside them started (None: none, or no `mark`)."""
     found: dict[str, tuple[list[Any], int | None]] = {}
     stack = [(root, None) for root in profile.profiler.kineto_results.experimental_event_tree()]
     while stack:
         node, label = stack.pop()
         if node.typed[0] != _EventType.TorchOp:
             continue
-        if node.name.startswith(label_prefix):
-            label = node.name[len(label_prefix):]
+        opened = label_of(node)
+        if opened is not None:
+            label = opened
             marks = _marks_under(node, mark) if mark is not None else []
             found[label] = (found.get(label, ([], None))[0], max(marks, default=None))
         elif node.name.startswith("aten::") and not tracked_through(node):
@@ -345,7 +375,8 @@ def backward_transient_bytes(temporaries: dict[str, int], name: str, record: Nod
 
 
 def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
-                  backward_start: int | None = None, settled: dict[int, str] | None = None) -> BackwardMemory:
+                  backward_start: int | None = None, settled: dict[int, str] | None = None,
+                  scratch: list[tuple[int, int]] | None = None) -> BackwardMemory:
     """The window algorithm of `backward_memory` on any event source (`events` in time order,
     `starts` as (time, owner) of each autograd node an owner runs; the fake-tensor profile
     feeds it the tensor tracker's log and the ticks of autograd pre-hooks): per owner, the most
@@ -354,7 +385,9 @@ def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
     windows: storages a window allocates and a later one frees, and, where `backward_start`
     (the time backward began) is given, those allocated between it and the first window (named
     `LOSS_BACKWARD`); a storage still live at the end that `settled` names (a shared
-    parameter's `.grad`), until the window of the owner it names.
+    parameter's `.grad`), until the window of the owner it names. `scratch`, as (time, bytes):
+    kernel scratch an operator raised memory by beyond its outputs (`backward_operator_scratch`,
+    measured elsewhere), counted on top of what is live when the operator returned.
 
     Example:
         >>> window_memory([AllocationEvent(2, 64, 1, None), AllocationEvent(3, -64, 1, None)],
@@ -390,12 +423,18 @@ def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
             gradients.append((made_by, windows[window][1], size))
         return size
 
-    for event in events:
-        while window + 1 < len(windows) and windows[window + 1][0] <= event.time_ns:
+    timeline = sorted([*((event.time_ns, 1, event) for event in events),
+                       *((time, 0, nbytes) for time, nbytes in scratch or ())], key=lambda item: item[:2])
+    for time, _, item in timeline:
+        while window + 1 < len(windows) and windows[window + 1][0] <= time:
             close()
             window += 1
             opened_at = peak = live_bytes
             kept = 0
+        if not isinstance(item, AllocationEvent):
+            peak = max(peak, live_bytes + item)
+            continue
+        event = item
         if event.size_bytes > 0:
             live_bytes += event.size_bytes - forget(event.pointer, False)  # seen twice: a free was missed
             in_backward = window >= 0 or (backward_start is not None and event.time_ns >= backward_start
@@ -435,5 +474,5 @@ def _scratch_extra(events: list[AllocationEvent]) -> int:
 
 
 __all__ = ["LOSS_BACKWARD", "AllocationEvent", "BackwardMemory", "ProfiledPeakMemory", "allocation_events",
-           "backward_memory", "forward_scratch", "memory_profile", "replay",
+           "backward_memory", "backward_operator_scratch", "forward_scratch", "memory_profile", "replay",
            "scratch_before_mark", "window_memory"]

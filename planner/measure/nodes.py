@@ -34,13 +34,12 @@ from torch.utils._pytree import tree_map_only
 
 from planner.core import after_autocast
 from planner.measure.allocations import (
-    backward_memory,
+    backward_operator_scratch,
     backward_transient_bytes,
     forward_scratch,
     memory_profile,
 )
 from planner.measure.clock import ahead_for, elapsed_ms, launch_ms
-from planner.measure.memory import LiveBytesTracker
 from planner.measure.profile import (
     LOSS_LABEL,
     META_KEY,
@@ -51,7 +50,6 @@ from planner.measure.profile import (
 )
 from planner.measure.sizes import (
     GRADIENT_STRIDES_KEY,
-    BackwardWindows,
     FakeProfile,
     kernels_of,
 )
@@ -101,13 +99,13 @@ class _NodeRunner:
             return lambda this, *args, **kwargs: getattr(this, str(node.target))(*args, **kwargs), []
         return node.target, []  # type: ignore[return-value]
 
-    def measure(self, node: fx.Node, writes_inputs: bool) -> tuple[float, int, int, int]:
-        """(forward ms, forward scratch, backward scratch, output growth) of one node, in bytes:
-        what its kernels allocate beyond the tensors, which the fake pass has already counted,
-        and how much more its real outputs' storages hold than the fake ones (a CPU `mse_loss`
-        returns its scalar in the storage of the elementwise losses). A node that writes its
-        inputs in place gets copies of them (autograd refuses in-place writes to leaves), made
-        before measuring starts."""
+    def measure(self, node: fx.Node, writes_inputs: bool) -> tuple[float, int, list[tuple[str, int]], int]:
+        """(forward ms, forward scratch, backward scratch, output growth) of one node: what its
+        kernels allocate beyond the tensors, which the fake pass has already counted (backward:
+        each operator's, in the order they ran), and how much more its real outputs' storages
+        hold than the fake ones (a CPU `mse_loss` returns its scalar in the storage of the
+        elementwise losses). A node that writes its inputs in place gets copies of them
+        (autograd refuses in-place writes to leaves), made before measuring starts."""
         leaves: list[torch.Tensor] = []
 
         def real(fake_tensor: torch.Tensor) -> torch.Tensor:
@@ -121,37 +119,30 @@ class _NodeRunner:
         fake_arguments = _fetch(self.fake, node)
         args, kwargs = tree_map_only(FakeTensor, real, fake_arguments)
         function, parameters = self._callable(node)
+        wrt = [*leaves, *parameters]
+        strides = node.meta.get(GRADIENT_STRIDES_KEY, {})
         owners: dict[Any, str] = {}
-        tracker = LiveBytesTracker(log=[])
         # (garbage collection off: a collection in the profile would free the last node's tensors,
         # in reference cycles, and the profiler prints a warning of memory it never saw allocated)
         with torch.enable_grad(), _collection_off():
             with memory_profile() as allocations:
                 # The label first (see ProfileInterpreter.run_node): else its scratch is lost.
-                with torch.profiler.record_function(NODE_LABEL + node.name), tracker:
+                with torch.profiler.record_function(NODE_LABEL + node.name):
                     result = function(*args, **kwargs)
                 grown = max(0, _new_storage_bytes(result, (args, kwargs))
                             - _new_storage_bytes(self.fake.values[node], fake_arguments))
-                outputs = [t for t in tensors_in(result) if t.requires_grad and t.grad_fn is not None]
-                claim_autograd_nodes(outputs, node.name, owners)
-                wrt = [*leaves, *parameters]
-                gradients: Any = ()
-                if outputs and wrt:  # held past the window, as a backward hands them on
-                    strides = node.meta.get(GRADIENT_STRIDES_KEY, {})
-                    handed = [_HandedGradient.apply(t, strides.get(position))
-                              for position, t in enumerate(tensors_in(result))
-                              if t.requires_grad and t.grad_fn is not None]
-                    seeds = [torch.ones((), dtype=t.dtype, device=t.device).expand(t.shape) for t in handed]
-                    with BackwardWindows(tracker, owners) as windows, after_autocast():
-                        gradients = torch.autograd.grad(handed, wrt, seeds, allow_unused=True)
-                    tensors = windows.temporaries().get(node.name, 0)
-            del result, outputs, gradients
+                outputs = [(position, t) for position, t in enumerate(tensors_in(result))
+                           if t.requires_grad and t.grad_fn is not None]
+                claim_autograd_nodes([t for _, t in outputs], node.name, owners)
+                if outputs and wrt:
+                    with after_autocast():
+                        torch.autograd.grad([t for _, t in outputs], wrt,
+                                            [_gradient(t, strides.get(position)) for position, t in outputs],
+                                            allow_unused=True)
+            del result, outputs
             scratch = forward_scratch(allocations, self.device.type, NODE_LABEL).get(node.name, 0)
             numbers = {grad_fn._sequence_nr(): name for grad_fn, name in owners.items()}
-            allocated = backward_memory(allocations, self.device.type, numbers).temporaries.get(node.name, 0)
-            # (both what the window raised less what it kept, neither floored at 0: under autocast a
-            # window keeps float32 parameter gradients made after their 16-bit ones were freed)
-            backward_scratch = max(0, allocated - tensors) if owners else 0
+            backward_scratch = backward_operator_scratch(allocations, self.device.type, numbers).get(node.name, [])
             del allocations
             # on CUDA its launch time sets how far ahead to queue (planner.measure.clock)
             ahead = ahead_for(launch_ms(lambda: function(*args, **kwargs))) if self.device.type == "cuda" else 0.0
@@ -185,21 +176,6 @@ def _new_storage_bytes(value: Any, arguments: Any) -> int:
     read = {id(t.untyped_storage()) for t in tensors_in(arguments)}
     made = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors_in(value)}
     return sum(size for key, size in made.items() if key not in read)
-
-
-class _HandedGradient(torch.autograd.Function):
-    """The identity, whose backward makes the node's incoming gradient (`_gradient`): held by
-    autograd alone, it is freed when the node's backward is done with it, as in a step (a
-    gradient the caller passed in would stay alive through the node's window)."""
-
-    @staticmethod
-    def forward(ctx: Any, output: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
-        ctx.stride = stride
-        return output.view_as(output)
-
-    @staticmethod
-    def backward(ctx: Any, seed: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _gradient(seed, ctx.stride), None
 
 
 def _gradient(output: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
@@ -249,7 +225,8 @@ def measure_nodes(
         41
     """
     runner = _NodeRunner(gm, fake, device, repeats, warmup)
-    measured: dict[tuple[Any, ...], tuple[float, int, int, int]] = {}
+    measured: dict[tuple[Any, ...], tuple[float, int, list[tuple[str, int]], int]] = {}
+    backward_scratch: dict[str, list[tuple[str, int]]] = {}
     nodes = [node for node in gm.graph.nodes if node.op in COMPUTE_OPS]
     for index, node in enumerate(nodes):
         args, kwargs = _fetch(fake, node)
@@ -262,7 +239,7 @@ def measure_nodes(
             except Exception as error:
                 raise RuntimeError(f"running node {node.name!r} ({node.format_node()}) alone failed: "
                                    f"{type(error).__name__}: {error}") from error
-        forward_ms, scratch, backward_scratch, grown = measured[key]
+        forward_ms, scratch, backward_scratch[node.name], grown = measured[key]
         record = node.meta[META_KEY]
         record.forward_ms = forward_ms
         record.output_bytes += grown
@@ -271,8 +248,11 @@ def measure_nodes(
         record.transient_bytes += scratch
         if record.stop_transient_bytes is not None:  # (all of it: not cut off at the last pack here)
             record.stop_transient_bytes += scratch
-        temporaries = fake.backward_temporaries.get(node.name, 0) + backward_scratch
-        record.backward_transient_bytes = backward_transient_bytes({node.name: temporaries}, node.name, record)
+    if fake.backward is not None:  # each operator's scratch where the fake pass's operator returned
+        temporaries = fake.backward.temporaries(backward_scratch)
+        for node in nodes:
+            record = node.meta[META_KEY]
+            record.backward_transient_bytes = backward_transient_bytes(temporaries, node.name, record)
     if loss is not None:
         fake.loss_scratch_bytes = runner.loss_scratch(loss)
     return len(measured)

@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -61,8 +61,9 @@ def _dense(tensor: torch.Tensor) -> bool:
 
 
 class _EngineSums(TorchDispatchMode):
-    """Notes the out-of-place gradient sums the autograd engine makes for fake tensors: an
-    `aten.add.Tensor` between a node's backward (post-hook) and the next one's (pre-hook)."""
+    """Notes the out-of-place gradient sums the autograd engine makes for fake tensors (an
+    `aten.add.Tensor` between a node's backward (post-hook) and the next one's (pre-hook)), and
+    when each operator inside a node's backward returns."""
 
     def __init__(self, windows: "BackwardWindows") -> None:
         super().__init__()
@@ -70,6 +71,9 @@ class _EngineSums(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
+        if not self.windows.between_nodes and self.windows.starts:
+            owner = self.windows.starts[-1][1]
+            self.windows.operator_ends.append((self.windows.clock(), owner, func._schema.name))
         if (self.windows.between_nodes and func is torch.ops.aten.add.Tensor and isinstance(result, FakeTensor)
                 and all(isinstance(a, torch.Tensor) for a in args[:2])):
             old = args[0]
@@ -140,6 +144,7 @@ class BackwardWindows:
         self.owners = owners
         self.starts: list[tuple[int, str]] = []
         self.sums: list[tuple[int, int, int]] = []  # (tick, storage summed into, out-of-place result)
+        self.operator_ends: list[tuple[int, str, str]] = []  # (tick, owner, operator) as one returns
         self.between_nodes = False
         self._handles: list[Any] = []
         self._mode = _EngineSums(self)
@@ -167,10 +172,11 @@ class BackwardWindows:
         self._handles.clear()
 
     def temporaries(self) -> dict[str, int]:
-        """Per owner, the most its backward raised tensor memory above what it started with,
-        less what it left behind; below 0 where it freed room before making what it keeps
-        (see `planner.measure.allocations.window_memory`)."""
-        return window_memory(self.events(), self.starts).temporaries
+        """`BackwardTimeline.temporaries` of what this saw."""
+        return self.timeline().temporaries()
+
+    def timeline(self) -> "BackwardTimeline":
+        return BackwardTimeline(self.events(), list(self.starts), list(self.operator_ends))
 
     def events(self) -> list[AllocationEvent]:
         """The tracker's log as allocation events, with out-of-place sums replayed in place:
@@ -196,6 +202,58 @@ class BackwardWindows:
             log = [(t, size, into if key == result and made < i <= end else key)
                    for i, (t, size, key) in enumerate(log) if i not in (made, freed)]
         return [AllocationEvent(tick, size, key, None) for tick, size, key in log]
+
+
+@dataclass(frozen=True)
+class BackwardTimeline:
+    """Backward's tensor memory cut into windows per graph node (`BackwardWindows`): allocation
+    events (sums replayed in place), when each owner's autograd nodes started, and when each
+    operator of an owner's window returned."""
+
+    events: list[AllocationEvent]
+    starts: list[tuple[int, str]]
+    operator_ends: list[tuple[int, str, str]]
+
+    def temporaries(self, scratch: dict[str, list[tuple[str, int]]] | None = None) -> dict[str, int]:
+        """Per owner, the most its backward raised tensor memory above what it started with,
+        less what it left behind; below 0 where it freed room before making what it keeps
+        (see `planner.measure.allocations.window_memory`). With `scratch`, per owner the kernel
+        scratch of each operator its backward ran on real tensors, as (operator, bytes) in order
+        (`planner.measure.nodes`): each counted as the same operator returns here, paired in
+        order (fake tensors' backward makes calls real ones do not: `prim::device`, `detach`);
+        where they do not pair up, the owner's largest at every one of its operators.
+
+        Example:
+            >>> timeline.temporaries({"conv": [("aten::convolution_backward", 1329152)]})["conv"]
+        """
+        by_owner: dict[str, list[tuple[int, str]]] = {}
+        for tick, owner, operator in self.operator_ends:
+            by_owner.setdefault(owner, []).append((tick, operator))
+        marks = []
+        for owner, measured in (scratch or {}).items():
+            ends = by_owner.get(owner, [])
+            paired = _paired(ends, measured)
+            if paired is None:
+                logger.debug("%s: its backward's operators on real tensors %s do not pair up with those on fake "
+                             "ones %s", owner, [name for name, _ in measured], [name for _, name in ends])
+                largest = max((nbytes for _, nbytes in measured), default=0)
+                paired = [(tick, largest) for tick, _ in ends]
+            marks += [(tick, nbytes) for tick, nbytes in paired if nbytes]
+        return window_memory(self.events, self.starts, scratch=marks).temporaries
+
+
+def _paired(ends: list[tuple[int, str]], measured: list[tuple[str, int]]) -> list[tuple[int, int]] | None:
+    """Each measured operator's bytes at the tick of the next fake operator of its name, in order;
+    None where one finds none."""
+    paired, position = [], 0
+    for name, nbytes in measured:
+        while position < len(ends) and ends[position][1] != name:
+            position += 1
+        if position == len(ends):
+            return None
+        paired.append((ends[position][0], nbytes))
+        position += 1
+    return paired
 
 
 logger = logging.getLogger(__name__)
@@ -225,9 +283,8 @@ class FakeProfile:
     loss_bytes: int = 0  # held through backward by the loss outside the graph
     loss_output: str | None = None  # the node whose output is the loss, where the graph returns it
     loss_scratch_bytes: int = 0  # the loss's kernel scratch, run on real outputs node by node (measure_nodes)
-    # per node, what its backward raised tensor memory by beyond what it kept, not floored
-    # (`window_memory`): measure_nodes adds kernel scratch before the floor is applied
-    backward_temporaries: dict[str, int] = field(default_factory=dict)
+    # backward's tensor memory per node, to which measure_nodes adds kernel scratch
+    backward: BackwardTimeline | None = None
 
 
 class _FakeInterpreter(ProfileInterpreter):
@@ -323,15 +380,15 @@ def profile_sizes(
         gradients = sum(p.numel() * p.element_size() for p in state.values()
                         if isinstance(p, nn.Parameter) and p.requires_grad)
     records = {node.name: node.meta[META_KEY] for node in gm.graph.nodes if node.op in COMPUTE_OPS}
-    temporaries = windows.temporaries()
+    timeline = windows.timeline()
+    temporaries = timeline.temporaries()
     for name, record in records.items():
         record.backward_runs = name in temporaries
         record.backward_transient_bytes = backward_transient_bytes(temporaries, name, record)
     kept = sum(r.output_bytes + r.saved_bytes for r in records.values())
     peak_extra = max((r.transient_bytes + r.backward_transient_bytes for r in records.values()), default=0)
     needed = static + gradients + kept + 2 * sum(r.grad_bytes for r in records.values()) + peak_extra
-    return FakeProfile(dict(interpreter.env), sources, needed, loss_bytes, loss_output,
-                       backward_temporaries=temporaries)
+    return FakeProfile(dict(interpreter.env), sources, needed, loss_bytes, loss_output, backward=timeline)
 
 
 def kernels_of(node: fx.Node) -> tuple[KernelCost, ...]:
