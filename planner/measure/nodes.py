@@ -252,7 +252,9 @@ def measure_nodes(
         temporaries = fake.backward.temporaries(backward_scratch)
         for node in nodes:
             record = node.meta[META_KEY]
-            record.backward_transient_bytes = backward_transient_bytes(temporaries, node.name, record)
+            # at least the fake pass's figure floored at 0 (see profile_sizes)
+            scratched = backward_transient_bytes(temporaries, node.name, record)
+            record.backward_transient_bytes = max(record.backward_transient_bytes, scratched)
     if loss is not None:
         fake.loss_scratch_bytes = runner.loss_scratch(loss)
     return len(measured)

@@ -38,7 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.core import after_autocast, training_loss
-from planner.measure.allocations import AllocationEvent, backward_transient_bytes, window_memory
+from planner.measure.allocations import AllocationEvent, window_memory
 from planner.measure.memory import LiveBytesTracker, storage_key
 from planner.measure.profile import (
     META_KEY,
@@ -384,7 +384,9 @@ def profile_sizes(
     temporaries = timeline.temporaries()
     for name, record in records.items():
         record.backward_runs = name in temporaries
-        record.backward_transient_bytes = backward_transient_bytes(temporaries, name, record)
+        # (not below 0, as the allocator's windows may be: fake tensors show no kernel scratch, and
+        # an operator's that a node run alone misses would read low)
+        record.backward_transient_bytes = max(0, temporaries.get(name, 0))
     kept = sum(r.output_bytes + r.saved_bytes for r in records.values())
     peak_extra = max((r.transient_bytes + r.backward_transient_bytes for r in records.values()), default=0)
     needed = static + gradients + kept + 2 * sum(r.grad_bytes for r in records.values()) + peak_extra
