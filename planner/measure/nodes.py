@@ -35,7 +35,6 @@ from torch.utils._pytree import tree_map_only
 from planner.core import after_autocast
 from planner.measure.allocations import (
     backward_operator_scratch,
-    backward_transient_bytes,
     forward_scratch,
     memory_profile,
 )
@@ -252,9 +251,8 @@ def measure_nodes(
         temporaries = fake.backward.temporaries(backward_scratch)
         for node in nodes:
             record = node.meta[META_KEY]
-            # at least the fake pass's figure floored at 0 (see profile_sizes)
-            scratched = backward_transient_bytes(temporaries, node.name, record)
-            record.backward_transient_bytes = max(record.backward_transient_bytes, scratched)
+            # at least the fake pass's figure floored at 0 (see profile_sizes), so no lower floor applies
+            record.backward_transient_bytes = max(record.backward_transient_bytes, temporaries.get(node.name, 0))
     if loss is not None:
         fake.loss_scratch_bytes = runner.loss_scratch(loss)
     return len(measured)
