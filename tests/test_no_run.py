@@ -14,6 +14,7 @@ from planner import InfeasibleBudget, load_plan, plan
 from planner.api import GIB
 from planner.core import split_sample, training_loss
 from planner.examples import TinyGPT
+from planner.measure.device import _malloc_trim, release_freed_host_memory
 from planner.measure.memory import LiveBytesTracker, preserved_state
 from planner.measure.profile import META_KEY, claim_autograd_nodes, profile
 from planner.measure.sizes import BackwardWindows, profile_sizes
@@ -169,6 +170,24 @@ def test_where_the_device_cannot_hold_the_unplanned_step_the_plans_own_step_runs
     assert "ran on cpu in planning" in str(p)
     record = p.verify(steps=1)
     assert record.within_budget and record.gradients_match, str(record)
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS"))
+
+
+@pytest.mark.skipif(_malloc_trim() is None, reason="needs glibc's malloc_trim")
+def test_measuring_hands_the_heaps_freed_memory_back_before_a_step():
+    # 64 KiB tensors are heap allocations; the last one kept pins the heap's top, so freeing the
+    # others leaves their 256 MiB resident until it is handed back
+    tensors = [torch.ones(16 * 1024) for _ in range(4096)]
+    kept = tensors[-1]
+    del tensors
+    held = _resident_bytes()
+    release_freed_host_memory()
+    assert held - _resident_bytes() > 200 * 2**20
+    assert kept.sum() == 16 * 1024
 
 
 def test_a_no_run_plan_does_not_run_its_own_step_and_says_so():

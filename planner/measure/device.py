@@ -3,7 +3,8 @@
 `PlanDevice` is the device a plan is for (the model's, or a named `target` GPU) and whether this
 machine can run on it; `measurable_bytes` is how much memory measuring may allocate there: the
 device's free memory (host memory for the CPU, `torch.cuda.mem_get_info` for a GPU) less
-`MEASURE_MARGIN`. `check_measure` validates `plan(measure=...)`.
+`MEASURE_MARGIN`. `check_measure` validates `plan(measure=...)`. `release_freed_host_memory`
+hands what the C heap holds free back to the OS before a step is measured.
 
 Example:
     >>> plan_device([torch.zeros(1)], None)
@@ -13,9 +14,12 @@ Example:
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -59,6 +63,28 @@ def measurable_bytes(device: torch.device) -> int:
     """
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else host_available_bytes()
     return int(free * (1 - MEASURE_MARGIN))
+
+
+def release_freed_host_memory() -> None:
+    """Hand the pages the C heap holds free back to the OS (glibc's `malloc_trim`; elsewhere
+    nothing), so that a step run next adds its own resident memory, not memory on top of what
+    earlier work freed but the heap kept: on a CPU, tensors below glibc's mmap threshold are
+    heap allocations, and the heap keeps what a step frees.
+
+    Example:
+        >>> release_freed_host_memory()
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    # (the process's own symbols: glibc's where it is the C library; musl has no malloc_trim)
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
 @dataclass(frozen=True)

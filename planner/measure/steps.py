@@ -35,6 +35,7 @@ from planner.core import (
     training_step,
 )
 from planner.measure.clock import elapsed_ms, paired_difference
+from planner.measure.device import release_freed_host_memory
 from planner.measure.memory import PeakMemory, preserved_state, storage_bytes
 from solvers import Problem, peak_bytes
 from solvers.solution import format_bytes
@@ -243,7 +244,9 @@ def steady_peak(module: nn.Module, sample: Any, device: torch.device, owner: nn.
         >>> steady_peak(p.module(), tokens, torch.device("cpu"), owner=model)
     """
     with preserved_state(owner if owner is not None else module, [device]):
+        release_freed_host_memory()  # (each step's host memory its own, not on top of what earlier work left)
         training_step(module, sample)
+        release_freed_host_memory()
         return measured_peak(module, sample, device)
 
 
