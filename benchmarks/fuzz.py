@@ -11,8 +11,9 @@ its prediction, have run its own step in planning, and train like the unplanned 
 place, and on half the batch); a budget refused must name a minimum at which a plan fits. The
 same budget planned node by node (`measure="no-run"`) and for the model on `meta` (saved,
 loaded, applied to the real one) may exceed it by 1% at most. Prints one line per seed and a
-summary, writes the records to benchmarks/results/ (a no-run or meta plan that failed with its
-saved plan: `benchmarks.fuzz_models.replay_plan` measures it again) and, with --results, the
+summary, writes the records to benchmarks/results/ (a no-run or meta plan that peaked above its
+prediction or failed with its saved plan: `benchmarks.fuzz_models.replay_plan` measures it
+again) and, with --results, the
 summary to RESULTS.md; exits 1 on any failure.
 
     .venv/bin/python -m benchmarks.fuzz --seeds 400 [--start 0] [--replan] [--results] [--verbose]

@@ -122,8 +122,8 @@ def test_a_runs_replay_holds_what_its_calls_read_and_no_more():
 
 
 def test_a_failing_plan_kept_in_a_record_replays_to_the_same_peak():
-    # A no-run or meta plan over the tolerance keeps its saved document in the fuzz record
-    # (`plan`); `replay_plan` applies it to the seed's model, rebuilt, and measures it again.
+    # A no-run or meta plan that peaks above its prediction keeps its saved document in the fuzz
+    # record (`plan`); `replay_plan` applies it to the seed's model, rebuilt, and measures it again.
     import json
     import tempfile
 
