@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import heapq
 import os
 import sys
 from contextlib import contextmanager
@@ -423,8 +424,9 @@ def window_memory(events: list[AllocationEvent], starts: list[tuple[int, str]],
             gradients.append((made_by, windows[window][1], size))
         return size
 
-    timeline = sorted([*((event.time_ns, 1, event) for event in events),
-                       *((time, 0, nbytes) for time, nbytes in scratch or ())], key=lambda item: item[:2])
+    # (events are in time order already: merged, not sorted; a scratch mark goes before an event at its tick)
+    timeline = heapq.merge(((time, 0, nbytes) for time, nbytes in sorted(scratch or ())),
+                           ((event.time_ns, 1, event) for event in events), key=lambda item: item[:2])
     for time, _, item in timeline:
         while window + 1 < len(windows) and windows[window + 1][0] <= time:
             close()

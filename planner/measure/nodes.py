@@ -247,12 +247,11 @@ def measure_nodes(
         record.transient_bytes += scratch
         if record.stop_transient_bytes is not None:  # (all of it: not cut off at the last pack here)
             record.stop_transient_bytes += scratch
-    if fake.backward is not None:  # each operator's scratch where the fake pass's operator returned
-        temporaries = fake.backward.temporaries(backward_scratch)
-        for node in nodes:
-            record = node.meta[META_KEY]
-            # at least the fake pass's figure floored at 0 (see profile_sizes), so no lower floor applies
-            record.backward_transient_bytes = max(record.backward_transient_bytes, temporaries.get(node.name, 0))
+    temporaries = fake.backward.temporaries(backward_scratch)  # each operator's scratch where its fake one returned
+    for node in nodes:
+        record = node.meta[META_KEY]
+        # at least the fake pass's figure floored at 0 (see profile_sizes), so no lower floor applies
+        record.backward_transient_bytes = max(record.backward_transient_bytes, temporaries.get(node.name, 0))
     if loss is not None:
         fake.loss_scratch_bytes = runner.loss_scratch(loss)
     return len(measured)

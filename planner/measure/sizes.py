@@ -176,6 +176,7 @@ class BackwardWindows:
         return self.timeline().temporaries()
 
     def timeline(self) -> "BackwardTimeline":
+        """What this saw: allocation events (sums replayed in place), window starts, operator ends."""
         return BackwardTimeline(self.events(), list(self.starts), list(self.operator_ends))
 
     def events(self) -> list[AllocationEvent]:
@@ -279,12 +280,11 @@ class FakeProfile:
 
     values: dict[fx.Node, Any]
     sources: dict[int, torch.Tensor]
+    backward: BackwardTimeline  # backward's tensor memory per node, to which measure_nodes adds kernel scratch
     needed_bytes: int = 0
     loss_bytes: int = 0  # held through backward by the loss outside the graph
     loss_output: str | None = None  # the node whose output is the loss, where the graph returns it
     loss_scratch_bytes: int = 0  # the loss's kernel scratch, run on real outputs node by node (measure_nodes)
-    # backward's tensor memory per node, to which measure_nodes adds kernel scratch
-    backward: BackwardTimeline | None = None
 
 
 class _FakeInterpreter(ProfileInterpreter):
@@ -390,7 +390,7 @@ def profile_sizes(
     kept = sum(r.output_bytes + r.saved_bytes for r in records.values())
     peak_extra = max((r.transient_bytes + r.backward_transient_bytes for r in records.values()), default=0)
     needed = static + gradients + kept + 2 * sum(r.grad_bytes for r in records.values()) + peak_extra
-    return FakeProfile(dict(interpreter.env), sources, needed, loss_bytes, loss_output, backward=timeline)
+    return FakeProfile(dict(interpreter.env), sources, timeline, needed, loss_bytes, loss_output)
 
 
 def kernels_of(node: fx.Node) -> tuple[KernelCost, ...]:
