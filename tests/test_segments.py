@@ -12,7 +12,8 @@ from conftest import COMPILE_BACKEND, assert_trains_like, cnn_step, small_cnn_pl
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from planner import load_plan
+from planner import load_plan, plan, remove_plan
+from planner.apply.checkpoints import CheckpointedForward
 from planner.apply.sequential import run_segments
 from planner.problem.segments import plain_sequential
 
@@ -94,3 +95,35 @@ def test_torch_compile_of_a_plan_with_slices_trains_like_eager():
     compiled_grads, compiled_buffers = cnn_step(torch.compile(planned, backend=COMPILE_BACKEND), images)
     for got, want in zip(compiled_grads + compiled_buffers, grads + buffers):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _stack(dropout: float) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Linear(32, 256), nn.BatchNorm1d(256), nn.ReLU()]
+    for _ in range(4):
+        layers += [nn.Linear(256, 256), nn.GELU(), nn.Dropout(dropout)] if dropout else [nn.Linear(256, 256), nn.GELU()]
+    return nn.Sequential(*layers, nn.Linear(256, 4)).train()
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_model_that_is_itself_a_sequential_is_planned_in_slices_of_its_children(dropout, tmp_path):
+    # Its forward is nn.Sequential's loop, with no nodes of its own: the default call below its
+    # unplanned peak checkpoints slices of its children there (it used to find no region at all).
+    torch.manual_seed(0)
+    model = _stack(dropout)
+    x = torch.randn(64, 32)
+    unplanned = plan(model, x, budget_gb=80, repeats=1)
+    static = sum(unplanned.static_breakdown.values())
+    budget = static + 0.7 * (unplanned.baseline_peak_bytes - static)
+    p = plan(model, x, budget_gb=budget / 2**30)
+    assert p.checkpoints and all(spec.module == "" and spec.segments for spec in p.module_checkpoints)
+    assert p.verified and p.predicted_peak_bytes <= budget
+    record = p.verify(steps=2)
+    assert record.gradients_match and record.planned_peak_bytes <= budget, str(record)
+    if not dropout:  # (bit for bit, BatchNorm's statistics too: dropout draws differ between the two models)
+        assert_trains_like(p.module(), model, x)
+    p.save(tmp_path / "plan.json")
+    fresh = copy.deepcopy(model)
+    load_plan(tmp_path / "plan.json").apply(fresh)
+    assert isinstance(fresh.__dict__["forward"], CheckpointedForward)
+    remove_plan(fresh)
+    assert "forward" not in fresh.__dict__ and plain_sequential(fresh)

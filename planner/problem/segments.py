@@ -16,8 +16,8 @@ import torch.fx as fx
 from torch import nn
 
 from planner.core import ModuleCheckpoint
-from planner.problem.graph import MAX_RUN_NODES, module_checkpoint
-from planner.trace.structure import ModuleCall
+from planner.problem.graph import MAX_RUN_NODES, casts_uncached, module_checkpoint
+from planner.trace.structure import ModuleCall, compute_nodes
 
 
 def plain_sequential(module: nn.Module) -> bool:
@@ -28,11 +28,12 @@ def plain_sequential(module: nn.Module) -> bool:
 
 def sequential_segments(model: nn.Module, gm: fx.GraphModule, wrapped: dict[range, ModuleCheckpoint]
                         ) -> tuple[dict[range, ModuleCheckpoint], tuple[range, ...]]:
-    """For each call of a plain `nn.Sequential` in `wrapped` (the plan's submodule calls) of 3
-    children or more, each a call of one graph node (a convolution, a norm, an activation):
-    how each slice of 2 to `MAX_RUN_NODES` of its children, short of all, is checkpointed, by
-    node range; and the calls of those Sequentials, inside which slices replace runs recomputed
-    alone (every such run is a slice there).
+    """For each call of a plain `nn.Sequential` in `wrapped` (the plan's submodule calls; the
+    model's own forward too, where the model is one) of 3 children or more, each a call of one
+    graph node (a convolution, a norm, an activation): how each slice of 2 to `MAX_RUN_NODES` of
+    its children, short of all, is checkpointed, by node range; and the calls of those
+    Sequentials, inside which slices replace runs recomputed alone (every such run is a slice
+    there).
 
     Example:
         >>> segments, sequentials = sequential_segments(model, gm, wrapped)
@@ -40,15 +41,22 @@ def sequential_segments(model: nn.Module, gm: fx.GraphModule, wrapped: dict[rang
         (range(3, 8), range(10, 15))
     """
     region_of = {spec.module: region for region, spec in wrapped.items()}
+    calls = dict(wrapped)
+    everything = range(len(compute_nodes(gm)))
+    if plain_sequential(model) and everything not in calls and (root := module_checkpoint(
+            gm, ModuleCall("", "", everything), type(model).__name__, casts_uncached(gm))) is not None:
+        # (a model that is itself a Sequential has no nodes of its own, so no call of its own
+        # forward: its slices are checkpointed in its loop all the same)
+        calls[everything] = root
     segments: dict[range, ModuleCheckpoint] = {}
     sequentials = []
-    for region, spec in wrapped.items():
-        # (the model's own forward is never a Sequential's: it is a call only with nodes of its own)
-        if not spec.module or not plain_sequential(module := model.get_submodule(spec.module)):
+    for region, spec in calls.items():
+        if not plain_sequential(module := model.get_submodule(spec.module)):
             continue
         names = list(module._modules)
+        prefix = spec.module + "." if spec.module else ""
         if len(names) < 3 or len(region) != len(names) or any(
-                region_of.get(f"{spec.module}.{name}") != range(region.start + k, region.start + k + 1)
+                region_of.get(prefix + name) != range(region.start + k, region.start + k + 1)
                 for k, name in enumerate(names)):
             continue
         sequentials.append(region)
