@@ -92,6 +92,12 @@ def check_trainable(model: nn.Module) -> None:
     Example:
         >>> check_trainable(model.train())
     """
+    for wrapper, inner, then in ((nn.parallel.DistributedDataParallel, "module", "wrap it in DDP"),
+                                 (nn.DataParallel, "module", "wrap it in DataParallel"),
+                                 (torch._dynamo.eval_frame.OptimizedModule, "_orig_mod", "call torch.compile")):
+        if isinstance(model, wrapper):
+            raise TypeError(f"the model is wrapped in {type(model).__name__}: plan the model inside it "
+                            f"(plan(model.{inner}, ...)), apply the plan to it, then {then}")
     if not model.training:
         warnings.warn("the model is in eval mode; the plan is for training, where dropout and "
                       "BatchNorm behave differently: call model.train() first", stacklevel=3)
