@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from planner.apply.checkpoints import shallow_clone
-from planner.core import GraphProfile, ModuleCheckpoint, sample_tensors
+from planner.core import GraphProfile, ModuleCheckpoint, sample_tensors, training_sample
 from planner.measure.autocast import autocast_name, check_autocast, emulates_cuda, step_autocast
 from planner.measure.device import check_measure, measurable_bytes, plan_device
 from planner.measure.precision import check_param_dtype, inputs_in, parameters_in
@@ -325,6 +325,7 @@ class Plan:
         if model is None or sample is None:
             raise ValueError("verify needs the model and a sample: a loaded plan has neither, pass them "
                              "(verify(sample, model=model))")
+        sample = training_sample(model, sample)  # (both models run as the planned one trains)
         planned_for = self.record.planned_for or {}
         if self.target is not None and planned_for.get("device") and not _local_target(self.target):
             raise ValueError(f"this plan is for {planned_for['device']}, which is not this machine's device: "
@@ -578,6 +579,7 @@ def _plan_here(model: nn.Module, sample: Any, budget_gb: float | None, solver: s
         budget_bytes = int(check_gb("budget_gb", budget_gb) * GIB)
     reserved_bytes = int(check_gb("reserved_gb", reserved_gb, allow_zero=True) * GIB)
     check_trainable(model)
+    sample = training_sample(model, sample)
     tensors = sample_tensors(sample)
     if not tensors:
         raise TypeError("the sample holds no tensor: pass the model's input tensors as the sample")

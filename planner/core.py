@@ -15,6 +15,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -170,6 +172,60 @@ def split_sample(sample: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         f"sample must be a Tensor, a tuple of positional arguments or a dict of keyword "
         f"arguments for the model's forward, not {type(sample).__name__}"
     )
+
+
+CACHE_ARGUMENT = "use_cache"  # Hugging Face's switch for the key-value cache a forward returns
+
+
+def cache_off(signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
+    """The arguments with a forward's `use_cache` (Hugging Face) set to False, as Hugging Face's
+    own gradient checkpointing sets it in training: a cache would hold every layer's keys and
+    values to the end of the step, and a checkpointed layer's recomputation would append them
+    to it a second time. Also whether the call asked for the cache (`use_cache=True`). Where
+    the forward takes no `use_cache`, the arguments as they are.
+
+    Example:
+        >>> cache_off(inspect.signature(gpt2.forward), (ids,), {"labels": ids})[1]["use_cache"]
+        False
+    """
+    if signature is None or CACHE_ARGUMENT not in signature.parameters:
+        return args, kwargs, False
+    positional = [name for name, parameter in signature.parameters.items()
+                  if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)]
+    if CACHE_ARGUMENT in positional and positional.index(CACHE_ARGUMENT) < len(args):
+        at = positional.index(CACHE_ARGUMENT)
+        return (*args[:at], False, *args[at + 1:]), kwargs, args[at] is True
+    return args, {**kwargs, CACHE_ARGUMENT: False}, kwargs.get(CACHE_ARGUMENT) is True
+
+
+def training_sample(model: nn.Module, sample: Any) -> Any:
+    """`sample` as a planned model trains on it (`cache_off`): where the model's forward takes
+    `use_cache`, with `use_cache=False` (a tuple sample becomes a dict of its arguments by name,
+    where it does not give `use_cache` itself); else `sample` itself.
+
+    Example:
+        >>> training_sample(gpt2, {"input_ids": ids, "labels": ids})["use_cache"]
+        False
+    """
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return sample
+    args, kwargs = split_sample(sample)
+    args, kwargs, asked = cache_off(signature, args, kwargs)
+    if asked:
+        warnings.warn("the sample asks for use_cache=True: planned with use_cache=False, as a planned model "
+                      "trains (a checkpointed layer's recomputation would append to the cache)", stacklevel=3)
+    if CACHE_ARGUMENT not in kwargs:  # (no use_cache, or one given by position, now False)
+        return tuple(args) if isinstance(sample, (tuple, list)) else sample
+    try:
+        bound = signature.bind_partial(*args)
+    except TypeError:
+        return sample  # (the model's forward reports the bad call)
+    if any(signature.parameters[name].kind == inspect.Parameter.VAR_POSITIONAL for name in bound.arguments):
+        return sample
+    return {**bound.arguments, **kwargs}
 
 
 def sample_tensors(sample: Any) -> list[torch.Tensor]:

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.apply.policy import KeepPolicy, keep_contexts
 from planner.apply.runs import RunRecording, calls_outside
 from planner.apply.sequential import buffers_of_children, run_segments
-from planner.core import ModuleCheckpoint, Segment, split_sample, uncached_autocast
+from planner.core import ModuleCheckpoint, Segment, cache_off, split_sample, uncached_autocast
 from planner.trace.tracing import bind_arguments
 
 PLAN_ATTRIBUTE = "_checkpoint_plan"  # on the planned model: what apply_plan changed
@@ -194,7 +194,8 @@ class AppliedPlan:
     A forward pre-hook on the model warns once when an input is larger than the planned one
     (the memory promise holds up to the planned shape), once when a planned submodule ran
     more than once in one forward (each call is checkpointed; the plan counted one), and once
-    when the model's own (Hugging Face) gradient checkpointing is on too."""
+    when the model's own (Hugging Face) gradient checkpointing is on too; with gradients on, it
+    turns a Hugging Face forward's `use_cache` off (`planner.core.cache_off`), as planned."""
 
     forwards: dict[str, CheckpointedForward]
     planned_shapes: dict[str, tuple[int, ...]]
@@ -204,7 +205,8 @@ class AppliedPlan:
     # the submodules that have Hugging Face's flag (`planner.core.self_checkpointing`), found at apply
     flaggable: tuple[nn.Module, ...] = ()
 
-    def before_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def before_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                       ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if module.training and "checkpointing" not in self.warned and any(
                 flagged.gradient_checkpointing is True for flagged in self.flaggable):
             self.warned.add("checkpointing")
@@ -219,6 +221,18 @@ class AppliedPlan:
                           "checkpointed, but the plan's memory figures count one call", stacklevel=3)
         for forward in self.forwards.values():
             forward.calls = 0
+        self._check_shapes(args, kwargs)
+        if not torch.is_grad_enabled():  # (generate() keeps its cache)
+            return None
+        args, kwargs, asked = cache_off(self.signature, args, kwargs)
+        if asked and "cache" not in self.warned:
+            self.warned.add("cache")
+            warnings.warn("use_cache=True turned off while the plan's regions are checkpointed (a layer's "
+                          "recomputation would append to the cache), as Hugging Face's gradient checkpointing "
+                          "does", stacklevel=3)
+        return args, kwargs
+
+    def _check_shapes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if "shape" in self.warned or self.signature is None or torch.compiler.is_compiling():
             return
         try:
@@ -231,7 +245,7 @@ class AppliedPlan:
                 self.warned.add("shape")
                 warnings.warn(f"input {name!r} has shape {tuple(value.shape)}, larger than the planned {planned}: "
                               "the plan's memory promise holds up to the planned shape; plan again with the "
-                              "largest batch and length you train on", stacklevel=3)
+                              "largest batch and length you train on", stacklevel=4)
                 return
 
 

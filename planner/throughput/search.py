@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from planner.api import GIB, Plan, plan, plan_measured
-from planner.core import sample_tensors
+from planner.core import sample_tensors, training_sample
 from planner.measure.autocast import step_autocast
 from planner.measure.clock import elapsed_ms
 from planner.measure.device import measurable_bytes, plan_device
@@ -299,7 +299,7 @@ def plan_throughput(model: nn.Module, sample_for: Callable[[int], Any], budget_g
         raise ValueError(f"batch_sizes must be whole numbers of samples, at least 1; not {list(batch_sizes)!r}")
     if global_batch is not None and (not isinstance(global_batch, int) or global_batch < 1):
         raise ValueError(f"global_batch must be a whole number of samples, at least 1; not {global_batch!r}")
-    samples = {b: check_sample_for(sample_for, b) for b in candidates}
+    samples = {b: training_sample(model, check_sample_for(sample_for, b)) for b in candidates}
     optimizer = check_optimizer(plan_options.get("optimizer"))
     gpu = find_target(plan_options["target"]) if plan_options.get("target") else None
     where = plan_device([*model.parameters(), *model.buffers(), *sample_tensors(samples[candidates[0]])], gpu)
