@@ -44,11 +44,12 @@ def _model(name: str, config: Any) -> nn.Module:
 
 
 # Each family builds its model and returns it with a function of (batch, length) that makes
-# its sample. Samples carry labels wherever the model computes its loss from them.
+# its sample. Samples carry labels wherever the model computes its loss from them, and configs
+# leave `use_cache` at its default, as a user's do (the planner turns the cache off in training).
 
 def _causal(batch: int, length: int) -> dict[str, Any]:
     ids = _ids(batch, length)
-    return {"input_ids": ids, "labels": ids, "use_cache": False}
+    return {"input_ids": ids, "labels": ids}
 
 
 def _masked(batch: int, length: int) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def _masked(batch: int, length: int) -> dict[str, Any]:
 
 
 def _seq2seq(batch: int, length: int) -> dict[str, Any]:
-    return {"input_ids": _ids(batch, length), "labels": _ids(batch, length // 2), "use_cache": False}
+    return {"input_ids": _ids(batch, length), "labels": _ids(batch, length // 2)}
 
 
 DECODER = dict(num_hidden_layers=2, hidden_size=HIDDEN, intermediate_size=FFN, num_attention_heads=4, vocab_size=VOCAB,
@@ -123,7 +124,7 @@ def deberta_v2():
 def t5():
     config = _config("T5Config", num_layers=2, num_decoder_layers=2, d_model=HIDDEN, d_kv=HIDDEN // 4, d_ff=FFN,
                      num_heads=4, vocab_size=VOCAB, dropout_rate=0.0, relative_attention_num_buckets=8, pad_token_id=0,
-                     eos_token_id=1, decoder_start_token_id=0, use_cache=False)
+                     eos_token_id=1, decoder_start_token_id=0)
     return _model("T5ForConditionalGeneration", config), _seq2seq
 
 
@@ -132,7 +133,7 @@ def bart():
                      decoder_ffn_dim=FFN, encoder_attention_heads=4, decoder_attention_heads=4, vocab_size=VOCAB,
                      max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
                      encoder_layerdrop=0.0, decoder_layerdrop=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-                     decoder_start_token_id=2, forced_eos_token_id=None, use_cache=False)
+                     decoder_start_token_id=2, forced_eos_token_id=None)
     return _model("BartForConditionalGeneration", config), _seq2seq
 
 
@@ -181,11 +182,11 @@ def whisper():
                      decoder_attention_heads=4, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, num_mel_bins=16,
                      max_source_positions=16, max_target_positions=32, vocab_size=VOCAB, dropout=0.0,
                      attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
-                     pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=0, use_cache=False,
+                     pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=0,
                      begin_suppress_tokens=None, suppress_tokens=None)
 
     def sample(batch: int, length: int) -> dict[str, Any]:
-        return {"input_features": torch.randn(batch, 16, 32), "labels": _ids(batch, length // 2), "use_cache": False}
+        return {"input_features": torch.randn(batch, 16, 32), "labels": _ids(batch, length // 2)}
     return _model("WhisperForConditionalGeneration", config), sample
 
 
@@ -210,8 +211,7 @@ def wav2vec2():
 def mamba():
     # Without the CUDA kernels: the sequential scan (`slow_forward`), a loop over the tokens.
     config = _config("MambaConfig", hidden_size=HIDDEN, state_size=8, num_hidden_layers=2, vocab_size=VOCAB, expand=2,
-                     conv_kernel=4, time_step_rank=4, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-                     use_cache=False)
+                     conv_kernel=4, time_step_rank=4, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     return _model("MambaForCausalLM", config), _causal
 
 
