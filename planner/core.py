@@ -177,19 +177,38 @@ def split_sample(sample: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
 CACHE_ARGUMENT = "use_cache"  # Hugging Face's switch for the key-value cache a forward returns
 
 
-def cache_off(signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]
-              ) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
-    """The arguments with a forward's `use_cache` (Hugging Face) set to False, as Hugging Face's
-    own gradient checkpointing sets it in training: a cache would hold every layer's keys and
-    values to the end of the step, and a checkpointed layer's recomputation would append them
-    to it a second time. Also whether the call asked for the cache (`use_cache=True`). Where
-    the forward takes no `use_cache`, the arguments as they are.
+def cache_signature(model: nn.Module) -> inspect.Signature | None:
+    """The signature of `model.forward` where it takes Hugging Face's `use_cache`: by name, or in
+    its `**kwargs` where the model has a Hugging Face config with `use_cache` (a PEFT model
+    passes them on to the model it wraps); else None.
 
     Example:
-        >>> cache_off(inspect.signature(gpt2.forward), (ids,), {"labels": ids})[1]["use_cache"]
+        >>> cache_signature(gpt2) is not None, cache_signature(nn.Linear(2, 2))
+        (True, None)
+    """
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return None
+    if CACHE_ARGUMENT in signature.parameters:
+        return signature
+    passes_on = any(parameter.kind == parameter.VAR_KEYWORD for parameter in signature.parameters.values())
+    return signature if passes_on and hasattr(getattr(model, "config", None), CACHE_ARGUMENT) else None
+
+
+def cache_off(signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
+    """The arguments with `use_cache` (Hugging Face) set to False, for a forward of `signature`
+    (`cache_signature`; None: the arguments as they are), as Hugging Face's own gradient
+    checkpointing sets it in training: a cache would hold every layer's keys and values to the
+    end of the step, and a checkpointed layer's recomputation would append them to it a second
+    time. Also whether the call asked for the cache (`use_cache=True`).
+
+    Example:
+        >>> cache_off(cache_signature(gpt2), (ids,), {"labels": ids})[1]["use_cache"]
         False
     """
-    if signature is None or CACHE_ARGUMENT not in signature.parameters:
+    if signature is None:
         return args, kwargs, False
     positional = [name for name, parameter in signature.parameters.items()
                   if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)]
@@ -208,17 +227,16 @@ def training_sample(model: nn.Module, sample: Any) -> Any:
         >>> training_sample(gpt2, {"input_ids": ids, "labels": ids})["use_cache"]
         False
     """
-    try:
-        signature = inspect.signature(model.forward)
-    except (TypeError, ValueError):
+    signature = cache_signature(model)
+    if signature is None:
         return sample
     args, kwargs = split_sample(sample)
     args, kwargs, asked = cache_off(signature, args, kwargs)
     if asked:
         warnings.warn("the sample asks for use_cache=True: planned with use_cache=False, as a planned model "
                       "trains (a checkpointed layer's recomputation would append to the cache)", stacklevel=3)
-    if CACHE_ARGUMENT not in kwargs:  # (no use_cache, or one given by position, now False)
-        return tuple(args) if isinstance(sample, (tuple, list)) else sample
+    if CACHE_ARGUMENT not in kwargs:  # (given by position, now False)
+        return tuple(args)
     try:
         bound = signature.bind_partial(*args)
     except TypeError:

@@ -11,7 +11,7 @@ import torch
 from models_hf import gpt2
 
 from planner import plan
-from planner.core import cache_off, training_sample
+from planner.core import cache_off, cache_signature, training_sample
 
 transformers = pytest.importorskip("transformers")
 
@@ -65,8 +65,19 @@ def test_cache_off_sets_use_cache_by_name_or_by_position():
     signature = inspect.signature(forward)
     assert cache_off(signature, (1,), {"labels": 2}) == ((1,), {"labels": 2, "use_cache": False}, False)
     assert cache_off(signature, (1, 2, True), {}) == ((1, 2, False), {}, True)
-    assert cache_off(inspect.signature(lambda x: x), (1,), {}) == ((1,), {}, False)
+    assert cache_off(None, (1,), {}) == ((1,), {}, False)
     model, sample = gpt2()
+    assert cache_signature(model) is not None and cache_signature(torch.nn.Linear(2, 2)) is None
+
+    class Wrapper(torch.nn.Module):  # as a PEFT model: use_cache in **kwargs, a config that has it
+        def __init__(self):
+            super().__init__()
+            self.inner, self.config = model, model.config
+
+        def forward(self, input_ids, **kwargs):
+            return self.inner(input_ids, **kwargs)
+
+    assert cache_off(cache_signature(Wrapper()), (1,), {}) == ((1,), {"use_cache": False}, False)
     ids = sample["input_ids"]
     assert training_sample(model, ids) == {"input_ids": ids, "use_cache": False}
     assert training_sample(torch.nn.Linear(2, 2), ids) is ids

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.apply.policy import KeepPolicy, keep_contexts
 from planner.apply.runs import RunRecording, calls_outside
 from planner.apply.sequential import buffers_of_children, run_segments
-from planner.core import ModuleCheckpoint, Segment, cache_off, split_sample, uncached_autocast
+from planner.core import ModuleCheckpoint, Segment, cache_off, cache_signature, split_sample, uncached_autocast
 from planner.trace.tracing import bind_arguments
 
 PLAN_ATTRIBUTE = "_checkpoint_plan"  # on the planned model: what apply_plan changed
@@ -204,6 +204,7 @@ class AppliedPlan:
     warned: set[str] = field(default_factory=set)
     # the submodules that have Hugging Face's flag (`planner.core.self_checkpointing`), found at apply
     flaggable: tuple[nn.Module, ...] = ()
+    cache: inspect.Signature | None = None  # the model's forward's, where it takes use_cache (cache_off)
 
     def before_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                        ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
@@ -224,7 +225,7 @@ class AppliedPlan:
         self._check_shapes(args, kwargs)
         if not torch.is_grad_enabled():  # (generate() keeps its cache)
             return None
-        args, kwargs, asked = cache_off(self.signature, args, kwargs)
+        args, kwargs, asked = cache_off(self.cache, args, kwargs)
         if asked and "cache" not in self.warned:
             self.warned.add("cache")
             warnings.warn("use_cache=True turned off while the plan's regions are checkpointed (a layer's "
@@ -344,7 +345,8 @@ def apply_plan(model: nn.Module, checkpoints: Sequence[ModuleCheckpoint],
     except (TypeError, ValueError):
         signature = None
     flaggable = tuple(module for module in model.modules() if hasattr(module, "gradient_checkpointing"))
-    state = AppliedPlan(forwards, dict(planned_shapes or {}), signature, flaggable=flaggable)
+    state = AppliedPlan(forwards, dict(planned_shapes or {}), signature, flaggable=flaggable,
+                        cache=cache_signature(model))
     state.handle = model.register_forward_pre_hook(state.before_forward, with_kwargs=True)
     model.__dict__[PLAN_ATTRIBUTE] = state
     return model

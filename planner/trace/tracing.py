@@ -92,25 +92,24 @@ def _same_fixed_value(given: Any, planned: Any) -> bool:
 def bind_arguments(
     signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> dict[str, Any]:
-    """Map positional and keyword arguments to forward's parameter names, defaults included."""
+    """Map positional and keyword arguments to forward's parameter names, defaults included;
+    those its `**kwargs` receives (a PEFT model's forward passes them on) by their own names."""
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as error:
         raise TypeError(f"the sample does not match forward{signature}: {error}") from None
     bound.apply_defaults()
-    for parameter in signature.parameters.values():
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            value = bound.arguments.get(parameter.name)
-            if value:
-                raise TypeError(
-                    f"forward's *{parameter.name} receives {value!r}; pass those arguments by "
-                    "name in a dict sample, the tracer cannot follow variadic arguments"
-                )
-    return {
-        name: value
-        for name, value in bound.arguments.items()
-        if signature.parameters[name].kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    }
+    named: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind == inspect.Parameter.VAR_POSITIONAL and value:
+            raise TypeError(f"forward's *{name} receives {len(value)} arguments; pass them by name in a dict "
+                            "sample, the tracer cannot follow variadic positional arguments")
+        if kind == inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        elif kind != inspect.Parameter.VAR_POSITIONAL:
+            named[name] = value
+    return named
 
 
 # Augmented assignments fx's Proxy lacks: Python then falls back to `h = h + x`, a new tensor,
