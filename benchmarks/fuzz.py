@@ -5,7 +5,8 @@ Each seed: a random model, blocked (in-place writes on tensors earlier ops consu
 dropout, BatchNorm in training mode, skips, products and `torch.cat` across blocks, blocks
 taking and returning several tensors) or, every third seed, flat (every op in the model's own
 forward: linears, LayerNorm, BatchNorm, GELU, dropout, skips, `h * 1.0; h += old`, in-place
-ReLU on consumed values, `cat` into a linear, `h * sigmoid(old)`), planned at a random budget
+ReLU on consumed values, `cat` into a linear, `h * sigmoid(old)`) or, one seed in twelve, an
+`nn.Sequential` of single layers (`benchmarks.fuzz_models.model_kind`), planned at a random budget
 of 30-100% of its measured unplanned peak. A plan must stay within the budget and within 3% of
 its prediction, have run its own step in planning, and train like the unplanned model (in
 place, and on half the batch); a budget refused must name a minimum at which a plan fits. The
@@ -26,7 +27,7 @@ import argparse
 import sys
 import time
 
-from benchmarks.fuzz_models import OVER_TOLERANCE, PEAK_TOLERANCE, check_seed
+from benchmarks.fuzz_models import KINDS, OVER_TOLERANCE, PEAK_TOLERANCE, check_seed, model_kind
 from benchmarks.results import set_section, write_run
 
 CHECKS = {
@@ -47,7 +48,7 @@ def _within(found: dict) -> bool:
 
 
 def line(record: dict) -> str:
-    seed, kind = record["seed"], "flat " if record["flat"] else "block"
+    seed, kind = record["seed"], record["kind"][:5]
     if "measured" not in record:
         return f"seed {seed:4d} {kind} FAIL  {record['failure']}"
     status = "ok  " if record["ok"] else "FAIL"
@@ -75,12 +76,12 @@ def summary(records: list[dict], elapsed: float) -> tuple[list[str], dict[str, i
     overs = {name: max((r[name]["over"] for r in records if "over" in r.get(name, {})), default=None)
              for name in ("no_run", "meta")}
     refused = sum(bool(r.get("infeasible")) for r in records)
-    flat = sum(r["flat"] for r in records)
+    kinds = ", ".join(f"{sum(r['kind'] == kind for r in records)} {kind}" for kind in KINDS)
     keeping = sum(bool(r.get("kept")) or bool(r.get("keep", {}).get("kept")) for r in records)
     lines = ["| check | seeds passing |", "|---|---|"]
     lines += [f"| {text} | {counts[key]}/{n} |" for key, text in CHECKS.items()]
     lines.append(f"| every check | {sum(r['ok'] for r in records)}/{n} |")
-    lines += ["", f"{n} seeds ({flat} flat models, {n - flat} blocked) in {elapsed:.0f} s; {refused} budgets refused as "
+    lines += ["", f"{n} seeds ({kinds} models) in {elapsed:.0f} s; {refused} budgets refused as "
               f"infeasible and planned at the minimum named; {keeping} plans keep nodes inside regions. Worst peak "
               f"error: " + (f"{100 * worst['error']:+.2f}% (seed {worst['seed']})" if worst else "-") + "; largest "
               "excess over the budget node by node: " + (f"{100 * overs['no_run']:+.2f}%" if overs["no_run"] is not None
@@ -105,7 +106,7 @@ def main() -> int:
     started = time.perf_counter()
     for seed in range(args.start, args.start + args.seeds):
         began = time.perf_counter()
-        record = check_seed(seed, flat=seed % 3 == 2, replan=args.replan)
+        record = check_seed(seed, model_kind(seed), replan=args.replan)
         record["seconds"] = time.perf_counter() - began
         records.append(record)
         print(line(record), flush=True)

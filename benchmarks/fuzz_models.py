@@ -12,7 +12,9 @@ inputs included). The builder follows which tensors autograd saves, so in-place 
 unplanned model and exactly what a recomputed region must not read; every tensor, mutated ones
 included, is read again later (no dead code). Everything is chosen by the seed; a draw whose unplanned training step
 raises an autograd error, or leaves a parameter without gradient (a dead branch), is drawn
-again (deterministically, from `10**6 + seed * 1000 + k`).
+again (deterministically, from `10**6 + seed * 1000 + k`). `random_model(seed, "flat")` puts one
+such program in the model's own forward; `random_model(seed, "sequential")` makes the model an
+`nn.Sequential` of single layers.
 
 `check_seed(seed)` plans the model at a random budget between the smallest feasible one and
 the unplanned peak (on odd seeds with the selective policy's costs set to 0, so that plans keep
@@ -133,6 +135,24 @@ def _draw_flat(seed: int) -> tuple[nn.Module, torch.Tensor]:
     return model, torch.randn(batch, features, generator=torch.Generator().manual_seed(seed))
 
 
+def _draw_sequential(seed: int) -> tuple[nn.Module, torch.Tensor]:
+    """A model that is itself an `nn.Sequential` of 7-25 layers, each one graph node (linears,
+    LayerNorm, BatchNorm1d, GELU, ReLU, in place too, Tanh, dropout): the planner's regions are
+    slices of its children, in its own loop."""
+    rng = random.Random(seed)
+    width = rng.choice([32, 48, 64, 96, 128])
+    batch = rng.choice([32, 64, 128, 256])
+    features = rng.choice([16, 32, 64])
+    torch.manual_seed(seed)
+    makers = {"linear": lambda: nn.Linear(width, width), "layernorm": lambda: nn.LayerNorm(width),
+              "batchnorm": lambda: nn.BatchNorm1d(width), "gelu": nn.GELU, "relu": nn.ReLU,
+              "relu_inplace": lambda: nn.ReLU(inplace=True), "tanh": nn.Tanh, "dropout": lambda: nn.Dropout(0.1)}
+    names = [rng.choice([*makers, "linear", "linear"]) for _ in range(rng.randint(5, 23))]
+    model = nn.Sequential(nn.Linear(features, width), *(makers[name]() for name in names), nn.Linear(width, 10)).train()
+    model.description = f"seed={seed}, sequential, width={width}, sample={(batch, features)}: {', '.join(names)}"
+    return model, torch.randn(batch, features, generator=torch.Generator().manual_seed(seed))
+
+
 def training_step(model: nn.Module, sample: torch.Tensor,
                   seed: int = 1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One forward+backward with a fixed RNG seed: the output and each parameter's gradient."""
@@ -160,14 +180,24 @@ def _trains(model: nn.Module, sample: torch.Tensor) -> bool:
     return finite and len(grads) == len(list(model.parameters()))
 
 
-def random_model(seed: int, flat: bool = False) -> tuple[nn.Module, torch.Tensor]:
-    """A random traceable model and its sample, the same for the same seed: blocks in an
-    `nn.ModuleList`, or with `flat` one program in the model's own forward (`FlatModel`).
+KINDS = ("blocked", "flat", "sequential")
+
+
+def model_kind(seed: int) -> str:
+    """Which kind of model the fuzz run draws for `seed`: every third seed flat, one in twelve
+    a Sequential, the others blocked."""
+    return "flat" if seed % 3 == 2 else "sequential" if seed % 12 == 1 else "blocked"
+
+
+def random_model(seed: int, kind: str = "blocked") -> tuple[nn.Module, torch.Tensor]:
+    """A random traceable model and its sample, the same for the same seed and kind (`KINDS`):
+    "blocked", blocks in an `nn.ModuleList`; "flat", one program in the model's own forward
+    (`FlatModel`); "sequential", the model an `nn.Sequential` of single layers.
 
     Draws again from `10**6 + seed * 1000 + k` (k = 1, 2, ...) until the unplanned model trains and
     every parameter gets a gradient.
     """
-    draw = _draw_flat if flat else _draw
+    draw = {"blocked": _draw, "flat": _draw_flat, "sequential": _draw_sequential}[kind]
     for k in range(MAX_REDRAWS):
         model, sample = draw(seed if k == 0 else 10**6 + seed * 1000 + k)
         if _trains(model, sample):
@@ -299,13 +329,13 @@ def _plan_predicted(make_plan: Any, reference: nn.Module, sample: torch.Tensor, 
     return found
 
 
-def replay_plan(seed: int, flat: bool, document: dict[str, Any]) -> int:
+def replay_plan(seed: int, kind: str, document: dict[str, Any]) -> int:
     """The measured steady peak of the seed's model under a plan a fuzz record kept (`plan` in
     its no-run or meta record, where that plan failed), without planning again.
 
     Example:
         >>> record = json.load(open("benchmarks/results/fuzz_cpu_....json"))["records"][291]
-        >>> peak = replay_plan(291, record["flat"], record["no_run"]["plan"])
+        >>> peak = replay_plan(291, record["kind"], record["no_run"]["plan"])
     """
     import tempfile
     from pathlib import Path
@@ -313,7 +343,7 @@ def replay_plan(seed: int, flat: bool, document: dict[str, Any]) -> int:
     from planner import load_plan
     from planner.measure.steps import steady_peak
 
-    model, sample = random_model(seed, flat)
+    model, sample = random_model(seed, kind)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "plan.json"
         path.write_text(json.dumps(document))
@@ -321,10 +351,10 @@ def replay_plan(seed: int, flat: bool, document: dict[str, Any]) -> int:
     return steady_peak(model, sample, torch.device("cpu"))
 
 
-def check_seed(seed: int, flat: bool = False, replan: bool = False) -> dict[str, Any]:
-    """Plan `random_model(seed, flat)` at a random budget (30-100% of its measured unplanned
+def check_seed(seed: int, kind: str = "blocked", replan: bool = False) -> dict[str, Any]:
+    """Plan `random_model(seed, kind)` at a random budget (30-100% of its measured unplanned
     peak) with the call users make, `plan(model, sample, budget_gb=X)`, and check the plan. See
-    the module doc. `flat`: a flat model. `replan`: the faster route
+    the module doc. `replan`: the faster route
     instead, `plan(..., budget_gb=80)` then `replan(budget_gb=X)`.
 
     Where the budget is refused as infeasible, the smallest budget the refusal names is planned
@@ -335,7 +365,7 @@ def check_seed(seed: int, flat: bool = False, replan: bool = False) -> dict[str,
     with `measure="no-run"` (`no_run`) and for a copy of the model on `meta` (`meta`), each
     applied and measured: their peaks may not exceed the budget by more than 1%.
 
-    Returns: seed, flat, model (a description), features, budget, unplanned (measured), nodes,
+    Returns: seed, kind, model (a description), features, budget, unplanned (measured), nodes,
     regions, kept, modules, solver, status, verified, predicted, measured, error, baseline,
     baseline_error, infeasible/minimum/asked (where the budget was refused), the flags
     grads_ok, buffers_ok, outputs_ok, half_batch_ok (a second step on half the batch),
@@ -345,10 +375,10 @@ def check_seed(seed: int, flat: bool = False, replan: bool = False) -> dict[str,
     from planner import plan
     from planner.measure.steps import steady_peak
 
-    record: dict[str, Any] = {"seed": seed, "flat": flat, "ok": False, "failure": None}
+    record: dict[str, Any] = {"seed": seed, "kind": kind, "ok": False, "failure": None}
     stage = "build"
     try:
-        model, sample = random_model(seed, flat)
+        model, sample = random_model(seed, kind)
         record["model"] = model.description
         record["features"] = features(model)
         reference = copy.deepcopy(model)

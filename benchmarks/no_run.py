@@ -134,7 +134,7 @@ def part_flat(steps: int, seeds: int = 30) -> tuple[str, str]:
             "|" + "---|" * 8]
     errors, misses = [], []
     for seed in range(seeds):
-        model, sample = random_model(seed, flat=True)
+        model, sample = random_model(seed, "flat")
         unplanned = steady_peak(model, sample, torch.device("cpu"))
         on_meta = copy.deepcopy(model).to("meta")
         minimums: set[int] = set()

@@ -1,6 +1,7 @@
 """A fast slice of the fuzz run (`benchmarks/fuzz.py --seeds 400` runs the full one): random
 models with in-place writes, dropout, BatchNorm, skips, products and concatenations within and
-across blocks, and flat ones (every op in the model's own forward; tests/fuzz_models.py),
+across blocks, flat ones (every op in the model's own forward) and Sequentials of single layers
+(benchmarks/fuzz_models.py),
 planned at a random budget with the call users make. The plan applied in place must train
 exactly like the unplanned model and update BatchNorm statistics once, stay under the budget,
 and predict its peak to 3%; a budget refused names a minimum that a plan then meets. Planned
@@ -27,12 +28,14 @@ from planner import plan
 # Flat 359: a dropout on a dead branch (its mask dies with its output), which no region may hold.
 SEEDS = (*range(8), 52, 59, 401)
 FLAT_SEEDS = (0, 1, 2, 3, 5, 359)
-CASES = [*((seed, False) for seed in SEEDS), *((seed, True) for seed in FLAT_SEEDS)]
+SEQUENTIAL_SEEDS = (1, 13)
+CASES = [*((seed, "blocked") for seed in SEEDS), *((seed, "flat") for seed in FLAT_SEEDS),
+         *((seed, "sequential") for seed in SEQUENTIAL_SEEDS)]
 
 
 @functools.lru_cache(maxsize=None)
-def checked(seed: int, flat: bool) -> dict:
-    return check_seed(seed, flat)
+def checked(seed: int, kind: str) -> dict:
+    return check_seed(seed, kind)
 
 
 def describe(record: dict) -> str:
@@ -40,9 +43,9 @@ def describe(record: dict) -> str:
 
 
 def test_random_models_are_reproducible_traceable_and_train():
-    for seed, flat in CASES:
-        model, sample = random_model(seed, flat)
-        again, same = random_model(seed, flat)
+    for seed, kind in CASES:
+        model, sample = random_model(seed, kind)
+        again, same = random_model(seed, kind)
         assert torch.equal(sample, same)
         assert str(model) == str(again)
         for (name, a), b in zip(model.state_dict().items(), again.state_dict().values()):
@@ -53,9 +56,9 @@ def test_random_models_are_reproducible_traceable_and_train():
         assert len(grads) == len(list(model.parameters())), "every parameter gets a gradient"
 
 
-@pytest.mark.parametrize("seed, flat", CASES)
-def test_plan_applied_in_place_trains_like_the_original(seed, flat):
-    record = checked(seed, flat)
+@pytest.mark.parametrize("seed, kind", CASES)
+def test_plan_applied_in_place_trains_like_the_original(seed, kind):
+    record = checked(seed, kind)
     assert "grads_ok" in record, describe(record)  # planned, verified, applied and trained
     assert record["grads_ok"] and record["buffers_ok"] and record["outputs_ok"], describe(record)
     assert record["half_batch_ok"], describe(record)  # another batch size
@@ -64,17 +67,17 @@ def test_plan_applied_in_place_trains_like_the_original(seed, flat):
     assert record["ok"], describe(record)  # odd seeds: the plan keeping nodes too
 
 
-@pytest.mark.parametrize("seed, flat", CASES)
-def test_predicted_peak_within_3_percent_of_measured(seed, flat):
-    record = checked(seed, flat)
+@pytest.mark.parametrize("seed, kind", CASES)
+def test_predicted_peak_within_3_percent_of_measured(seed, kind):
+    record = checked(seed, kind)
     assert "error" in record, describe(record)
     assert abs(record["error"]) <= PEAK_TOLERANCE, describe(record)
     assert record["verified"], describe(record)  # its own step ran in planning, within the budget
 
 
-@pytest.mark.parametrize("seed, flat", CASES)
-def test_plans_made_without_running_stay_within_the_budget(seed, flat):
-    record = checked(seed, flat)
+@pytest.mark.parametrize("seed, kind", CASES)
+def test_plans_made_without_running_stay_within_the_budget(seed, kind):
+    record = checked(seed, kind)
     for name in ("no_run", "meta"):
         found = record[name]
         assert found.get("infeasible") or found["over"] <= OVER_TOLERANCE, describe(record)
@@ -130,10 +133,10 @@ def test_a_failing_plan_kept_in_a_record_replays_to_the_same_peak():
     from benchmarks.fuzz_models import replay_plan
     from planner.measure.steps import steady_peak
 
-    model, sample = random_model(1, flat=True)
+    model, sample = random_model(1, "flat")
     p = plan(model.to("meta"), sample.to("meta"), budget_gb=80, repeats=1).with_regions([("fc1", "proj2")])
     with tempfile.TemporaryDirectory() as folder:
         document = json.loads(p.save(f"{folder}/plan.json").read_text())
-    applied, sample = random_model(1, flat=True)
+    applied, sample = random_model(1, "flat")
     p.apply(applied)
-    assert replay_plan(1, True, document) == steady_peak(applied, sample, torch.device("cpu"))
+    assert replay_plan(1, "flat", document) == steady_peak(applied, sample, torch.device("cpu"))

@@ -212,7 +212,7 @@ def test_a_broadcast_parameters_gradient_is_late_and_a_recomputed_linear_has_fre
     from benchmarks.fuzz_models import random_model
     from planner.measure.steps import steady_peak
 
-    model, sample = random_model(1, flat=True)
+    model, sample = random_model(1, "flat")
     traced = trace(model, sample)
     profile_sizes(traced.gm, traced.graph_inputs(*split_sample(sample)), torch.device("cpu"))
     late = {name: record.late_grad_bytes for name, record in _records(traced.gm).items() if record.late_grad_bytes}
