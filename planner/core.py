@@ -3,7 +3,7 @@ node (in `node.meta["planner.profile"]`, written by `planner.measure.profile` an
 `planner.measure.sizes`) and one `GraphProfile` for the graph, which
 `planner.problem.graph.build_problem` turns into the solvers' `NodeCost`s; a region's
 `ModuleCheckpoint` (what `planner.apply` applies); how a sample is read (`split_sample`,
-`sample_tensors`); the training loss and step that measuring and verifying both run
+`sample_tensors`) and run in training (`training_sample`: a Hugging Face cache off); the training loss and step that measuring and verifying both run
 (`training_loss`, `training_step`); which ATen calls a run counts (`counted_call`); and which
 submodules checkpoint themselves (`self_checkpointing`).
 

@@ -223,7 +223,7 @@ class AppliedPlan:
         for forward in self.forwards.values():
             forward.calls = 0
         self._check_shapes(args, kwargs)
-        if not torch.is_grad_enabled():  # (generate() keeps its cache)
+        if self.cache is None or not torch.is_grad_enabled():  # (generate() keeps its cache)
             return None
         args, kwargs, asked = cache_off(self.cache, args, kwargs)
         if asked and "cache" not in self.warned:
