@@ -352,6 +352,21 @@ def test_cli_plans_a_hugging_face_architecture_on_meta(capsys, tmp_path):
     assert json.loads((tmp_path / "plan.json").read_text())["planned_for"]["world_size"] == 4
 
 
+@pytest.mark.slow
+def test_cli_verifies_a_hugging_face_architecture_built_on_the_cpu(capsys):
+    # --verify runs steps: the architecture is built with random weights on the CPU, not on meta
+    # (where verify refused it), and its plan's own step ran in planning.
+    pytest.importorskip("transformers")
+    from planner.cli.main import main
+
+    code = main(["plan", "hf:gpt2", "--config", "n_layer=2,n_embd=64,n_head=4,vocab_size=100,n_positions=64",
+                 "--seq", "64", "--batch", "2", "--budget-gb", "0.004", "--verify", "--verify-steps", "1", "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "its own step      ran on cpu in planning" in out and "Verification over 1 measured steps" in out
+    assert [line.split() for line in out.splitlines() if "gradients match" in line] == [["gradients", "match", "yes"]]
+
+
 def _saved_shapes(attention, query, key, value, **options) -> list[tuple[int, ...]]:
     saved: list[tuple[int, ...]] = []
 

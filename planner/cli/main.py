@@ -116,7 +116,11 @@ def _plan(args: argparse.Namespace) -> int:
         say(f"times are estimates (roofline on {p.setup.where.name}), not measurements")
     if args.verify:
         say(f"verifying: {args.verify_steps} training steps of the original and the planned module")
-        p.verify(steps=args.verify_steps)
+        try:
+            p.verify(steps=args.verify_steps)
+        except ValueError as error:  # (a model on meta, a plan for another device)
+            _error(f"--verify: {first_line(error)}")
+            return EXIT_FAILED
     print(p.report(verbose=args.verbose))
     return _write_outputs(p, args.json, args.plot, say)
 
@@ -148,17 +152,20 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The model and sample MODEL names, resized and moved as the options say."""
+    """The model and sample MODEL names, moved and resized as the options say. An `hf:` model is
+    built on `meta`, or where the command runs steps (`--verify`, `throughput`; `--device`, else
+    the CPU), with random weights."""
     if args.model.startswith("hf:"):
-        model, sample = load_hf_model(args.model, args)
+        runs = getattr(args, "verify", True)  # (throughput has no --verify: it runs steps)
+        model, sample = load_hf_model(args.model, args, args.device or ("cpu" if runs else "meta"))
     else:
         if args.config or args.seq or args.batch != 1 or args.dtype:
             raise UsageError("--config, --seq, --batch and --dtype are for hf: models; use --sample to resize")
         model, sample = load_model(args.model)
+        if args.device:
+            model, sample = to_device(model, sample, args.device)
     if args.sample:
         sample = resize_sample(sample, parse_shapes(args.sample))
-    if args.device:
-        model, sample = to_device(model, sample, args.device)
     return model, sample
 
 

@@ -4,7 +4,8 @@
 (`UsageError`, `FactoryError`).
 
 Hugging Face architectures are built from a config on the `meta` device (`build`): plan a 70B
-model on a laptop without downloading or allocating anything.
+model on a laptop without downloading or allocating anything. Where the command runs steps
+(`--verify`, `throughput`) or names `--device`, they are built there with random weights.
 
     ckpt-plan plan hf:llama --config hidden_size=4096,num_hidden_layers=32 --seq 4096 --target h100
 
@@ -96,9 +97,11 @@ def _head(transformers: Any, config: Any) -> Any:
 
 
 def build(model_type: str, overrides: dict[str, Any], batch: int = 1, seq: int = 512,
-          dtype: str | torch.dtype | None = None) -> tuple[nn.Module, dict[str, torch.Tensor]]:
-    """A Hugging Face model of `model_type` from its config with `overrides`, on the meta
-    device, and its training sample (see the module docstring).
+          dtype: str | torch.dtype | None = None, device: str | torch.device = "meta"
+          ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A Hugging Face model of `model_type` from its config with `overrides`, on `device`
+    (`meta`: nothing allocated; elsewhere random weights), and its training sample (see the
+    module docstring).
 
     Example:
         >>> model, sample = build("gpt2", {"n_layer": 2}, batch=2, seq=64)
@@ -115,15 +118,15 @@ def build(model_type: str, overrides: dict[str, Any], batch: int = 1, seq: int =
     if hasattr(config, "use_cache"):
         config.use_cache = False
     cls = _head(transformers, config)
-    with torch.device("meta"):
+    with torch.device(device):
         model = cls.from_config(config)
     model = model.to(_dtype(chosen or "float32")).train()
     if "pixel_values" in getattr(model, "main_input_name", "input_ids"):
         size = getattr(config, "image_size", 224)
         channels = getattr(config, "num_channels", 3)
-        pixels = torch.empty(batch, channels, size, size, device="meta", dtype=next(model.parameters()).dtype)
-        return model, {"pixel_values": pixels, "labels": torch.zeros(batch, dtype=torch.long, device="meta")}
-    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+        pixels = torch.randn(batch, channels, size, size, device=device, dtype=next(model.parameters()).dtype)
+        return model, {"pixel_values": pixels, "labels": torch.zeros(batch, dtype=torch.long, device=device)}
+    ids = torch.randint(0, getattr(config, "vocab_size", 2), (batch, seq), device=device)
     return model, {"input_ids": ids, "labels": ids}
 
 
@@ -169,15 +172,17 @@ def _import_module(module_name: str, spec: str) -> Any:
             sys.path.remove(cwd)
 
 
-def load_hf_model(spec: str, args: argparse.Namespace) -> tuple[nn.Module, Any]:
-    """Build `hf:TYPE` from `--config`, `--batch`, `--seq` and `--dtype` (see `build`).
+def load_hf_model(spec: str, args: argparse.Namespace, device: str = "meta") -> tuple[nn.Module, Any]:
+    """Build `hf:TYPE` from `--config`, `--batch`, `--seq` and `--dtype` (see `build`) on
+    `device`.
 
     Example:
         >>> load_hf_model("hf:gpt2", build_parser().parse_args(["plan", "hf:gpt2", "--target", "h100"]))
     """
     try:
         overrides = parse_config(args.config)
-        return build(spec.removeprefix(PREFIX), overrides, batch=args.batch, seq=args.seq or 512, dtype=args.dtype)
+        return build(spec.removeprefix(PREFIX), overrides, batch=args.batch, seq=args.seq or 512, dtype=args.dtype,
+                     device=device)
     except ImportError as error:
         raise UsageError(f"MODEL {spec!r}: {error}") from None
     except (ValueError, TypeError) as error:
