@@ -39,7 +39,11 @@ def checked(seed: int, kind: str) -> dict:
 
 
 def describe(record: dict) -> str:
-    return f"seed {record['seed']}: {record['failure']}\n{record.get('traceback', '')}\n{record.get('model', '')}"
+    # (a no-run or meta plan that peaked above its prediction: its regions, to replay it)
+    kept = {name: [region["nodes"] for region in record[name]["plan"]["regions"]]
+            for name in ("no_run", "meta") if "plan" in record.get(name, {})}
+    return (f"seed {record['seed']}: {record['failure']}\n{record.get('traceback', '')}\n{record.get('model', '')}"
+            + "".join(f"\n{name} plan's regions: {regions}" for name, regions in kept.items()))
 
 
 def test_random_models_are_reproducible_traceable_and_train():
