@@ -56,13 +56,16 @@ OVER_TOLERANCE = 0.01  # a plan that has not run its own step may exceed its bud
 MAX_REDRAWS = 200
 
 
+def _mlp_sizes(rng: random.Random) -> tuple[int, int, int]:
+    """An MLP's width, batch and input features, drawn in that order."""
+    return rng.choice([32, 48, 64, 96, 128]), rng.choice([32, 64, 128, 256]), rng.choice([16, 32, 64])
+
+
 def _draw(seed: int) -> tuple[nn.Module, torch.Tensor]:
     rng = random.Random(seed)
     kind = rng.choices(["mlp", "conv"], weights=[2, 1])[0]
     if kind == "mlp":
-        width = rng.choice([32, 48, 64, 96, 128])
-        batch = rng.choice([32, 64, 128, 256])
-        features = rng.choice([16, 32, 64])
+        width, batch, features = _mlp_sizes(rng)
         sample_shape: tuple[int, ...] = (batch, features)
     else:
         width = rng.choice([8, 12, 16, 24])
@@ -121,9 +124,7 @@ def _draw(seed: int) -> tuple[nn.Module, torch.Tensor]:
 def _draw_flat(seed: int) -> tuple[nn.Module, torch.Tensor]:
     """A flat model (`FlatModel`): one program of 6-16 ops in the model's own forward."""
     rng = random.Random(seed)
-    width = rng.choice([32, 48, 64, 96, 128])
-    batch = rng.choice([32, 64, 128, 256])
-    features = rng.choice([16, 32, 64])
+    width, batch, features = _mlp_sizes(rng)
     torch.manual_seed(seed)
     builder = ProgramBuilder(rng, "mlp", width, flat=True)
     stem = nn.Linear(features, width)
@@ -140,9 +141,7 @@ def _draw_sequential(seed: int) -> tuple[nn.Module, torch.Tensor]:
     LayerNorm, BatchNorm1d, GELU, ReLU, in place too, Tanh, dropout): the planner's regions are
     slices of its children, in its own loop."""
     rng = random.Random(seed)
-    width = rng.choice([32, 48, 64, 96, 128])
-    batch = rng.choice([32, 64, 128, 256])
-    features = rng.choice([16, 32, 64])
+    width, batch, features = _mlp_sizes(rng)
     torch.manual_seed(seed)
     makers = {"linear": lambda: nn.Linear(width, width), "layernorm": lambda: nn.LayerNorm(width),
               "batchnorm": lambda: nn.BatchNorm1d(width), "gelu": nn.GELU, "relu": nn.ReLU,

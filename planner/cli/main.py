@@ -156,7 +156,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     built on `meta`, or where the command runs steps (`--verify`, `throughput`; `--device`, else
     the CPU), with random weights."""
     if args.model.startswith("hf:"):
-        runs = getattr(args, "verify", True)  # (throughput has no --verify: it runs steps)
+        runs = args.run is _throughput or args.verify
         model, sample = load_hf_model(args.model, args, args.device or ("cpu" if runs else "meta"))
     else:
         if args.config or args.seq or args.batch != 1 or args.dtype:
