@@ -271,8 +271,8 @@ class _CallLog(LiveBytesTracker):
             self.allocated.append(id(storage))
             self.allocation_call.append(len(self.calls) - 1)
 
-    def _free(self, key: int, nbytes: int) -> None:
-        super()._free(key, nbytes)
+    def _free(self, key: int, nbytes: int, serial: int) -> None:
+        super()._free(key, nbytes, serial)
         self.freed[self._index.pop(key)] = len(self.calls)
 
 

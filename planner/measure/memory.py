@@ -126,7 +126,9 @@ class LiveBytesTracker(TorchDispatchMode):
     Storages that existed before (parameters, inputs) are not counted. It also notes, for the
     ops it sees, which storages they write in place (`written`, storage keys) and whether any
     drew random numbers (`random`); the caller resets both. With `log` set, every allocation
-    and free is appended to it as `(tick, signed bytes, storage key)`, ticks from `clock`.
+    and free is appended to it as `(tick, signed bytes, serial)`, ticks from `clock`; a storage's
+    serial is its place in the order of allocations (`ordinal` while it lives): unique, where
+    Python hands a freed storage's `id` to a later one.
     `broadcast` holds (storage key, shape, bytes) of the tensors the ops broadcast
     (`broadcast_arguments`), `casts` the storages of parameters' copies cast to another dtype
     (autocast's, which its cache holds), `cast_reads` the storages of parameters whose copies
@@ -189,21 +191,22 @@ class LiveBytesTracker(TorchDispatchMode):
         if key in inputs or (key in self._refs and self._refs[key]() is storage):
             return
         nbytes = storage.nbytes()
-        self._refs[key] = weakref.ref(storage, lambda _, key=key, nbytes=nbytes: self._free(key, nbytes))
         self.allocations += 1
-        self.ordinal[key] = self.allocations
+        serial = self.allocations
+        self._refs[key] = weakref.ref(storage, lambda _, key=key, nbytes=nbytes: self._free(key, nbytes, serial))
+        self.ordinal[key] = serial
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         if self.log is not None:
-            self.log.append((self.clock(), nbytes, key))
+            self.log.append((self.clock(), nbytes, serial))
 
-    def _free(self, key: int, nbytes: int) -> None:
+    def _free(self, key: int, nbytes: int, serial: int) -> None:
         self._refs.pop(key, None)
         self._cast_sources.pop(key, None)
         self.ordinal.pop(key, None)
         self.live_bytes -= nbytes
         if self.log is not None:
-            self.log.append((self.clock(), -nbytes, key))
+            self.log.append((self.clock(), -nbytes, serial))
 
 
 class PeakMemory:

@@ -79,9 +79,10 @@ class _EngineSums(TorchDispatchMode):
             old = args[0]
             # Real dense tensors are summed in place only into the old buffer (autograd's
             # InputBuffer); a new gradient is never the target.
-            if _dense(old):
-                self.windows.sums.append((self.windows.clock(), id(old.untyped_storage()),
-                                          id(result.untyped_storage())))
+            serials = self.windows.tracker.ordinal
+            into, made = serials.get(id(old.untyped_storage())), serials.get(id(result.untyped_storage()))
+            if _dense(old) and into is not None and made is not None:
+                self.windows.sums.append((self.windows.clock(), into, made))
         return result
 
 
@@ -143,7 +144,7 @@ class BackwardWindows:
         self.clock = tracker.clock
         self.owners = owners
         self.starts: list[tuple[int, str]] = []
-        self.sums: list[tuple[int, int, int]] = []  # (tick, storage summed into, out-of-place result)
+        self.sums: list[tuple[int, int, int]] = []  # (tick, serial summed into, out-of-place result's)
         self.operator_ends: list[tuple[int, str, str]] = []  # (tick, owner, operator) as one returns
         self.between_nodes = False
         self._handles: list[Any] = []
