@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import time
 import traceback
 import warnings
@@ -237,12 +236,12 @@ JOBS = {"fsdp2": _fsdp2, "ddp": _ddp, "fsdp2_warned": _fsdp2_warned, "fsdp2_plan
         "fsdp2_mixed": _fsdp2_mixed, "fsdp2_memory": _fsdp2_memory}
 
 
-def _rank_main(rank: int, port: int, job: str, name: str, plan_path: str, out_dir: str) -> None:
+def _rank_main(rank: int, job: str, name: str, plan_path: str, out_dir: str) -> None:
     """Entry point of a spawned rank: its result, or its traceback, goes to a file in out_dir."""
     out = Path(out_dir)
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=WORLD,
                                 timeout=timedelta(seconds=TIMEOUT_S))
         try:
             result = JOBS[job](name, rank, plan_path)
@@ -256,19 +255,14 @@ def _rank_main(rank: int, port: int, job: str, name: str, plan_path: str, out_di
 
 # -- the parent ----------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def spawn(job: str, name: str, plan_path: Path, out_dir: Path) -> list[dict[str, Any]]:
     """Run `job` on WORLD spawned ranks; fail (after killing the others) as soon as one fails,
     or when all have not finished within TIMEOUT_S. Returns each rank's result."""
     out_dir.mkdir()
     context = mp.get_context("spawn")
-    port = _free_port()
-    processes = [context.Process(target=_rank_main, args=(rank, port, job, name, str(plan_path), str(out_dir)),
+    # (ranks meet through a file in out_dir, not a port: a port found free may be taken, by another
+    # test's ranks, before rank 0 listens on it)
+    processes = [context.Process(target=_rank_main, args=(rank, job, name, str(plan_path), str(out_dir)),
                                  daemon=True)
                  for rank in range(WORLD)]
     for process in processes:
