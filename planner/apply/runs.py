@@ -202,8 +202,10 @@ class RunTape:
             if names is None:
                 names = _saved_names[type(node)] = tuple(n for n in dir(node) if n.startswith(_SAVED_PREFIX))
             for name in names:
-                raw = getattr(node, name)
-                value = getattr(node, "_saved_" + name[len(_SAVED_PREFIX):])
+                raw, suffix = getattr(node, name), name[len(_SAVED_PREFIX):]
+                # (a custom autograd.Function's node unpacks its saved tensors as `saved_tensors`)
+                unpacked = "_saved_" + suffix if hasattr(node, "_saved_" + suffix) else "saved_" + suffix
+                value = getattr(node, unpacked)
                 pairs = zip(raw, value) if isinstance(raw, (list, tuple)) else [(raw, value)]
                 for saved, tensor in pairs:
                     ref = self.made.get(_tensor_key(tensor)) if isinstance(tensor, torch.Tensor) else None
