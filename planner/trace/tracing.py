@@ -1,7 +1,8 @@
 """Trace a model into an fx graph bound to the sample's argument structure (`trace`).
 
-torch.fx first, at module level: torch.nn modules without children are leaves, and a submodule
-fx cannot follow is kept whole and tracing retried; where fx needed such leaves, or cannot trace
+torch.fx first, at module level: torch.nn modules without children are leaves, as is each call
+of a custom `torch.autograd.Function` (one autograd node, saving what its forward saves), and a
+submodule fx cannot follow is kept whole and tracing retried; where fx needed such leaves, or cannot trace
 the model's own forward, `torch.export(strict=False)` is taken where it traces (an ATen-level
 graph whose nodes keep their submodule in `nn_module_stack`). `Traced` binds later calls to the
 graph's inputs and rebuilds the model's output structure.
@@ -14,19 +15,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
 import operator
 import sys
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx as fx
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.graph import _PyTreeCodeGen
-from torch.utils._pytree import TreeSpec, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from planner.core import split_sample
 from planner.trace.fake import fake_like, fake_model_state
@@ -138,13 +141,46 @@ for _name, _function in _IN_PLACE_OPERATORS.items():
     setattr(_InPlaceProxy, _name, _augmented(_name, _function))
 
 
+@functools.cache
+def function_call(function: type[torch.autograd.Function]) -> Callable[..., Any]:
+    """The graph's target for calls of a custom autograd Function: `function.apply`. (fx names
+    a target from torch by its qualified name, which a subclass's `apply` does not have.)
+
+    Example:
+        >>> function_call(Swish)(x) is not None  # Swish.apply(x)
+        True
+    """
+    def apply(*args: Any, **kwargs: Any) -> Any:
+        return function.apply(*args, **kwargs)
+
+    apply.__name__ = apply.__qualname__ = f"{function.__name__}_apply"
+    return apply
+
+
 class _LeafTracer(fx.Tracer):
-    """A tracer that keeps named submodules whole and remembers where tracing failed."""
+    """A tracer that keeps named submodules and custom autograd Functions whole and remembers
+    where tracing failed."""
 
     def __init__(self, leaves: set[str] | None = None):  # no argument when fx unpickles a graph
         super().__init__()
         self.leaves = leaves or set()
         self.failed_module: str | None = None
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
+        # fx would follow a custom Function's forward op by op: a graph whose autograd saves
+        # what those ops save, not what the Function's forward saves for its own backward.
+        apply = torch.autograd.Function.__dict__["apply"]
+
+        def whole(function: type[torch.autograd.Function], *args: Any, **kwargs: Any) -> Any:
+            if any(isinstance(value, fx.Proxy) for value in tree_flatten((args, kwargs))[0]):
+                return self.create_proxy("call_function", function_call(function), args, kwargs)
+            return apply.__func__(function, *args, **kwargs)
+
+        torch.autograd.Function.apply = classmethod(whole)  # type: ignore[method-assign, assignment]
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            torch.autograd.Function.apply = apply  # type: ignore[method-assign]
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _InPlaceProxy(node, self)
@@ -238,17 +274,23 @@ def _trace_export(
 ) -> Traced:
     """The torch.export frontend: an ATen-level graph whose inputs are the tensor arguments."""
     try:
-        if fake_device is None:
-            with eager_attention_masks(bound):
-                exported = torch.export.export(model, (), dict(bound), strict=False)
-        else:
-            mode = FakeTensorMode(allow_non_fake_inputs=False)
-            fake_bound = {name: fake_like(value, mode, fake_device) if isinstance(value, torch.Tensor) else value
-                          for name, value in bound.items()}
-            with fake_model_state(model, mode, fake_device), eager_attention_masks(bound):
-                exported = torch.export.export(model, (), fake_bound, strict=False)
+        with _custom_functions_called() as functions:
+            if fake_device is None:
+                with eager_attention_masks(bound):
+                    exported = torch.export.export(model, (), dict(bound), strict=False)
+            else:
+                mode = FakeTensorMode(allow_non_fake_inputs=False)
+                fake_bound = {name: fake_like(value, mode, fake_device) if isinstance(value, torch.Tensor) else value
+                              for name, value in bound.items()}
+                with fake_model_state(model, mode, fake_device), eager_attention_masks(bound):
+                    exported = torch.export.export(model, (), fake_bound, strict=False)
     except Exception as error:
         raise TraceError(f"torch.export cannot trace {type(model).__name__}: {_export_error(error)}") from error
+    if functions:
+        warnings.warn(f"torch.export follows the custom autograd Function(s) {', '.join(sorted(functions))} op by op: "
+                      "the plan counts what their operations would save for backward, not what their forward saves "
+                      "(a plan whose own step runs in planning is fitted to what it measured; one made without "
+                      "running may be off: p.verify() on the device it is for tells)", stacklevel=4)
     unlifted = exported.module()
     graph = fx.Graph()
     outputs = graph.graph_copy(unlifted.graph, {})
@@ -273,6 +315,24 @@ def _trace_export(
     graph.lint()
     gm = graph_module(model, graph, extras, f"Exported{type(model).__name__}")
     return Traced(gm, tensor_names, fixed_args, (), "torch.export", exported.call_spec.out_spec, extras)
+
+
+@contextlib.contextmanager
+def _custom_functions_called() -> Iterator[set[str]]:
+    """The names of the custom autograd Functions called inside the block (not torch's own: a
+    `torch.library` custom op calls one, and stays one node of the exported graph)."""
+    apply, called = torch.autograd.Function.__dict__["apply"], set()
+
+    def noted(function: type[torch.autograd.Function], *args: Any, **kwargs: Any) -> Any:
+        if not function.__module__.startswith("torch."):
+            called.add(function.__qualname__)
+        return apply.__func__(function, *args, **kwargs)
+
+    torch.autograd.Function.apply = classmethod(noted)  # type: ignore[method-assign, assignment]
+    try:
+        yield called
+    finally:
+        torch.autograd.Function.apply = apply  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
