@@ -248,12 +248,20 @@ def training_sample(model: nn.Module, sample: Any) -> Any:
 
 def sample_tensors(sample: Any) -> list[torch.Tensor]:
     """The tensors a sample passes to forward directly (positional and keyword arguments).
+    Raises TypeError for tensors inside a list, tuple or dict argument, which tracing cannot bind.
 
     Example:
         >>> sample_tensors({"input_ids": torch.ones(2), "use_cache": False})
         [tensor([1., 1.])]
     """
     args, kwargs = split_sample(sample)
+    for where, value in (*((f"positional argument {i}", a) for i, a in enumerate(args)),
+                         *((f"argument {name!r}", v) for name, v in kwargs.items())):
+        if not isinstance(value, torch.Tensor) and any(isinstance(leaf, torch.Tensor)
+                                                       for leaf in tree_flatten(value)[0]):
+            raise TypeError(f"the sample's {where} holds tensors inside a {type(value).__name__}: the planner "
+                            "traces tensors passed as arguments of their own (positional or by name); wrap the "
+                            "model in a module whose forward takes them one by one and passes them on")
     return [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
 
 

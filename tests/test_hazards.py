@@ -370,8 +370,8 @@ class Untraceable(nn.Module):
         return self.fc(-x).nonzero()
 
 
-@pytest.mark.parametrize("case", ["frozen", "signature", "no tensor", "untraceable", "bad budget", "compiled",
-                                  "DataParallel"])
+@pytest.mark.parametrize("case", ["frozen", "signature", "no tensor", "tensors in a list", "untraceable", "bad budget",
+                                  "compiled", "DataParallel"])
 def test_bad_input_gets_a_clear_error_and_changes_nothing(case):
     model, tokens = small_gpt()
     model.blocks[0].register_forward_hook(lambda *args: None)
@@ -385,12 +385,14 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(case):
         "frozen": (ValueError, "no trainable parameters"),
         "signature": (TypeError, "does not match forward"),
         "no tensor": (TypeError, "holds no tensor"),
+        "tensors in a list": (TypeError, "positional argument 0 holds tensors inside a list: the planner traces"),
         "untraceable": (TraceError, "cannot trace Untraceable"),
         "bad budget": (ValueError, "budget_gb"),
         "compiled": (TypeError, r"wrapped in OptimizedModule: plan the model inside it \(plan\(model._orig_mod"),
         "DataParallel": (TypeError, r"wrapped in DataParallel: plan the model inside it \(plan\(model.module"),
     }[case]
-    sample = {"signature": {"tokens": tokens, "nonsense": 1}, "no tensor": (3,)}.get(case, tokens)
+    sample = {"signature": {"tokens": tokens, "nonsense": 1}, "no tensor": (3,), "tensors in a list": ([tokens],)}.get(
+        case, tokens)
     wrapped = {"compiled": lambda: torch.compile(model), "DataParallel": lambda: nn.DataParallel(model)}
     with pytest.raises(expected[0], match=expected[1]):
         plan(wrapped.get(case, lambda: model)(), sample, budget_gb=-1 if case == "bad budget" else 80, repeats=1)

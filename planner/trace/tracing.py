@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.graph import _PyTreeCodeGen
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
-from planner.core import split_sample
+from planner.core import sample_tensors, split_sample
 from planner.trace.fake import fake_like, fake_model_state
 
 logger = logging.getLogger(__name__)
@@ -236,6 +236,7 @@ def trace(model: nn.Module, sample: Any, leaves: tuple[str, ...] = (), frontend:
     if frontend not in FRONTENDS:
         raise ValueError(f"frontend must be one of {FRONTENDS}, not {frontend!r}")
     signature = inspect.signature(model.forward)
+    sample_tensors(sample)  # (refuses tensors inside a list or dict argument)
     args, kwargs = split_sample(sample)
     bound = bind_arguments(signature, args, kwargs)
     tensor_names = tuple(name for name, value in bound.items() if isinstance(value, torch.Tensor))
