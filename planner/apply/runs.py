@@ -253,7 +253,8 @@ class RunTape:
         devices = [self.rng[2]] if self.rng is not None and self.rng[2] is not None else []
         # (the generators are put back afterwards: backward's own draws must not see the replay)
         forked = torch.random.fork_rng(devices=devices) if self.rng is not None else contextlib.nullcontext()
-        with gathered(freed_units.values()), torch.no_grad(), _no_autocast(), forked:
+        # (with gradients on, as the calls were recorded, on detached arguments: see `_call`)
+        with gathered(freed_units.values()), torch.enable_grad(), _no_autocast(), forked:
             for index, (func, args, spec) in enumerate(self.calls[:last + 1]):
                 if self.rng is not None and self.rng[0] == index:
                     torch.set_rng_state(self.rng[1])
@@ -274,6 +275,9 @@ def _call(func: Any, args: list[_Arg], spec: Any, values: dict[_Ref, torch.Tenso
     """Make one recorded call again from `values` (the run's own tensors) and its other
     arguments; returns its outputs, flattened."""
     flat = [values[arg.ref] if arg.ref is not None else _checked_input(arg, func) for arg in args]
+    # Detached, no call records a graph; gradients stay on, as in the forward the call was recorded
+    # in: some kernels make what their backward saves only then (mkldnn's LSTM layer, its workspace).
+    flat = [value.detach() if isinstance(value, torch.Tensor) else value for value in flat]
     call_args, call_kwargs = (flat, {}) if spec is None else tree_unflatten(flat, spec)
     result = func(*call_args, **call_kwargs)
     return [result] if isinstance(result, torch.Tensor) else tree_flatten(result)[0]
