@@ -634,3 +634,37 @@ def test_a_depthwise_convolutions_backward_is_measured_node_by_node_as_in_the_wh
              for measure in ("run", "no-run")}
     run, no_run = ({n.name: n.backward_transient_bytes for n in plans[m].problem.nodes} for m in ("run", "no-run"))
     assert run == no_run
+
+
+class _Recurrent(nn.Module):
+    """Residual LSTM layers over embeddings, with a loss."""
+
+    def __init__(self, width: int = 64, layers: int = 2) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(500, width)
+        self.lstms = nn.ModuleList(nn.LSTM(width, width, batch_first=True) for _ in range(layers))
+        self.head = nn.Linear(width, 500)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.embedding(ids)
+        for lstm in self.lstms:
+            h = h + lstm(h)[0]
+        return nn.functional.cross_entropy(self.head(h).flatten(0, 1), labels.flatten())
+
+
+@pytest.mark.parametrize("measure", ["auto", "no-run"])
+def test_an_lstm_plans_within_its_budget_on_both_paths(measure):
+    # On the CPU an LSTM runs mkldnn's layer kernel, which saves a workspace for its backward
+    # that its fake kernel makes empty (node by node the unplanned peak read 48% low here) and
+    # that it makes only while gradients are on (a run's replay, under no_grad, handed backward
+    # None and planning stopped).
+    torch.manual_seed(0)
+    ids = torch.randint(0, 500, (16, 64))
+    model, sample = _Recurrent(), {"ids": ids, "labels": ids}
+    unplanned = plan(model, sample, budget_gb=80, repeats=1, measure=measure)
+    assert abs(unplanned.verify(steps=1).original_peak_error) <= 0.005
+    p = plan(model, sample, budget_gb=0.6 * unplanned.baseline_peak_bytes / GIB, measure=measure)
+    record = p.verify(steps=1)
+    high = 0.005 if measure == "auto" else 0.05  # (node by node it errs high: +3.3% here)
+    assert p.checkpoints and record.within_budget and -0.001 <= record.peak_error <= high, str(record)
+    assert record.gradients_match and record.outputs_match

@@ -5,8 +5,9 @@ run alone on real tensors made for it on the plan's device: its inputs materiali
 floats, zero integers: any valid index), run forward with autograd as training would, then
 backward from a gradient of ones, and freed before the next node. That gives what sizes on
 fake tensors cannot: the node's forward time (median of `repeats` runs after a warm-up), the
-scratch its kernels allocate for themselves in forward, and its backward's temporaries as the
-allocator sees them. Nodes that do the same thing (same op or module class, same argument
+scratch its kernels allocate for themselves in forward, what it saves for backward where real
+kernels save more than fake ones (mkldnn's LSTM layer: a workspace), and its backward's
+temporaries as the allocator sees them. Nodes that do the same thing (same op or module class, same argument
 shapes, dtypes and constants: the layers of a transformer) are measured once. Parameters are
 the model's own tensors where the model is real and on the device, else made for the node.
 
@@ -24,6 +25,7 @@ import copy
 import gc
 import logging
 import statistics
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -39,6 +41,7 @@ from planner.measure.allocations import (
     memory_profile,
 )
 from planner.measure.clock import ahead_for, elapsed_ms, launch_ms
+from planner.measure.memory import storage_key
 from planner.measure.profile import (
     LOSS_LABEL,
     META_KEY,
@@ -66,6 +69,22 @@ def _materialise(fake: torch.Tensor, device: torch.device) -> torch.Tensor:
     _fill(storage, 1.0)
     real = storage.as_strided(fake.shape, fake.stride()).detach()
     return real.requires_grad_(fake.requires_grad)
+
+
+@dataclass(frozen=True)
+class _NodeReading:
+    """What one node run alone on real tensors showed beyond the fake pass: its forward time;
+    the scratch its kernels allocate beyond the tensors (forward; backward per operator, in the
+    order they ran); how much more its real outputs' storages hold than the fake ones (a CPU
+    `mse_loss` returns its scalar in the storage of the elementwise losses); and the bytes of
+    the new storages it saves for backward besides its outputs (mkldnn's LSTM layer saves a
+    workspace that its fake kernel makes empty)."""
+
+    forward_ms: float
+    scratch: int
+    backward_scratch: list[tuple[str, int]]
+    grown: int
+    saved_bytes: int
 
 
 class _NodeRunner:
@@ -98,13 +117,10 @@ class _NodeRunner:
             return lambda this, *args, **kwargs: getattr(this, str(node.target))(*args, **kwargs), []
         return node.target, []  # type: ignore[return-value]
 
-    def measure(self, node: fx.Node, writes_inputs: bool) -> tuple[float, int, list[tuple[str, int]], int]:
-        """(forward ms, forward scratch, backward scratch, output growth) of one node: what its
-        kernels allocate beyond the tensors, which the fake pass has already counted (backward:
-        each operator's, in the order they ran), and how much more its real outputs' storages
-        hold than the fake ones (a CPU `mse_loss` returns its scalar in the storage of the
-        elementwise losses). A node that writes its inputs in place gets copies of them
-        (autograd refuses in-place writes to leaves), made before measuring starts."""
+    def measure(self, node: fx.Node, writes_inputs: bool) -> "_NodeReading":
+        """One node run alone on real tensors (`_NodeReading`). A node that writes its inputs in
+        place gets copies of them (autograd refuses in-place writes to leaves), made before
+        measuring starts."""
         leaves: list[torch.Tensor] = []
 
         def real(fake_tensor: torch.Tensor) -> torch.Tensor:
@@ -121,15 +137,27 @@ class _NodeRunner:
         wrt = [*leaves, *parameters]
         strides = node.meta.get(GRADIENT_STRIDES_KEY, {})
         owners: dict[Any, str] = {}
+        saved: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            if tensor.layout == torch.strided:
+                saved[storage_key(tensor)] = tensor.untyped_storage().nbytes()
+            return tensor
+
         # (garbage collection off: a collection in the profile would free the last node's tensors,
         # in reference cycles, and the profiler prints a warning of memory it never saw allocated)
         with torch.enable_grad(), _collection_off():
             with memory_profile() as allocations:
                 # The label first (see ProfileInterpreter.run_node): else its scratch is lost.
-                with torch.profiler.record_function(NODE_LABEL + node.name):
+                with (torch.profiler.record_function(NODE_LABEL + node.name),
+                      torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)):
                     result = function(*args, **kwargs)
                 grown = max(0, _new_storage_bytes(result, (args, kwargs))
                             - _new_storage_bytes(self.fake.values[node], fake_arguments))
+                kept = {storage_key(t) for t in tensors_in((result, args, kwargs, parameters))}
+                if isinstance(function, nn.Module):
+                    kept |= {storage_key(t) for t in function.buffers()}
+                saved_bytes = sum(nbytes for key, nbytes in saved.items() if key not in kept)
                 outputs = [(position, t) for position, t in enumerate(tensors_in(result))
                            if t.requires_grad and t.grad_fn is not None]
                 claim_autograd_nodes([t for _, t in outputs], node.name, owners)
@@ -147,7 +175,7 @@ class _NodeRunner:
             ahead = ahead_for(launch_ms(lambda: function(*args, **kwargs))) if self.device.type == "cuda" else 0.0
             times = [elapsed_ms(self.device, lambda: function(*args, **kwargs), ahead)
                      for _ in range(self.warmup + self.repeats)]
-        return statistics.median(times[self.warmup:]), scratch, backward_scratch, grown
+        return _NodeReading(statistics.median(times[self.warmup:]), scratch, backward_scratch, grown, saved_bytes)
 
     def loss_scratch(self, loss: Callable[[Any], torch.Tensor]) -> int:
         """The kernel scratch of `loss` computed on real outputs shaped like the graph's."""
@@ -224,7 +252,7 @@ def measure_nodes(
         41
     """
     runner = _NodeRunner(gm, fake, device, repeats, warmup)
-    measured: dict[tuple[Any, ...], tuple[float, int, list[tuple[str, int]], int]] = {}
+    measured: dict[tuple[Any, ...], _NodeReading] = {}
     backward_scratch: dict[str, list[tuple[str, int]]] = {}
     nodes = [node for node in gm.graph.nodes if node.op in COMPUTE_OPS]
     for index, node in enumerate(nodes):
@@ -238,15 +266,17 @@ def measure_nodes(
             except Exception as error:
                 raise RuntimeError(f"running node {node.name!r} ({node.format_node()}) alone failed: "
                                    f"{type(error).__name__}: {error}") from error
-        forward_ms, scratch, backward_scratch[node.name], grown = measured[key]
+        reading = measured[key]
+        backward_scratch[node.name] = reading.backward_scratch
         record = node.meta[META_KEY]
-        record.forward_ms = forward_ms
-        record.output_bytes += grown
+        record.forward_ms = reading.forward_ms
+        record.output_bytes += reading.grown
         if node.name == fake.loss_output:  # the caller holds this output, the loss, through backward
-            fake.loss_bytes += grown
-        record.transient_bytes += scratch
+            fake.loss_bytes += reading.grown
+        record.saved_bytes = max(record.saved_bytes, reading.saved_bytes)
+        record.transient_bytes += reading.scratch
         if record.stop_transient_bytes is not None:  # (all of it: not cut off at the last pack here)
-            record.stop_transient_bytes += scratch
+            record.stop_transient_bytes += reading.scratch
     temporaries = fake.backward.temporaries(backward_scratch)  # each operator's scratch where its fake one returned
     for node in nodes:
         record = node.meta[META_KEY]
