@@ -7,9 +7,10 @@ backward from a gradient of ones, and freed before the next node. That gives wha
 fake tensors cannot: the node's forward time (median of `repeats` runs after a warm-up), the
 scratch its kernels allocate for themselves in forward, what it saves for backward where real
 kernels save more than fake ones (mkldnn's LSTM layer: a workspace), and its backward's
-temporaries as the allocator sees them. Nodes that do the same thing (same op or module class, same argument
-shapes, dtypes and constants: the layers of a transformer) are measured once. Parameters are
-the model's own tensors where the model is real and on the device, else made for the node.
+temporaries as the allocator sees them. Nodes that do the same thing (same op or module class,
+same argument shapes, dtypes and constants: the layers of a transformer) are measured once.
+Parameters are the model's own tensors where the model is real and on the device, else made
+for the node.
 
 Where the target is not this machine's device, nothing runs: each node's time is the roofline
 estimate of its ATen calls on the target (`planner.measure.targets`), and scratch is not measured.

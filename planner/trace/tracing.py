@@ -2,9 +2,9 @@
 
 torch.fx first, at module level: torch.nn modules without children are leaves, as is each call
 of a custom `torch.autograd.Function` (one autograd node, saving what its forward saves), and a
-submodule fx cannot follow is kept whole and tracing retried; where fx needed such leaves, or cannot trace
-the model's own forward, `torch.export(strict=False)` is taken where it traces (an ATen-level
-graph whose nodes keep their submodule in `nn_module_stack`). `Traced` binds later calls to the
+submodule fx cannot follow is kept whole and tracing retried; where fx needed such leaves, or
+cannot trace the model's own forward, `torch.export(strict=False)` is taken where it traces (an
+ATen-level graph whose nodes keep their submodule in `nn_module_stack`). `Traced` binds later calls to the
 graph's inputs and rebuilds the model's output structure.
 
 Example:
