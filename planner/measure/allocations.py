@@ -273,10 +273,11 @@ def tracked_through(operator: Any) -> bool:
 @functools.cache
 def _composite_operators() -> frozenset[str]:
     """The `aten::` names (as the profiler gives them, without an overload) whose every overload
-    is `CompositeImplicitAutograd`."""
+    is `CompositeImplicitAutograd`, leaving out the `out=` variants, which a forward does not
+    call (`aten::linear`: its `out` overload has a kernel of its own)."""
     overloads: dict[str, list[bool]] = {}
     for full_name in torch._C._dispatch_get_all_op_names():
-        if full_name.startswith("aten::"):
+        if full_name.startswith("aten::") and not full_name.partition(".")[2].endswith("out"):
             composite = torch._C._dispatch_has_kernel_for_dispatch_key(full_name, "CompositeImplicitAutograd")
             overloads.setdefault(full_name.split(".")[0], []).append(composite)
     return frozenset(name for name, composite in overloads.items() if all(composite))
