@@ -169,18 +169,14 @@ class _LeafTracer(fx.Tracer):
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
         # fx would follow a custom Function's forward op by op: a graph whose autograd saves
         # what those ops save, not what the Function's forward saves for its own backward.
-        apply = torch.autograd.Function.__dict__["apply"]
-
-        def whole(function: type[torch.autograd.Function], *args: Any, **kwargs: Any) -> Any:
+        def whole(apply: Callable[..., Any], function: type[torch.autograd.Function], *args: Any,
+                  **kwargs: Any) -> Any:
             if any(isinstance(value, fx.Proxy) for value in tree_flatten((args, kwargs))[0]):
                 return self.create_proxy("call_function", function_call(function), args, kwargs)
-            return apply.__func__(function, *args, **kwargs)
+            return apply(function, *args, **kwargs)
 
-        torch.autograd.Function.apply = classmethod(whole)  # type: ignore[method-assign, assignment]
-        try:
+        with _function_apply_replaced(whole):
             return super().trace(root, concrete_args)
-        finally:
-            torch.autograd.Function.apply = apply  # type: ignore[method-assign]
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _InPlaceProxy(node, self)
@@ -319,21 +315,31 @@ def _trace_export(
 
 
 @contextlib.contextmanager
+def _function_apply_replaced(replacement: Callable[..., Any]) -> Iterator[None]:
+    """Inside the block, `SomeFunction.apply(*args)` of every autograd Function calls
+    `replacement(apply, SomeFunction, *args)` (`apply` the original, unbound)."""
+    apply = torch.autograd.Function.__dict__["apply"]
+    torch.autograd.Function.apply = classmethod(  # type: ignore[method-assign, assignment]
+        functools.partial(replacement, apply.__func__))
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = apply  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
 def _custom_functions_called() -> Iterator[set[str]]:
     """The names of the custom autograd Functions called inside the block (not torch's own: a
     `torch.library` custom op calls one, and stays one node of the exported graph)."""
-    apply, called = torch.autograd.Function.__dict__["apply"], set()
+    called: set[str] = set()
 
-    def noted(function: type[torch.autograd.Function], *args: Any, **kwargs: Any) -> Any:
+    def noted(apply: Callable[..., Any], function: type[torch.autograd.Function], *args: Any, **kwargs: Any) -> Any:
         if not function.__module__.startswith("torch."):
             called.add(function.__qualname__)
-        return apply.__func__(function, *args, **kwargs)
+        return apply(function, *args, **kwargs)
 
-    torch.autograd.Function.apply = classmethod(noted)  # type: ignore[method-assign, assignment]
-    try:
+    with _function_apply_replaced(noted):
         yield called
-    finally:
-        torch.autograd.Function.apply = apply  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
